@@ -1,0 +1,232 @@
+"""Thin inline-PTX wrappers the kernels use where the DSL has no direct op.
+
+Addresses are plain 64-bit integers (global) or 32-bit shared-window offsets (shared), so the
+kernels can do their own index math exactly as they would in CUDA C++. Pure operations are
+emitted without side effects so LLVM may schedule, CSE and hoist them; loads from memory that
+other threads (or an earlier launch) write are marked volatile-free `.nc` only where the data
+is read-only for the whole launch (weights, scales, token rows).
+"""
+from __future__ import annotations
+
+from cutlass import Float32, Int32, Int64
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
+
+
+def _i32(v, loc, ip):
+    return Int32(v).ir_value(loc=loc, ip=ip)
+
+
+def _asm(ret, operands, text, constraints, side_effects=False):
+    return llvm.inline_asm(
+        ret, operands, text, constraints, has_side_effects=side_effects,
+        is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+
+
+def _unpack(struct, n, ty):
+    return tuple(llvm.extractvalue(ty, struct, [i]) for i in range(n))
+
+
+# ---------------------------------------------------------------- integer / bit ops
+@dsl_user_op
+def prmt(a, b, sel, *, loc=None, ip=None) -> Int32:
+    """Byte permute: bytes {b:a} (a = bytes 0..3) picked by the low 4 nibbles of sel."""
+    return Int32(_asm(T.i32(), [_i32(a, loc, ip), _i32(b, loc, ip), _i32(sel, loc, ip)],
+                      "prmt.b32 $0, $1, $2, $3;", "=r,r,r,r"))
+
+
+@dsl_user_op
+def or_and(a, b, mask, *, loc=None, ip=None) -> Int32:
+    """a | (b & mask) in one LOP3 (immLut: a=0xF0, b=0xCC, c=0xAA)."""
+    return Int32(_asm(T.i32(), [_i32(a, loc, ip), _i32(b, loc, ip), _i32(mask, loc, ip)],
+                      "lop3.b32 $0, $1, $2, $3, 0xF8;", "=r,r,r,r"))
+
+
+# ---------------------------------------------------------------- bf16x2 / conversions
+@dsl_user_op
+def mul_bf16x2(a, b, *, loc=None, ip=None) -> Int32:
+    """Packed bf16x2 multiply, round to nearest (exact for e2m1 x e4m3 / e8m0 products)."""
+    return Int32(_asm(T.i32(), [_i32(a, loc, ip), _i32(b, loc, ip)],
+                      "mul.rn.bf16x2 $0, $1, $2;", "=r,r,r"))
+
+
+@dsl_user_op
+def bf16x2_from_f32(lo, hi, *, loc=None, ip=None) -> Int32:
+    """Pack two fp32 into bf16x2 (lo in the low half), round to nearest even."""
+    return Int32(_asm(T.i32(), [Float32(hi).ir_value(loc=loc, ip=ip), Float32(lo).ir_value(loc=loc, ip=ip)],
+                      "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f"))
+
+
+@dsl_user_op
+def bf16_lo_to_f32(v, *, loc=None, ip=None) -> Float32:
+    """The low bf16 of a packed pair as fp32 (exact)."""
+    return Float32(_asm(T.f32(), [_i32(v, loc, ip)], "shl.b32 $0, $1, 16;", "=f,r"))
+
+
+@dsl_user_op
+def bf16_hi_to_f32(v, *, loc=None, ip=None) -> Float32:
+    """The high bf16 of a packed pair as fp32 (exact)."""
+    return Float32(_asm(T.f32(), [_i32(v, loc, ip)], "and.b32 $0, $1, 0xffff0000;", "=f,r"))
+
+
+@dsl_user_op
+def e4m3x2_to_f32x2(v, *, loc=None, ip=None):
+    """Two e4m3 bytes (low 16 bits of v) -> two fp32 (exact: f16 holds every e4m3 value)."""
+    s = _asm(llvm.StructType.get_literal([T.f32(), T.f32()]), [_i32(v, loc, ip)],
+             "{ .reg .b16 l; .reg .b32 h; .reg .b16 h0, h1;\n"
+             "  cvt.u16.u32 l, $2;\n"
+             "  cvt.rn.f16x2.e4m3x2 h, l;\n"
+             "  mov.b32 {h0, h1}, h;\n"
+             "  cvt.f32.f16 $0, h0;\n"
+             "  cvt.f32.f16 $1, h1; }",
+             "=f,=f,r")
+    a, b = _unpack(s, 2, T.f32())
+    return Float32(a), Float32(b)
+
+
+@dsl_user_op
+def f32_bits(v, *, loc=None, ip=None) -> Float32:
+    """Reinterpret an int32 bit pattern as fp32."""
+    return Float32(_asm(T.f32(), [_i32(v, loc, ip)], "mov.b32 $0, $1;", "=f,r"))
+
+
+@dsl_user_op
+def f32_as_i32(v, *, loc=None, ip=None) -> Int32:
+    return Int32(_asm(T.i32(), [Float32(v).ir_value(loc=loc, ip=ip)], "mov.b32 $0, $1;", "=r,f"))
+
+
+# ---------------------------------------------------------------- memory
+@dsl_user_op
+def ld_nc_v4(addr, *, loc=None, ip=None):
+    """16-byte read-only global load (the address must be 16-byte aligned)."""
+    s = _asm(llvm.StructType.get_literal([T.i32()] * 4), [Int64(addr).ir_value(loc=loc, ip=ip)],
+             "ld.global.nc.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l")
+    return tuple(Int32(x) for x in _unpack(s, 4, T.i32()))
+
+
+@dsl_user_op
+def ld_nc_v2(addr, *, loc=None, ip=None):
+    """8-byte read-only global load (8-byte aligned)."""
+    s = _asm(llvm.StructType.get_literal([T.i32()] * 2), [Int64(addr).ir_value(loc=loc, ip=ip)],
+             "ld.global.nc.v2.u32 {$0, $1}, [$2];", "=r,=r,l")
+    return tuple(Int32(x) for x in _unpack(s, 2, T.i32()))
+
+
+@dsl_user_op
+def ld_nc_u32(addr, *, loc=None, ip=None) -> Int32:
+    return Int32(_asm(T.i32(), [Int64(addr).ir_value(loc=loc, ip=ip)],
+                      "ld.global.nc.u32 $0, [$1];", "=r,l"))
+
+
+@dsl_user_op
+def ld_nc_f32(addr, *, loc=None, ip=None) -> Float32:
+    return Float32(_asm(T.f32(), [Int64(addr).ir_value(loc=loc, ip=ip)],
+                        "ld.global.nc.f32 $0, [$1];", "=f,l"))
+
+
+@dsl_user_op
+def ld_u32(addr, *, loc=None, ip=None) -> Int32:
+    """Coherent 4-byte global load (for data written earlier in the same stream)."""
+    return Int32(_asm(T.i32(), [Int64(addr).ir_value(loc=loc, ip=ip)],
+                      "ld.global.u32 $0, [$1];", "=r,l", side_effects=True))
+
+
+@dsl_user_op
+def st_v4(addr, a, b, c, d, *, loc=None, ip=None):
+    llvm.inline_asm(None, [Int64(addr).ir_value(loc=loc, ip=ip)] + [_i32(x, loc, ip) for x in (a, b, c, d)],
+                    "st.global.v4.u32 [$0], {$1, $2, $3, $4};", "l,r,r,r,r",
+                    has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
+@dsl_user_op
+def st_u32(addr, a, *, loc=None, ip=None):
+    llvm.inline_asm(None, [Int64(addr).ir_value(loc=loc, ip=ip), _i32(a, loc, ip)],
+                    "st.global.u32 [$0], $1;", "l,r",
+                    has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
+@dsl_user_op
+def st_u16(addr, a, *, loc=None, ip=None):
+    """Store the low 16 bits of a."""
+    llvm.inline_asm(None, [Int64(addr).ir_value(loc=loc, ip=ip), _i32(a, loc, ip)],
+                    "{ .reg .b16 t; cvt.u16.u32 t, $1; st.global.u16 [$0], t; }", "l,r",
+                    has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
+@dsl_user_op
+def st_f32(addr, a, *, loc=None, ip=None):
+    llvm.inline_asm(None, [Int64(addr).ir_value(loc=loc, ip=ip), Float32(a).ir_value(loc=loc, ip=ip)],
+                    "st.global.f32 [$0], $1;", "l,f",
+                    has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
+@dsl_user_op
+def st_shared_v4(addr, a, b, c, d, *, loc=None, ip=None):
+    llvm.inline_asm(None, [Int32(addr).ir_value(loc=loc, ip=ip)] + [_i32(x, loc, ip) for x in (a, b, c, d)],
+                    "st.shared.v4.u32 [$0], {$1, $2, $3, $4};", "r,r,r,r,r",
+                    has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
+@dsl_user_op
+def ld_shared_u32(addr, *, loc=None, ip=None) -> Int32:
+    return Int32(_asm(T.i32(), [Int32(addr).ir_value(loc=loc, ip=ip)],
+                      "ld.shared.u32 $0, [$1];", "=r,r", side_effects=True))
+
+
+@dsl_user_op
+def cp_async_16(smem_addr, gmem_addr, *, loc=None, ip=None):
+    """Asynchronous 16-byte global -> shared copy (L2 only: token rows are reused via smem)."""
+    llvm.inline_asm(None, [Int32(smem_addr).ir_value(loc=loc, ip=ip), Int64(gmem_addr).ir_value(loc=loc, ip=ip)],
+                    "cp.async.cg.shared.global [$0], [$1], 16;", "r,l",
+                    has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
+@dsl_user_op
+def cp_async_16_zfill(smem_addr, gmem_addr, nbytes, *, loc=None, ip=None):
+    """As cp_async_16, reading only `nbytes` (0 or 16) and zero-filling the rest."""
+    llvm.inline_asm(None, [Int32(smem_addr).ir_value(loc=loc, ip=ip), Int64(gmem_addr).ir_value(loc=loc, ip=ip),
+                           _i32(nbytes, loc, ip)],
+                    "cp.async.cg.shared.global [$0], [$1], 16, $2;", "r,l,r",
+                    has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
+@dsl_user_op
+def cp_async_commit_and_wait_all(*, loc=None, ip=None):
+    llvm.inline_asm(None, [], "cp.async.commit_group;\ncp.async.wait_group 0;", "",
+                    has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
+@dsl_user_op
+def cp_async_commit(*, loc=None, ip=None):
+    llvm.inline_asm(None, [], "cp.async.commit_group;", "",
+                    has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
+@dsl_user_op
+def cp_async_wait_1(*, loc=None, ip=None):
+    """Wait until at most one committed cp.async group is still in flight."""
+    llvm.inline_asm(None, [], "cp.async.wait_group 1;", "",
+                    has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
+# ---------------------------------------------------------------- tensor cores
+@dsl_user_op
+def mma_bf16_16816(d, a, b, *, loc=None, ip=None):
+    """d += A(16x16, row) @ B(16x8, col), bf16 in, fp32 accumulate (mma.sync, m16n8k16).
+
+    d: 4 fp32, a: 4 bf16x2 registers, b: 2 bf16x2 registers, in the PTX fragment order.
+    """
+    ops = [Float32(x).ir_value(loc=loc, ip=ip) for x in d] + [_i32(x, loc, ip) for x in a] + \
+          [_i32(x, loc, ip) for x in b]
+    s = _asm(llvm.StructType.get_literal([T.f32()] * 4), ops,
+             "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+             "{$0, $1, $2, $3}, {$8, $9, $10, $11}, {$12, $13}, {$4, $5, $6, $7};",
+             "=f,=f,=f,=f,f,f,f,f,r,r,r,r,r,r")
+    return tuple(Float32(x) for x in _unpack(s, 4, T.f32()))
+
+
+@dsl_user_op
+def shfl_xor_f32(v, mask, *, loc=None, ip=None) -> Float32:
+    return Float32(_asm(T.f32(), [Float32(v).ir_value(loc=loc, ip=ip), _i32(mask, loc, ip)],
+                        "shfl.sync.bfly.b32 $0, $1, $2, 0x1f, 0xffffffff;", "=f,f,r", side_effects=True))

@@ -1,0 +1,97 @@
+"""Offline repack of 4-bit weights into mma A-fragment order (host side, torch).
+
+The kernels feed decoded weights to `mma.sync.m16n8k16` as the A operand straight from
+registers. Within a tile of 16 rows x 128 K, lane l of a warp (r = l // 4, q = l % 4) needs, for
+each of the 8 K-slabs s of 16 values, the 8 codes
+
+    (r, 16s+2q), (r, 16s+2q+1), (r+8, 16s+2q), (r+8, 16s+2q+1),
+    (r, 16s+8+2q), (r, 16s+9+2q), (r+8, 16s+8+2q), (r+8, 16s+9+2q)
+
+which is the PTX A fragment {a0..a7}. We store them as one 32-bit word per slab (code j in bits
+4j..4j+3), 8 words = 32 contiguous bytes per lane, 1 KiB per tile, so a warp reads a tile with
+two fully coalesced 16-byte loads per lane and `decode_e2m1x8` yields the A registers in order.
+
+Block scales follow the same tiling: per tile, [16 rows][128 / block] bytes (NVFP4: 8 per row,
+MXFP4: 4 per row); lane l reads row r's and row r+8's bytes.
+
+Rows and K are zero-padded to the tile (16 rows, 128 K): padded codes are 0, so padded values
+are exactly 0 whatever their scale.
+"""
+from __future__ import annotations
+
+import torch
+
+TILE_ROWS = 16
+TILE_K = 128
+
+
+def _fragment_index():
+    """[32 lanes, 8 slabs, 8 codes] -> (row, k) inside a 16 x 128 tile."""
+    lane = torch.arange(32).view(32, 1, 1)
+    slab = torch.arange(8).view(1, 8, 1)
+    j = torch.arange(8).view(1, 1, 8)
+    r, q = lane // 4, lane % 4
+    row = r + 8 * ((j // 2) % 2)
+    k = 16 * slab + 8 * (j // 4) + 2 * q + (j % 2)
+    return row.expand(32, 8, 8), k.expand(32, 8, 8)
+
+
+def _pad_to(t: torch.Tensor, dim: int, multiple: int) -> torch.Tensor:
+    size = t.shape[dim]
+    pad = (-size) % multiple
+    if pad == 0:
+        return t
+    shape = list(t.shape)
+    shape[dim] = pad
+    return torch.cat([t, t.new_zeros(shape)], dim=dim)
+
+
+def repack_codes(packed: torch.Tensor, row_multiple: int = TILE_ROWS) -> torch.Tensor:
+    """[E, N, K/2] canonical packed codes -> [E, Np/16, Kp/128, 32, 32] uint8 fragment blob."""
+    e = packed.shape[0]
+    lo = packed & 0xF
+    hi = packed >> 4
+    codes = torch.stack([lo, hi], dim=-1).flatten(-2)  # [E, N, K]
+    codes = _pad_to(_pad_to(codes, 1, row_multiple), 2, TILE_K)
+    n, k = codes.shape[1], codes.shape[2]
+    tiles = codes.view(e, n // TILE_ROWS, TILE_ROWS, k // TILE_K, TILE_K).permute(0, 1, 3, 2, 4)
+    row, kk = _fragment_index()
+    row, kk = row.to(packed.device), kk.to(packed.device)
+    frag = tiles[:, :, :, row, kk]  # [E, Nt, Kt, 32, 8, 8]
+    frag = frag.reshape(*frag.shape[:-1], 4, 2)
+    words = (frag[..., 0] | (frag[..., 1] << 4)).to(torch.uint8)  # [E,Nt,Kt,32,8,4]
+    return words.reshape(e, n // TILE_ROWS, k // TILE_K, 32, 32).contiguous()
+
+
+def repack_scales(scales: torch.Tensor, block: int, row_multiple: int = TILE_ROWS) -> torch.Tensor:
+    """[E, N, K/block] scale bytes -> [E, Np/16, Kp/128, 16, 128/block] uint8."""
+    s = scales.view(torch.uint8) if scales.dtype != torch.uint8 else scales
+    per_tile = TILE_K // block
+    s = _pad_to(_pad_to(s, 1, row_multiple), 2, per_tile)
+    e, n, kb = s.shape
+    s = s.view(e, n // TILE_ROWS, TILE_ROWS, kb // per_tile, per_tile).permute(0, 1, 3, 2, 4)
+    return s.contiguous()
+
+
+def pad_rows(v: torch.Tensor, row_multiple: int) -> torch.Tensor:
+    """Zero-pad dim 1 of a per-row vector ([E, N] bias) to a multiple."""
+    return _pad_to(v, 1, row_multiple).contiguous()
+
+
+def gated_row_order(intermediate: int, intermediate_padded: int) -> torch.Tensor:
+    """Row order for a [gate; up] w13 so each 16-row tile is [8 gate rows j..j+7; 8 up rows].
+
+    Returned indices select rows of the canonical [2I, H] matrix after it has been padded to
+    [2 * intermediate_padded, H] as [gate (padded); up (padded)]; the epilogue then finds gate and
+    up of the same j in one lane (accumulator rows r and r + 8).
+    """
+    j = torch.arange(intermediate_padded).view(-1, 8)  # [Ip/8, 8]
+    order = torch.cat([j, j + intermediate_padded], dim=1)  # [Ip/8, 16]
+    return order.flatten()
+
+
+def pad_gated(w: torch.Tensor, intermediate: int, intermediate_padded: int) -> torch.Tensor:
+    """[E, 2I, ...] -> [E, 2Ip, ...] padding the gate and the up halves separately."""
+    gate, up = w[:, :intermediate], w[:, intermediate:]
+    return torch.cat([_pad_to(gate, 1, intermediate_padded), _pad_to(up, 1, intermediate_padded)], 1) \
+        if intermediate_padded != intermediate else w

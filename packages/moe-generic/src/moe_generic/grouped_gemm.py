@@ -1,0 +1,263 @@
+"""The moe-generic CuTe DSL kernel: one grouped GEMM over (expert, token-tile) work, used twice.
+
+    FC1: inter[p, j]  = act(scale_2[e] * (src[row_src[p]] @ w13[e]^T) + b13[e])      (bf16)
+    FC2: y[pair[p], h] = w[pair[p]] * (scale_2[e] * (inter[p] @ w2[e]^T) + b2[e])    (fp32)
+
+p runs over routed pairs sorted by expert; a tile is (expert e, rows p0..p1 of that expert,
+at most BN of them), listed by the device-side routing so no host sync is needed; CTAs whose
+tile index is past the device-side tile count return at once.
+
+Swap A/B: the weights are the MMA's A operand (M = weight rows), tokens are B (N = tokens), so
+an expert with a handful of tokens still runs a 16 x 8 MMA instead of padding tokens to 64.
+Per CTA: 4 warps, each owning MW groups of 16 weight rows and all BN tokens of the tile.
+Per K-tile of 128:
+  - token rows: gathered with cp.async (16 B per copy, zero-filled past the row count and past
+    the real K), into a padded shared-memory tile [BN][128 + 8] bf16 (272-byte rows: the
+    B-fragment reads of a warp hit 32 distinct banks); two stages, so the next tile's copy
+    overlaps this tile's math;
+  - weights: each lane reads its 32 bytes of fragment-ordered codes (two 16-byte loads, a
+    whole warp reads 1 KiB contiguous) and its scale bytes, straight into registers, one K-tile
+    ahead; decode_e2m1x8 + one bf16x2 multiply per register give the A fragment;
+  - mma.sync.m16n8k16 bf16 -> fp32.
+Epilogues apply the fp32 global scale and bias; FC1 applies the activation with gate (row r)
+and up (row r + 8) of the same j in the same lane (weights repacked so), FC2 the router weight
+and writes each (pair, h) exactly once, so the top-k sum afterwards is deterministic.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64
+
+from moe_common.cute import ptx
+from moe_common.cute.decode import decode_e2m1x8, mxfp4_scale_pair, nvfp4_scale_pair
+
+WARPS = 4
+THREADS = WARPS * 32
+TILE_K = 128
+SMEM_ROW_BYTES = (TILE_K + 8) * 2  # 272: conflict-free B-fragment reads
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    phase: str  # "fc1" | "fc2"
+    weight_format: str  # "nvfp4" | "mxfp4"
+    activation: str = "silu"  # fc1 only; swiglu alpha/beta/limit are run-time arguments
+    bn: int = 64  # tokens per tile (multiple of 8)
+    mw: int = 2  # 16-row groups per warp
+
+    @property
+    def gated(self) -> bool:
+        return self.phase == "fc1" and self.activation != "relu2"
+
+    @property
+    def cta_rows(self) -> int:
+        return WARPS * self.mw * 16
+
+    @property
+    def scale_bytes_per_row(self) -> int:  # per 128-K tile
+        return 8 if self.weight_format == "nvfp4" else 4
+
+
+class GroupedGemm:
+    def __init__(self, cfg: GemmConfig):
+        assert cfg.phase in ("fc1", "fc2") and cfg.bn % 8 == 0 and cfg.bn <= 128
+        self.cfg = cfg
+        self.nb = cfg.bn // 8
+        self.smem_stage = cfg.bn * SMEM_ROW_BYTES
+        # 16-byte chunks of one B stage, spread over the CTA's threads
+        self.b_chunks = cfg.bn * (TILE_K // 8)
+        self.b_iters = (self.b_chunks + THREADS - 1) // THREADS
+
+    # ------------------------------------------------------------------ host entry
+    @cute.jit
+    def __call__(
+        self,
+        wblob: Int64, sblob: Int64, gscale: Int64, bias: Int64,
+        tile_expert: Int64, tile_start: Int64, tile_end: Int64, num_tiles: Int64,
+        row_src: Int64, src: Int64, src_stride: Int32, k_real: Int32,
+        k_tiles: Int32, row_groups: Int32,
+        out: Int64, out_stride: Int32, out_rows: Int32, pair_orig: Int64, route_w: Int64,
+        act_alpha: Float32, act_beta: Float32, act_limit: Float32,
+        grid_m: Int32, max_tiles: Int32, stream,
+    ):
+        self.kernel(
+            wblob, sblob, gscale, bias, tile_expert, tile_start, tile_end, num_tiles,
+            row_src, src, src_stride, k_real, k_tiles, row_groups,
+            out, out_stride, out_rows, pair_orig, route_w, act_alpha, act_beta, act_limit,
+        ).launch(grid=[grid_m, max_tiles, 1], block=[THREADS, 1, 1],
+                 smem=2 * self.smem_stage, stream=stream)
+
+    # ------------------------------------------------------------------ device
+    @cute.kernel
+    def kernel(
+        self,
+        wblob: Int64, sblob: Int64, gscale: Int64, bias: Int64,
+        tile_expert: Int64, tile_start: Int64, tile_end: Int64, num_tiles: Int64,
+        row_src: Int64, src: Int64, src_stride: Int32, k_real: Int32,
+        k_tiles: Int32, row_groups: Int32,
+        out: Int64, out_stride: Int32, out_rows: Int32, pair_orig: Int64, route_w: Int64,
+        act_alpha: Float32, act_beta: Float32, act_limit: Float32,
+    ):
+        cfg = self.cfg
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, bidy, _ = cute.arch.block_idx()
+        tile = bidy
+        if tile < ptx.ld_u32(num_tiles):
+            e = ptx.ld_nc_u32(tile_expert + Int64(tile) * 4)
+            p0 = ptx.ld_nc_u32(tile_start + Int64(tile) * 4)
+            p1 = ptx.ld_nc_u32(tile_end + Int64(tile) * 4)
+            warp = tidx // 32
+            lane = tidx % 32
+            r = lane // 4
+            q = lane % 4
+
+            smem = cutlass.utils.SmemAllocator()
+            sB = smem.allocate_array(cutlass.Uint8, 2 * self.smem_stage, byte_alignment=128)
+            s_base = Int32(sB.toint())
+
+            # ---- per-lane weight stream: tile (e, group, kt) is 1 KiB; lane reads 32 B of it
+            group0 = bidx * (WARPS * cfg.mw) + warp * cfg.mw
+            sbpr = cfg.scale_bytes_per_row
+            w_lane = wblob + (Int64(e) * Int64(row_groups) + Int64(group0)) * Int64(k_tiles) * 1024 \
+                + Int64(lane) * 32
+            s_lane = sblob + (Int64(e) * Int64(row_groups) + Int64(group0)) * Int64(k_tiles) * (16 * sbpr) \
+                + Int64(r) * sbpr
+            group_w_stride = Int64(k_tiles) * 1024
+            group_s_stride = Int64(k_tiles) * (16 * sbpr)
+
+            acc = cute.make_rmem_tensor(cute.make_layout((cfg.mw, self.nb, 4)), Float32)
+            acc.fill(0.0)
+
+            # ---- B loader: issue the cp.async copies of K-tile kt into stage kt % 2
+            # chunk c -> token row n = c // 16, 16-byte piece ch = c % 16 of the 256-byte K slice
+            for kt in cutlass.range(k_tiles + 1, unroll=1):
+                if kt < k_tiles:
+                    stage_base = s_base + (kt % 2) * self.smem_stage
+                    for it in cutlass.range_constexpr(self.b_iters):
+                        c = tidx + it * THREADS
+                        if cutlass.const_expr(self.b_chunks % THREADS != 0):
+                            if c < self.b_chunks:
+                                self._copy_chunk(c, kt, p0, p1, row_src, src, src_stride, k_real, stage_base)
+                        else:
+                            self._copy_chunk(c, kt, p0, p1, row_src, src, src_stride, k_real, stage_base)
+                ptx.cp_async_commit()
+                if kt > 0:
+                    kc = kt - 1
+                    # A fragments of tile kc for every group (issued before waiting on B)
+                    wwords = []
+                    swords = []
+                    for g in cutlass.range_constexpr(cfg.mw):
+                        wa = w_lane + Int64(g) * group_w_stride + Int64(kc) * 1024
+                        sa = s_lane + Int64(g) * group_s_stride + Int64(kc) * (16 * sbpr)
+                        lo = ptx.ld_nc_v4(wa)
+                        hi = ptx.ld_nc_v4(wa + 16)
+                        wwords.append(lo + hi)
+                        if cutlass.const_expr(cfg.weight_format == "nvfp4"):
+                            swords.append(ptx.ld_nc_v2(sa) + ptx.ld_nc_v2(sa + 8 * sbpr))
+                        else:
+                            swords.append((ptx.ld_nc_u32(sa), ptx.ld_nc_u32(sa + 8 * sbpr)))
+                    ptx.cp_async_wait_1()
+                    cute.arch.sync_threads()
+                    b_stage = s_base + (kc % 2) * self.smem_stage
+                    for g in cutlass.range_constexpr(cfg.mw):
+                        for s in cutlass.range_constexpr(8):
+                            a = self._a_fragment(wwords[g][s], swords[g], s)
+                            for nb in cutlass.range_constexpr(self.nb):
+                                ba = b_stage + (nb * 8 + r) * SMEM_ROW_BYTES + (s * 16 + 2 * q) * 2
+                                b0 = ptx.ld_shared_u32(ba)
+                                b1 = ptx.ld_shared_u32(ba + 16)
+                                d = ptx.mma_bf16_16816(
+                                    (acc[g, nb, 0], acc[g, nb, 1], acc[g, nb, 2], acc[g, nb, 3]),
+                                    a, (b0, b1))
+                                for i in cutlass.range_constexpr(4):
+                                    acc[g, nb, i] = d[i]
+                    cute.arch.sync_threads()
+
+            # ---- epilogue
+            gs = ptx.ld_nc_f32(gscale + Int64(e) * 4)
+            for g in cutlass.range_constexpr(cfg.mw):
+                row0 = (group0 + g) * 16 + r  # blob row of acc[..., 0/1]; +8 for acc[..., 2/3]
+                # bias is always read (zeros when the layer has none): one less compile variant
+                brow = bias + (Int64(e) * Int64(row_groups * 16) + Int64(row0)) * 4
+                b_lo = ptx.ld_nc_f32(brow)
+                b_hi = ptx.ld_nc_f32(brow + 32)
+                for nb in cutlass.range_constexpr(self.nb):
+                    for c in cutlass.range_constexpr(2):
+                        p = p0 + nb * 8 + 2 * q + c
+                        if p < p1:
+                            v_lo = acc[g, nb, c] * gs + b_lo
+                            v_hi = acc[g, nb, 2 + c] * gs + b_hi
+                            if cutlass.const_expr(cfg.phase == "fc1"):
+                                self._fc1_store(out, out_stride, p, group0 + g, r, v_lo, v_hi,
+                                               act_alpha, act_beta, act_limit)
+                            else:
+                                pair = ptx.ld_nc_u32(pair_orig + Int64(p) * 4)
+                                wgt = ptx.ld_nc_f32(route_w + Int64(pair) * 4)
+                                dst = out + (Int64(pair) * Int64(out_stride)) * 4
+                                if row0 < out_rows:
+                                    ptx.st_f32(dst + Int64(row0) * 4, v_lo * wgt)
+                                if row0 + 8 < out_rows:
+                                    ptx.st_f32(dst + Int64(row0 + 8) * 4, v_hi * wgt)
+
+    # ------------------------------------------------------------------ pieces
+    @cute.jit
+    def _copy_chunk(self, c, kt, p0, p1, row_src, src, src_stride, k_real, stage_base):
+        n = c // 16
+        ch = c % 16
+        p = p0 + n
+        k0 = kt * TILE_K + ch * 8
+        nbytes = Int32(0)
+        gaddr = src  # any valid address when nothing is read
+        if p < p1:
+            if k0 < k_real:
+                row = p  # FC2 reads the intermediate in sorted order
+                if cutlass.const_expr(self.cfg.phase == "fc1"):
+                    row = ptx.ld_nc_u32(row_src + Int64(p) * 4)  # FC1 gathers token rows
+                gaddr = src + (Int64(row) * Int64(src_stride) + Int64(k0)) * 2
+                nbytes = Int32(16)
+        ptx.cp_async_16_zfill(stage_base + n * SMEM_ROW_BYTES + ch * 16, gaddr, nbytes)
+
+    @cute.jit
+    def _a_fragment(self, word, swords, s: cutlass.Constexpr):
+        """Decode one slab's 8 codes and apply the block scales of rows r and r + 8."""
+        v = decode_e2m1x8(word)
+        if cutlass.const_expr(self.cfg.weight_format == "nvfp4"):
+            # swords = 2 words of row r (slabs 0..7) + 2 words of row r+8
+            s_r = nvfp4_scale_pair(swords[s // 4], s % 4)
+            s_r8 = nvfp4_scale_pair(swords[2 + s // 4], s % 4)
+        else:
+            s_r = mxfp4_scale_pair(swords[0], s // 2)
+            s_r8 = mxfp4_scale_pair(swords[1], s // 2)
+        return (ptx.mul_bf16x2(v[0], s_r), ptx.mul_bf16x2(v[1], s_r8),
+                ptx.mul_bf16x2(v[2], s_r), ptx.mul_bf16x2(v[3], s_r8))
+
+    @cute.jit
+    def _fc1_store(self, out, out_stride, p, group, r, v_lo, v_hi, alpha, beta, limit):
+        cfg = self.cfg
+        row = out + Int64(p) * Int64(out_stride) * 2
+        if cutlass.const_expr(cfg.gated):
+            h = self._gated(v_lo, v_hi, alpha, beta, limit)
+            ptx.st_u16(row + Int64(group * 8 + r) * 2, ptx.bf16x2_from_f32(h, h))
+        else:  # relu2: rows r and r + 8 are intermediate rows 16*group + r and + 8
+            a = cute.arch.fmax(v_lo, Float32(0.0))
+            b = cute.arch.fmax(v_hi, Float32(0.0))
+            ptx.st_u16(row + Int64(group * 16 + r) * 2, ptx.bf16x2_from_f32(a * a, a * a))
+            ptx.st_u16(row + Int64(group * 16 + 8 + r) * 2, ptx.bf16x2_from_f32(b * b, b * b))
+
+    @cute.jit
+    def _gated(self, g, u, alpha, beta, limit):
+        cfg = self.cfg
+        if cutlass.const_expr(cfg.activation == "silu"):
+            res = g / (Float32(1.0) + cute.math.exp(-g, fastmath=False)) * u
+        elif cutlass.const_expr(cfg.activation == "gelu_tanh"):
+            z = Float32(1.5957691216057308) * (g + Float32(0.044715) * g * g * g)
+            res = g / (Float32(1.0) + cute.math.exp(-z, fastmath=False)) * u
+        else:  # swigluoai
+            # limit = +inf when the clamp is disabled (limit=None): min/max are then identities
+            g = cute.arch.fmin(g, limit)
+            u = cute.arch.fmax(cute.arch.fmin(u, limit), -limit)
+            res = g / (Float32(1.0) + cute.math.exp(-(alpha * g), fastmath=False)) * (u + beta)
+        return res
