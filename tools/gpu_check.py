@@ -94,7 +94,12 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--sanitize", action="store_true", help="one tiny case per format (for compute-sanitizer)")
     args = ap.parse_args()
+    if args.sanitize:
+        rows = check_generic([(5, 4, 256, 128, 2, "nvfp4", "silu", "w4a4", True, True),
+                              (9, 4, 320, 96, 3, "mxfp4", "relu2", "w4a16", True, False)])
+        sys.exit(0 if all(r["ok"] for r in rows) else 1)
     rows = []
     try:
         rows += check_dequant()

@@ -1,0 +1,70 @@
+"""Helpers for the kernels' tests: random layers and routing, and the DESIGN section 5 bar.
+
+Every call draws fresh random data (seeded from the clock unless a seed is given), so a test
+that passes checks the kernel on data it has never seen.
+"""
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+import torch
+
+from .weights import MoEWeights
+
+REL_L2_MAX = 1e-2
+COSINE_MIN = 0.9999
+
+
+def fresh_seed() -> int:
+    return time.time_ns() % (2**31)
+
+
+def random_layer(experts: int, hidden: int, intermediate: int, *, weight_format: str = "nvfp4",
+                 gated: bool = True, bias: bool = False, w4a4: bool = False,
+                 local_expert_offset: int = 0, num_experts: Optional[int] = None,
+                 device="cuda", generator: Optional[torch.Generator] = None) -> MoEWeights:
+    """Random bf16 weights quantized with MoEWeights.quantize (w4a4: NVFP4 activation scales)."""
+    g = generator
+    n1 = 2 * intermediate if gated else intermediate
+    w13 = (torch.randn(experts, n1, hidden, generator=g, device=device) * hidden ** -0.5).bfloat16()
+    w2 = (torch.randn(experts, hidden, intermediate, generator=g, device=device) * intermediate ** -0.5).bfloat16()
+    kw = {}
+    if bias:
+        kw["w13_bias"] = torch.randn(experts, n1, generator=g, device=device) * 0.1
+        kw["w2_bias"] = torch.randn(experts, hidden, generator=g, device=device) * 0.1
+    if w4a4 and weight_format == "nvfp4":
+        # x ~ N(0, 1): amax about 4.5; the intermediate is O(1)
+        kw["input_scale"] = (4.5 + torch.rand(experts, generator=g, device=device)) / 2688
+        kw["fc2_input_scale"] = (1.0 + torch.rand(experts, generator=g, device=device)) / 2688
+    return MoEWeights.quantize(w13, w2, weight_format=weight_format,
+                               local_expert_offset=local_expert_offset, num_experts=num_experts, **kw)
+
+
+def random_routing(tokens: int, num_experts: int, top_k: int, *, device="cuda", skew: float = 0.0,
+                   generator: Optional[torch.Generator] = None):
+    """(topk_weights fp32 [T, k], topk_ids int32 [T, k]) from softmax(randn) logits.
+
+    skew > 0 adds a Zipf-like bias (expert e gets -skew * log(e + 1)), so a few experts get most
+    of the tokens and some get none.
+    """
+    logits = torch.randn(tokens, num_experts, generator=generator, device=device)
+    if skew:
+        logits = logits - skew * torch.log(torch.arange(1, num_experts + 1, device=device).float())
+    w, ids = torch.topk(torch.softmax(logits, dim=-1), top_k, dim=-1)
+    return w.float().contiguous(), ids.to(torch.int32).contiguous()
+
+
+def compare(out: torch.Tensor, ref: torch.Tensor) -> dict:
+    """Relative L2 error, cosine similarity and NaN count of out against ref."""
+    o, r = out.float().flatten(), ref.float().flatten()
+    rel = ((o - r).norm() / r.norm().clamp_min(1e-30)).item()
+    cos = torch.nn.functional.cosine_similarity(o, r, dim=0).item()
+    return {"rel_l2": rel, "cosine": cos, "nan": int(torch.isnan(o).sum().item())}
+
+
+def assert_close(out: torch.Tensor, ref: torch.Tensor, what: str = "") -> dict:
+    m = compare(out, ref)
+    assert m["nan"] == 0, f"{what}: {m['nan']} NaN in the output (unwritten elements?) {m}"
+    assert m["rel_l2"] <= REL_L2_MAX and m["cosine"] >= COSINE_MIN, f"{what}: {m}"
+    return m

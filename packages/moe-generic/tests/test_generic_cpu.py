@@ -1,0 +1,115 @@
+"""moe-generic without a GPU: compilation for sm_90a, the support limits, routing tables and
+the fragment repack (what the kernel's loads see), all checked on the CPU."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from moe_common.fragments import _fragment_index, gated_row_order, repack_codes, repack_scales
+from moe_common.formats import pack_e2m1
+from moe_common.types import Activation, MoEShape
+from moe_generic.limits import unsupported_reason
+from moe_generic.routing import max_tiles_bound, route
+
+
+def _shape(**kw):
+    base = dict(tokens=4, hidden=256, intermediate=128, num_experts=8, num_local_experts=8,
+                local_expert_offset=0, top_k=2, weight_format="nvfp4", quant_mode="w4a16",
+                has_bias=False, device_capability=(9, 0), dtype=torch.bfloat16)
+    base.update(kw)
+    return MoEShape(**base)
+
+
+def test_every_dispatchable_config_compiles_for_sm90a():
+    from moe_generic.compile_cache import all_configs, compile_config
+
+    configs = all_configs()
+    assert len(configs) == 40  # 2 formats x 4 tile widths x (4 FC1 activations + FC2)
+    for cfg in configs:
+        assert compile_config(cfg) is not None, cfg
+
+
+@pytest.mark.parametrize("kw,needle", [
+    (dict(device_capability=None), "CUDA device"),
+    (dict(device_capability=(10, 0)), "sm_90"),
+    (dict(hidden=2880 + 16), "multiple of 32"),
+    (dict(intermediate=100), "multiple of 32"),
+    (dict(top_k=33), "top_k=33"),
+    (dict(num_local_experts=2048, num_experts=2048), "local experts"),
+    (dict(tokens=70000), "tokens=70000"),
+])
+def test_declines_with_reason(kw, needle):
+    reason = unsupported_reason(_shape(**kw), Activation("silu"))
+    assert reason is not None and needle in reason
+
+
+def test_offers_supported_shapes():
+    for act in ("silu", "gelu_tanh", "swigluoai", "relu2"):
+        assert unsupported_reason(_shape(hidden=2880, intermediate=704), Activation(act)) is None
+
+
+def test_plugin_offer_and_decline():
+    from moe_generic import plugin
+
+    assert plugin.can_handle(_shape(device_capability=None), Activation()).reason
+    offer = plugin.can_handle(_shape(), Activation())
+    assert offer.kernel == "moe-generic" and offer.priority == 10
+
+
+@pytest.mark.parametrize("bn", [8, 16, 64])
+def test_routing_tiles_cover_every_local_pair_once(bn):
+    g = torch.Generator().manual_seed(0)
+    T, k, E, off = 57, 4, 12, 3
+    ids = torch.randint(-2, 20, (T, k), generator=g).to(torch.int32)
+    rt = route(ids, off, E, bn)
+    n = int(rt.num_tiles.item())
+    assert n <= rt.max_tiles == max_tiles_bound(T * k, E, bn)
+    seen = torch.zeros(T * k, dtype=torch.int32)
+    for t in range(n):
+        e, s, end = int(rt.tile_expert[t]), int(rt.tile_start[t]), int(rt.tile_end[t])
+        assert 0 < end - s <= bn
+        for p in range(s, end):
+            pair = int(rt.order[p])
+            assert int(ids.view(-1)[pair]) - off == e
+            seen[pair] += 1
+    local = (ids.view(-1) - off >= 0) & (ids.view(-1) - off < E)
+    assert torch.equal(seen, local.to(torch.int32))
+    assert torch.equal(rt.valid, local)
+
+
+def test_fragment_repack_places_each_code_where_the_mma_reads_it():
+    g = torch.Generator().manual_seed(1)
+    E, N, K = 2, 32, 256
+    codes = torch.randint(0, 16, (E, N, K), generator=g, dtype=torch.uint8)
+    blob = repack_codes(pack_e2m1(codes))  # [E, N/16, K/128, 32 lanes, 32 bytes]
+    assert blob.shape == (E, 2, 2, 32, 32)
+    row, kk = _fragment_index()
+    lo, hi = blob & 0xF, blob >> 4
+    nib = torch.stack([lo, hi], -1).view(E, 2, 2, 32, 8, 8)  # [.., lane, slab, code j]
+    for e in range(E):
+        for gi in range(2):
+            for kt in range(2):
+                tile = codes[e, gi * 16:(gi + 1) * 16, kt * 128:(kt + 1) * 128]
+                assert torch.equal(nib[e, gi, kt], tile[row, kk])
+    # PTX A fragment spot checks: lane 5 (r=1, q=1), slab 0: a0=(1,2) a2=(9,2) a4=(1,10) a7=(9,11)
+    assert (row[5, 0, 0], kk[5, 0, 0]) == (1, 2)
+    assert (row[5, 0, 2], kk[5, 0, 2]) == (9, 2)
+    assert (row[5, 0, 4], kk[5, 0, 4]) == (1, 10)
+    assert (row[5, 0, 7], kk[5, 0, 7]) == (9, 11)
+
+
+def test_repack_pads_with_zero_codes():
+    codes = torch.full((1, 20, 96), 7, dtype=torch.uint8)  # rows and K not tile multiples
+    blob = repack_codes(pack_e2m1(codes), row_multiple=32)
+    assert blob.shape == (1, 2, 1, 32, 32)
+    total = (blob & 0xF).sum() + (blob >> 4).sum()
+    assert int(total) == 7 * 20 * 96  # everything else is code 0
+
+
+def test_scale_repack_and_gated_order():
+    s = torch.arange(2 * 32 * 16, dtype=torch.uint8).view(2, 32, 16)  # NVFP4: K = 256
+    r = repack_scales(s, 16)
+    assert r.shape == (2, 2, 2, 16, 8)
+    assert torch.equal(r[1, 1, 1, 3], s[1, 16 + 3, 8:16])
+    order = gated_row_order(64, 128)
+    assert order[:16].tolist() == list(range(8)) + list(range(128, 136))
