@@ -1,0 +1,12 @@
+#!/usr/bin/env python3
+"""Thin wrapper: `uv run tools/bench.py ARGS` == `uv run fused-moe bench ARGS`.
+
+The benchmark itself lives in dispatcher/src/dispatcher/bench.py (so the installed `fused-moe`
+command has it); this file exists so that tools/ holds the benchmark entry DESIGN.md names.
+"""
+import sys
+
+from dispatcher.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main(["bench", *sys.argv[1:]]))
