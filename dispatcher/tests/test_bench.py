@@ -60,3 +60,33 @@ def test_grouped_mm_baseline_ignores_routes_to_other_experts(tiny):
     bench.grouped_mm_moe(x, w13, w2, tw, ids2, Activation("silu"), out=out)
     ref = reference_moe(x, w, tw, ids2, activation="silu")  # id 100 contributes nothing there too
     assert bench.compare(out, ref)["rel_l2"] < 2e-2
+
+
+@pytest.mark.skipif(not _grouped_mm_on_cpu(), reason="torch._grouped_mm has no CPU path in this torch")
+def test_bench_preset_logic_on_cpu(clean_env, tmp_path):
+    """The whole bench loop (copies, auto + forced + baselines, checks, metrics) with an eager
+    timer on the CPU; the real run differs only in device and CUDA-graph timing."""
+    from dispatcher.presets import Preset
+
+    p = Preset("tiny", 8, 128, 64, 2, "mxfp4", "swigluoai", bias=True)
+    lines = []
+    rows = bench.bench_preset(p, [1, 5], kernels=["auto", "reference", "torch-bf16", "torch-dequant"],
+                              device="cpu", timer=lambda calls: bench.eager_time_us(calls, repeats=1),
+                              log=lines.append, seed=3, rotate=False)
+    assert len(rows) == 8
+    for r in rows:
+        assert "error" not in r, r
+        assert r["time_us"] > 0 and r["GBps"] > 0 and r["TFLOPs"] > 0
+        assert r["check_ok"], r
+        assert 1 <= r["experts_hit"] <= 8 and r["input_copies"] == 2
+    assert rows[0]["kernel"] == "auto(reference)"
+    assert {r["kernel"] for r in rows} == {"auto(reference)", "reference", "torch-bf16", "torch-dequant"}
+    assert all("speedup_vs_bf16" in r for r in rows)
+    assert any("torch-dequant" in ln for ln in lines)
+    result = {"rows": rows, "gpu": "cpu", "date": "today", "commit": "x"}
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is not None:
+        path = tmp_path / "p.png"
+        assert bench.plot(result, str(path))
+        assert path.stat().st_size > 1000

@@ -253,23 +253,41 @@ def _copies_needed(bytes_per_copy: float, l2: int, lo: int, hi: int) -> int:
     return int(min(hi, max(lo, math.ceil(ROTATE_FACTOR * l2 / max(bytes_per_copy, 1)))))
 
 
+def eager_time_us(calls: Sequence[Callable[[], object]], *, repeats: int = 3) -> dict:
+    """Wall-clock median per call without graphs: only for exercising the bench on a CPU."""
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for c in calls:
+            c()
+        times.append((time.perf_counter() - t0) * 1e6 / len(calls))
+    return {"median_us": statistics.median(times), "min_us": min(times), "replays": repeats,
+            "calls_per_graph": len(calls)}
+
+
 def bench_preset(p: Preset, tokens: Sequence[int], *, kernels: Optional[Sequence[str]] = None,
                  quant_mode: str = "w4a16", seed: int = 0, check: bool = True,
-                 log: Callable[[str], None] = print) -> list:
+                 log: Callable[[str], None] = print, device=None,
+                 timer: Callable[..., dict] = graph_time_us, rotate: bool = True) -> list:
     """Rows for one shape over ``tokens``. ``kernels`` None = dispatcher's choice ("auto"),
-    every capable kernel forced (the reference excluded) and both baselines."""
-    dev = torch.device("cuda", torch.cuda.current_device())
-    cap = tuple(torch.cuda.get_device_capability(dev))
+    every capable kernel forced (the reference excluded) and both baselines.
+
+    ``device``/``timer``/``rotate`` exist for tests (a CPU run with ``eager_time_us``, one
+    weight copy and two input copies); numbers come from the defaults: the current CUDA
+    device, CUDA-graph replay, data rotated over several times the L2."""
+    dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+    on_cuda = dev.type == "cuda"
+    cap = tuple(torch.cuda.get_device_capability(dev)) if on_cuda else None
     act = Activation(p.activation)
-    l2 = l2_bytes(dev)
+    l2 = l2_bytes(dev) if on_cuda else L2_FALLBACK_BYTES
     expert_bytes = p.expert_bytes()
     layer_bytes = expert_bytes * p.experts
-    free = torch.cuda.mem_get_info(dev)[0]
+    free = torch.cuda.mem_get_info(dev)[0] if on_cuda else 8 << 30
     bf16_bytes = 2 * p.experts * p.hidden * (p.n1 + p.intermediate)
     n_w = _copies_needed(layer_bytes, l2, 1, 8)
     want_baselines = kernels is None or any(k in BASELINES for k in kernels)
     per_copy = layer_bytes + (bf16_bytes if want_baselines else 0)
-    n_w = max(1, min(n_w, int(0.4 * free // max(per_copy, 1))))
+    n_w = max(1, min(n_w, int(0.4 * free // max(per_copy, 1)))) if rotate else 1
     log(f"# {p.describe()}: {layer_bytes / 1e6:.1f} MB of 4-bit weights, {n_w} weight cop{'y' if n_w == 1 else 'ies'}")
 
     wcopies = []
@@ -292,7 +310,7 @@ def bench_preset(p: Preset, tokens: Sequence[int], *, kernels: Optional[Sequence
     gen = torch.Generator(device=dev).manual_seed(seed)
     for t in tokens:
         io_bytes = t * p.hidden * 2 * 2 + t * p.top_k * 8
-        n_in = _copies_needed(io_bytes, l2, 4, 32)
+        n_in = _copies_needed(io_bytes, l2, 4, 32) if rotate else 2
         n_in = int(math.ceil(n_in / n_w) * n_w)
         inputs = [random_inputs(p, t, device=dev, gen=gen) for _ in range(n_in)]
         hit = [int(torch.unique(ids).numel()) for _, _, ids in inputs]
@@ -351,10 +369,11 @@ def bench_preset(p: Preset, tokens: Sequence[int], *, kernels: Optional[Sequence
                     calls = [(lambda i=i: layers[i % n_w](*inputs[i])) for i in range(n_in)]
                     if check:
                         check_out.copy_(layers[0](*inputs[0]))
-                torch.cuda.synchronize()
+                if on_cuda:
+                    torch.cuda.synchronize()
                 if check:
                     row.update({"check_" + k: v for k, v in compare(check_out, ref_out).items()})
-                timing = graph_time_us(calls)
+                timing = timer(calls)
                 row.update(timing)
                 us = timing["median_us"]
                 row["time_us"] = us
@@ -364,7 +383,8 @@ def bench_preset(p: Preset, tokens: Sequence[int], *, kernels: Optional[Sequence
                 row["error"] = f"{type(e).__name__}: {e}"
             rows.append(row)
             log(format_row(row))
-            torch.cuda.empty_cache()
+            if on_cuda:
+                torch.cuda.empty_cache()
     base = {}
     for r in rows:
         if r["kernel"] == "torch-bf16" and "time_us" in r:
@@ -423,6 +443,7 @@ def plot(result: dict, path: str) -> bool:
             ax_b.axhline(result["copy_ceiling"]["GBps"], color="gray", linestyle="--", label="D2D copy")
         ax_b.set_title(f"{s}: weight bandwidth")
         ax_t.legend(fontsize=8)
+        ax_b.legend(fontsize=8)
     fig.suptitle(f"fused-moe bench, {result.get('gpu', '')}, {result.get('date', '')}, {result.get('commit', '')}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -456,6 +477,11 @@ def run(presets: Sequence[Preset], tokens: Sequence[int] = DEFAULT_TOKENS, *, ke
         for p in presets:
             result["rows"] += bench_preset(p, tokens, kernels=kernels, quant_mode=quant_mode, seed=seed,
                                            check=check)
+        print()
+        print("summary (x bf16 = torch-bf16 time / time):")
+        print(HEADER)
+        for r in result["rows"]:
+            print(format_row(r))
     if json_path:
         with open(json_path, "w") as f:
             json.dump(result, f, indent=1, default=str)
