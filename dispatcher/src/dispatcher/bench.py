@@ -84,6 +84,9 @@ def l2_bytes(device=None) -> int:
 
 
 def git_commit() -> Optional[str]:
+    # The GPU host gets a copy of the tree without .git: the caller passes the commit along.
+    if os.environ.get("FUSED_MOE_COMMIT"):
+        return os.environ["FUSED_MOE_COMMIT"]
     try:
         here = os.path.dirname(os.path.abspath(__file__))
         r = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=here, capture_output=True,
@@ -225,7 +228,7 @@ def graph_time_us(calls: Sequence[Callable[[], object]], *, min_replays: int = 1
             "calls_per_graph": len(calls)}
 
 
-def copy_ceiling(device=None, nbytes: int = 1 << 30) -> dict:
+def copy_ceiling(device="cuda", nbytes: int = 1 << 30) -> dict:
     """Device-to-device copy bandwidth, bytes read + written, median of 20."""
     src = torch.empty(nbytes, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)

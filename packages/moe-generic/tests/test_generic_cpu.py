@@ -9,7 +9,6 @@ from moe_common.fragments import _fragment_index, gated_row_order, repack_codes,
 from moe_common.formats import pack_e2m1
 from moe_common.types import Activation, MoEShape
 from moe_generic.limits import unsupported_reason
-from moe_generic.routing import max_tiles_bound, route
 
 
 def _shape(**kw):
@@ -54,27 +53,6 @@ def test_plugin_offer_and_decline():
     assert plugin.can_handle(_shape(device_capability=None), Activation()).reason
     offer = plugin.can_handle(_shape(), Activation())
     assert offer.kernel == "moe-generic" and offer.priority == 10
-
-
-@pytest.mark.parametrize("bn", [8, 16, 64])
-def test_routing_tiles_cover_every_local_pair_once(bn):
-    g = torch.Generator().manual_seed(0)
-    T, k, E, off = 57, 4, 12, 3
-    ids = torch.randint(-2, 20, (T, k), generator=g).to(torch.int32)
-    rt = route(ids, off, E, bn)
-    n = int(rt.num_tiles.item())
-    assert n <= rt.max_tiles == max_tiles_bound(T * k, E, bn)
-    seen = torch.zeros(T * k, dtype=torch.int32)
-    for t in range(n):
-        e, s, end = int(rt.tile_expert[t]), int(rt.tile_start[t]), int(rt.tile_end[t])
-        assert 0 < end - s <= bn
-        for p in range(s, end):
-            pair = int(rt.order[p])
-            assert int(ids.view(-1)[pair]) - off == e
-            seen[pair] += 1
-    local = (ids.view(-1) - off >= 0) & (ids.view(-1) - off < E)
-    assert torch.equal(seen, local.to(torch.int32))
-    assert torch.equal(rt.valid, local)
 
 
 def test_fragment_repack_places_each_code_where_the_mma_reads_it():

@@ -113,3 +113,35 @@ def test_ids_out_of_range_are_ignored():
     out = fused_moe(x, w, tw, ti)
     ref = reference_moe(x, w, tw, ti)
     assert_close(out, ref, "out-of-range ids")
+
+
+@pytest.mark.parametrize("bn", [8, 64])
+@pytest.mark.parametrize("id_dtype", [torch.int32, torch.int64])
+def test_routing_kernel_tiles_cover_every_local_pair_once(bn, id_dtype):
+    from moe_common.cute import jit
+    from moe_generic.runner import max_tiles_bound
+
+    T, k, E, off = 157, 4, 12, 3
+    ids = torch.randint(-2, 20, (T, k), device="cuda").to(id_dtype)
+    P = T * k
+    mt = max_tiles_bound(P, E, bn)
+    order = torch.full((P,), -1, dtype=torch.int32, device="cuda")
+    counts = torch.empty(E, dtype=torch.int32, device="cuda")
+    tiles = torch.full((3, mt), -7, dtype=torch.int32, device="cuda")
+    nt = torch.empty(1, dtype=torch.int32, device="cuda")
+    jit.routing(ids.element_size())(ids.data_ptr(), P, off, E, bn, order.data_ptr(), counts.data_ptr(),
+                                    tiles[0].data_ptr(), tiles[1].data_ptr(), tiles[2].data_ptr(),
+                                    nt.data_ptr(), jit.current_stream(ids.device))
+    ids_c, order_c, tiles_c, n = ids.cpu().view(-1), order.cpu(), tiles.cpu(), int(nt.item())
+    local = (ids_c - off >= 0) & (ids_c - off < E)
+    assert torch.equal(counts.cpu(), torch.bincount((ids_c - off)[local].long(), minlength=E).int())
+    assert n <= mt
+    seen = torch.zeros(P, dtype=torch.int32)
+    for t in range(n):
+        e, s, end = (int(v) for v in tiles_c[:, t])
+        assert 0 < end - s <= bn
+        for p in range(s, end):
+            pair = int(order_c[p])
+            assert int(ids_c[pair]) - off == e
+            seen[pair] += 1
+    assert torch.equal(seen, local.to(torch.int32))

@@ -95,3 +95,12 @@ def pad_gated(w: torch.Tensor, intermediate: int, intermediate_padded: int) -> t
     gate, up = w[:, :intermediate], w[:, intermediate:]
     return torch.cat([_pad_to(gate, 1, intermediate_padded), _pad_to(up, 1, intermediate_padded)], 1) \
         if intermediate_padded != intermediate else w
+
+
+def scales_to_bf16(scale_tiles: torch.Tensor, weight_format: str) -> torch.Tensor:
+    """Scale bytes (e4m3 or e8m0) -> the same values as bf16 (exact: bf16 holds every e4m3 value
+    and every power of two 2^-127..2^127). Kernels that read bf16 scales skip the per-scale
+    conversion in their inner loop at the cost of one more byte per scale."""
+    if weight_format == "nvfp4":
+        return scale_tiles.view(torch.float8_e4m3fn).float().to(torch.bfloat16)
+    return torch.exp2(scale_tiles.float() - 127.0).to(torch.bfloat16)

@@ -32,7 +32,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 
 from moe_common.cute import ptx
-from moe_common.cute.decode import decode_e2m1x8, mxfp4_scale_pair, nvfp4_scale_pair
+from moe_common.cute.decode import decode_e2m1x8
 
 WARPS = 4
 THREADS = WARPS * 32
@@ -46,7 +46,7 @@ class GemmConfig:
     weight_format: str  # "nvfp4" | "mxfp4"
     activation: str = "silu"  # fc1 only; swiglu alpha/beta/limit are run-time arguments
     bn: int = 64  # tokens per tile (multiple of 8)
-    mw: int = 2  # 16-row groups per warp
+    mw: int = 2  # 16-row groups per warp (1 for decode tiles: twice the CTAs on the weights)
 
     @property
     def gated(self) -> bool:
@@ -57,8 +57,8 @@ class GemmConfig:
         return WARPS * self.mw * 16
 
     @property
-    def scale_bytes_per_row(self) -> int:  # per 128-K tile
-        return 8 if self.weight_format == "nvfp4" else 4
+    def scale_bytes_per_row(self) -> int:  # bf16 scales per 128-K tile
+        return 16 if self.weight_format == "nvfp4" else 8
 
 
 class GroupedGemm:
@@ -77,7 +77,7 @@ class GroupedGemm:
         self,
         wblob: Int64, sblob: Int64, gscale: Int64, bias: Int64,
         tile_expert: Int64, tile_start: Int64, tile_end: Int64, num_tiles: Int64,
-        row_src: Int64, src: Int64, src_stride: Int32, k_real: Int32,
+        order: Int64, row_div: Int32, src: Int64, src_stride: Int32, k_real: Int32,
         k_tiles: Int32, row_groups: Int32,
         out: Int64, out_stride: Int32, out_rows: Int32, pair_orig: Int64, route_w: Int64,
         act_alpha: Float32, act_beta: Float32, act_limit: Float32,
@@ -85,7 +85,7 @@ class GroupedGemm:
     ):
         self.kernel(
             wblob, sblob, gscale, bias, tile_expert, tile_start, tile_end, num_tiles,
-            row_src, src, src_stride, k_real, k_tiles, row_groups,
+            order, row_div, src, src_stride, k_real, k_tiles, row_groups,
             out, out_stride, out_rows, pair_orig, route_w, act_alpha, act_beta, act_limit,
         ).launch(grid=[grid_m, max_tiles, 1], block=[THREADS, 1, 1],
                  smem=2 * self.smem_stage, stream=stream)
@@ -96,7 +96,7 @@ class GroupedGemm:
         self,
         wblob: Int64, sblob: Int64, gscale: Int64, bias: Int64,
         tile_expert: Int64, tile_start: Int64, tile_end: Int64, num_tiles: Int64,
-        row_src: Int64, src: Int64, src_stride: Int32, k_real: Int32,
+        order: Int64, row_div: Int32, src: Int64, src_stride: Int32, k_real: Int32,
         k_tiles: Int32, row_groups: Int32,
         out: Int64, out_stride: Int32, out_rows: Int32, pair_orig: Int64, route_w: Int64,
         act_alpha: Float32, act_beta: Float32, act_limit: Float32,
@@ -106,74 +106,77 @@ class GroupedGemm:
         bidx, bidy, _ = cute.arch.block_idx()
         tile = bidy
         if tile < ptx.ld_u32(num_tiles):
-            e = ptx.ld_nc_u32(tile_expert + Int64(tile) * 4)
-            p0 = ptx.ld_nc_u32(tile_start + Int64(tile) * 4)
-            p1 = ptx.ld_nc_u32(tile_end + Int64(tile) * 4)
+            e = ptx.ld_u32(tile_expert + Int64(tile) * 4)
+            p0 = ptx.ld_u32(tile_start + Int64(tile) * 4)
+            p1 = ptx.ld_u32(tile_end + Int64(tile) * 4)
             warp = tidx // 32
             lane = tidx % 32
             r = lane // 4
             q = lane % 4
 
-            smem = cutlass.utils.SmemAllocator()
+            smem = cutlass.memory.SmemAllocator()
             sB = smem.allocate_array(cutlass.Uint8, 2 * self.smem_stage, byte_alignment=128)
             s_base = Int32(sB.toint())
 
-            # ---- per-lane weight stream: tile (e, group, kt) is 1 KiB; lane reads 32 B of it
+            # ---- per-lane weight stream: tile (e, group, kt) is 1 KiB of codes; lane reads 32 B.
+            # Scales are bf16 in moe-generic's blob: [16 rows][128/block] per tile; lane reads
+            # row r's and row r+8's (NVFP4: 16 B each, MXFP4: 8 B each).
             group0 = bidx * (WARPS * cfg.mw) + warp * cfg.mw
             sbpr = cfg.scale_bytes_per_row
-            w_lane = wblob + (Int64(e) * Int64(row_groups) + Int64(group0)) * Int64(k_tiles) * 1024 \
-                + Int64(lane) * 32
-            s_lane = sblob + (Int64(e) * Int64(row_groups) + Int64(group0)) * Int64(k_tiles) * (16 * sbpr) \
-                + Int64(r) * sbpr
+            tile_idx0 = (Int64(e) * Int64(row_groups) + Int64(group0)) * Int64(k_tiles)
+            w_lane = wblob + tile_idx0 * 1024 + Int64(lane) * 32
+            s_lane = sblob + tile_idx0 * (16 * sbpr) + Int64(r) * sbpr
             group_w_stride = Int64(k_tiles) * 1024
             group_s_stride = Int64(k_tiles) * (16 * sbpr)
 
             acc = cute.make_rmem_tensor(cute.make_layout((cfg.mw, self.nb, 4)), Float32)
             acc.fill(0.0)
 
-            # ---- B loader: issue the cp.async copies of K-tile kt into stage kt % 2
-            # chunk c -> token row n = c // 16, 16-byte piece ch = c % 16 of the 256-byte K slice
+            # ldmatrix row address of this lane inside a B stage: matrix m = lane // 8 covers
+            # tokens (2 * pair + m // 2) * 8 + lane % 8 and k-half m % 2 of a slab
+            ld_row = (lane // 16) * 8 + lane % 8
+            ld_col = ((lane // 8) % 2) * 16  # bytes
+
+            wwords = self._load_a(w_lane, s_lane, group_w_stride, group_s_stride, Int32(0))
             for kt in cutlass.range(k_tiles + 1, unroll=1):
+                # B copies of K-tile kt into stage kt % 2 (the stage computed two iterations ago)
                 if kt < k_tiles:
                     stage_base = s_base + (kt % 2) * self.smem_stage
                     for it in cutlass.range_constexpr(self.b_iters):
                         c = tidx + it * THREADS
                         if cutlass.const_expr(self.b_chunks % THREADS != 0):
                             if c < self.b_chunks:
-                                self._copy_chunk(c, kt, p0, p1, row_src, src, src_stride, k_real, stage_base)
+                                self._copy_chunk(c, kt, p0, p1, order, row_div, src, src_stride, k_real, stage_base)
                         else:
-                            self._copy_chunk(c, kt, p0, p1, row_src, src, src_stride, k_real, stage_base)
+                            self._copy_chunk(c, kt, p0, p1, order, row_div, src, src_stride, k_real, stage_base)
                 ptx.cp_async_commit()
                 if kt > 0:
                     kc = kt - 1
-                    # A fragments of tile kc for every group (issued before waiting on B)
-                    wwords = []
-                    swords = []
-                    for g in cutlass.range_constexpr(cfg.mw):
-                        wa = w_lane + Int64(g) * group_w_stride + Int64(kc) * 1024
-                        sa = s_lane + Int64(g) * group_s_stride + Int64(kc) * (16 * sbpr)
-                        lo = ptx.ld_nc_v4(wa)
-                        hi = ptx.ld_nc_v4(wa + 16)
-                        wwords.append(lo + hi)
-                        if cutlass.const_expr(cfg.weight_format == "nvfp4"):
-                            swords.append(ptx.ld_nc_v2(sa) + ptx.ld_nc_v2(sa + 8 * sbpr))
-                        else:
-                            swords.append((ptx.ld_nc_u32(sa), ptx.ld_nc_u32(sa + 8 * sbpr)))
+                    cur = wwords
+                    # next K-tile's weights in flight while this one computes (clamped re-read
+                    # of the last tile on the final step: harmless, keeps the loop branch-free)
+                    wwords = self._load_a(w_lane, s_lane, group_w_stride, group_s_stride,
+                                          cutlass.min(kt, k_tiles - 1))
                     ptx.cp_async_wait_1()
                     cute.arch.sync_threads()
                     b_stage = s_base + (kc % 2) * self.smem_stage
-                    for g in cutlass.range_constexpr(cfg.mw):
-                        for s in cutlass.range_constexpr(8):
-                            a = self._a_fragment(wwords[g][s], swords[g], s)
-                            for nb in cutlass.range_constexpr(self.nb):
-                                ba = b_stage + (nb * 8 + r) * SMEM_ROW_BYTES + (s * 16 + 2 * q) * 2
-                                b0 = ptx.ld_shared_u32(ba)
-                                b1 = ptx.ld_shared_u32(ba + 16)
-                                d = ptx.mma_bf16_16816(
-                                    (acc[g, nb, 0], acc[g, nb, 1], acc[g, nb, 2], acc[g, nb, 3]),
-                                    a, (b0, b1))
-                                for i in cutlass.range_constexpr(4):
-                                    acc[g, nb, i] = d[i]
+                    for s in cutlass.range_constexpr(8):
+                        a = [self._a_fragment(cur[g], s) for g in range(cfg.mw)]
+                        slab = b_stage + ld_row * SMEM_ROW_BYTES + s * 32 + ld_col
+                        for pair in cutlass.range_constexpr((self.nb + 1) // 2):
+                            addr = slab + pair * 16 * SMEM_ROW_BYTES
+                            if cutlass.const_expr(2 * pair + 1 < self.nb):
+                                bm = ptx.ldmatrix_x4(addr)
+                            else:
+                                bm = ptx.ldmatrix_x2(addr)
+                            for half in cutlass.range_constexpr(len(bm) // 2):
+                                nb = 2 * pair + half
+                                for g in cutlass.range_constexpr(cfg.mw):
+                                    d = ptx.mma_bf16_16816(
+                                        (acc[g, nb, 0], acc[g, nb, 1], acc[g, nb, 2], acc[g, nb, 3]),
+                                        a[g], (bm[2 * half], bm[2 * half + 1]))
+                                    for i in cutlass.range_constexpr(4):
+                                        acc[g, nb, i] = d[i]
                     cute.arch.sync_threads()
 
             # ---- epilogue
@@ -194,7 +197,7 @@ class GroupedGemm:
                                 self._fc1_store(out, out_stride, p, group0 + g, r, v_lo, v_hi,
                                                act_alpha, act_beta, act_limit)
                             else:
-                                pair = ptx.ld_nc_u32(pair_orig + Int64(p) * 4)
+                                pair = ptx.ld_u32(pair_orig + Int64(p) * 4)
                                 wgt = ptx.ld_nc_f32(route_w + Int64(pair) * 4)
                                 dst = out + (Int64(pair) * Int64(out_stride)) * 4
                                 if row0 < out_rows:
@@ -204,7 +207,7 @@ class GroupedGemm:
 
     # ------------------------------------------------------------------ pieces
     @cute.jit
-    def _copy_chunk(self, c, kt, p0, p1, row_src, src, src_stride, k_real, stage_base):
+    def _copy_chunk(self, c, kt, p0, p1, order, row_div, src, src_stride, k_real, stage_base):
         n = c // 16
         ch = c % 16
         p = p0 + n
@@ -215,22 +218,47 @@ class GroupedGemm:
             if k0 < k_real:
                 row = p  # FC2 reads the intermediate in sorted order
                 if cutlass.const_expr(self.cfg.phase == "fc1"):
-                    row = ptx.ld_nc_u32(row_src + Int64(p) * 4)  # FC1 gathers token rows
+                    # FC1 gathers rows: token = pair // top_k (w4a16), or the pair's own
+                    # quantized row (w4a4, row_div = 1)
+                    row = ptx.ld_u32(order + Int64(p) * 4) // row_div
                 gaddr = src + (Int64(row) * Int64(src_stride) + Int64(k0)) * 2
                 nbytes = Int32(16)
         ptx.cp_async_16_zfill(stage_base + n * SMEM_ROW_BYTES + ch * 16, gaddr, nbytes)
 
     @cute.jit
-    def _a_fragment(self, word, swords, s: cutlass.Constexpr):
-        """Decode one slab's 8 codes and apply the block scales of rows r and r + 8."""
-        v = decode_e2m1x8(word)
+    def _load_a(self, w_lane, s_lane, group_w_stride, group_s_stride, kt):
+        """Raw codes (8 words) and bf16 scale words of K-tile kt for each of the warp's groups."""
+        cfg = self.cfg
+        sbpr = cfg.scale_bytes_per_row
+        out = []
+        for g in cutlass.range_constexpr(cfg.mw):
+            wa = w_lane + Int64(g) * group_w_stride + Int64(kt) * 1024
+            sa = s_lane + Int64(g) * group_s_stride + Int64(kt) * (16 * sbpr)
+            codes = ptx.ld_nc_v4(wa) + ptx.ld_nc_v4(wa + 16)
+            if cutlass.const_expr(cfg.weight_format == "nvfp4"):
+                scales = ptx.ld_nc_v4(sa) + ptx.ld_nc_v4(sa + 8 * sbpr)
+            else:
+                scales = ptx.ld_nc_v2(sa) + ptx.ld_nc_v2(sa + 8 * sbpr)
+            out.append(codes + scales)
+        return out
+
+    @cute.jit
+    def _a_fragment(self, words, s: cutlass.Constexpr):
+        """Decode slab s's 8 codes and apply the block scales of rows r and r + 8."""
+        v = decode_e2m1x8(words[s])
+        sc = words[8:]
         if cutlass.const_expr(self.cfg.weight_format == "nvfp4"):
-            # swords = 2 words of row r (slabs 0..7) + 2 words of row r+8
-            s_r = nvfp4_scale_pair(swords[s // 4], s % 4)
-            s_r8 = nvfp4_scale_pair(swords[2 + s // 4], s % 4)
+            # 4 words per row: slab s is half s % 2 of word s // 2
+            w_r, w_r8 = sc[s // 2], sc[4 + s // 2]
+            half = s % 2
         else:
-            s_r = mxfp4_scale_pair(swords[0], s // 2)
-            s_r8 = mxfp4_scale_pair(swords[1], s // 2)
+            # 2 words per row: block s // 2 is half (s // 2) % 2 of word s // 4
+            w_r, w_r8 = sc[s // 4], sc[2 + s // 4]
+            half = (s // 2) % 2
+        if cutlass.const_expr(half == 0):
+            s_r, s_r8 = ptx.bcast_lo(w_r), ptx.bcast_lo(w_r8)
+        else:
+            s_r, s_r8 = ptx.bcast_hi(w_r), ptx.bcast_hi(w_r8)
         return (ptx.mul_bf16x2(v[0], s_r), ptx.mul_bf16x2(v[1], s_r8),
                 ptx.mul_bf16x2(v[2], s_r), ptx.mul_bf16x2(v[3], s_r8))
 

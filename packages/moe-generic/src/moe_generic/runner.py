@@ -13,17 +13,18 @@ from dataclasses import dataclass
 
 import torch
 
+from moe_common.cute import jit
 from moe_common.formats import get_format
 from moe_common.fragments import (
-    TILE_K, gated_row_order, pad_gated, pad_rows, repack_codes, repack_scales,
+    TILE_K, gated_row_order, pad_gated, pad_rows, repack_codes, repack_scales, scales_to_bf16,
 )
 from moe_common.types import Activation
 from moe_common.weights import MoEWeights
 
-from .routing import route
+from . import compile_cache
+from .compile_cache import BN_CHOICES
 
 from .limits import KERNEL_NAME
-BN_CHOICES = (8, 16, 32, 64)
 ROW_TILE = 128  # CTA rows (4 warps x 2 groups x 16); FC1 and FC2 rows are padded to it
 
 
@@ -84,10 +85,12 @@ def prepare(weights: MoEWeights) -> Prepared:
     s2_13, s2_2 = weights.w13_scale_2.float(), weights.w2_scale_2.float()
     prep = Prepared(
         hidden=H, intermediate=I, hidden_padded=Hp, intermediate_padded=Ip, gated=weights.gated,
-        w13=repack_codes(w13, ROW_TILE), w13_scale=repack_scales(s13, fmt.block_size, ROW_TILE),
+        w13=repack_codes(w13, ROW_TILE),
+        w13_scale=scales_to_bf16(repack_scales(s13, fmt.block_size, ROW_TILE), weights.weight_format),
         w13_bias=pad_rows(b13, ROW_TILE),
         w2=repack_codes(weights.w2, ROW_TILE),
-        w2_scale=repack_scales(weights.w2_scale.view(torch.uint8), fmt.block_size, ROW_TILE),
+        w2_scale=scales_to_bf16(repack_scales(weights.w2_scale.view(torch.uint8), fmt.block_size, ROW_TILE),
+                                weights.weight_format),
         w2_bias=pad_rows(b2, ROW_TILE),
         # w4a4 activations are stored as q * block_scale (exact in bf16); their global scale
         # joins the weight's in the fp32 epilogue, as a Blackwell W4A4 kernel's alpha does.
@@ -99,7 +102,7 @@ def prepare(weights: MoEWeights) -> Prepared:
 
 
 def pick_bn(pairs: int, local_experts: int) -> int:
-    """Tokens per tile from the mean rows per expert (decode: 8, prefill: 64)."""
+    """Tokens per tile from the mean routed rows per expert (decode: 8, prefill: 64)."""
     mean = pairs / max(1, min(local_experts, pairs))
     for bn in BN_CHOICES[:-1]:
         if mean <= bn:
@@ -107,7 +110,13 @@ def pick_bn(pairs: int, local_experts: int) -> int:
     return BN_CHOICES[-1]
 
 
-def _quantize_rows(v: torch.Tensor, fmt, gs: torch.Tensor | None) -> torch.Tensor:
+def max_tiles_bound(pairs: int, local_experts: int, bn: int) -> int:
+    """Host-side bound on the device-side tile count: sum over non-empty experts of
+    ceil(c / bn) <= ceil(P / bn) + (number of non-empty experts)."""
+    return -(-pairs // bn) + min(pairs, local_experts)
+
+
+def _quantize_rows(v: torch.Tensor, fmt, gs) -> torch.Tensor:
     """Rows of v quantized to 4 bits and returned as q * block_scale in bf16 (exact)."""
     packed, scales = fmt.quantize(v.float(), gs)
     return fmt.dequantize(packed, scales).to(torch.bfloat16)
@@ -125,66 +134,79 @@ class _Buffers:
 
 def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activation,
         quant_mode: str = "w4a16", out=None, workspace=None, deterministic: bool = True):
-    """The layer call. Always deterministic (each output element has one writer, fixed sum order)."""
-    from . import compile_cache
-
+    """The layer call: 4 launches in w4a16 (routing, FC1, FC2, top-k reduce), all on the
+    current stream, no host sync. Always deterministic (`deterministic` is accepted for the
+    common runner signature): each output element has one writer and a fixed summation order."""
     prep = prepare(weights)
     T, k = topk_ids.shape
     P = T * k
     E = weights.num_local_experts
+    off = weights.local_expert_offset
     dev = x.device
-    fmt = get_format(weights.weight_format)
+    H, Hp, Ip = prep.hidden, prep.hidden_padded, prep.intermediate_padded
     bufs = _Buffers(workspace, dev)
+    stream = jit.current_stream(dev)
+    ids = topk_ids.contiguous()
+    idb = ids.element_size()
     bn = pick_bn(P, E)
-    rt = route(topk_ids, weights.local_expert_offset, E, bn)
-    if rt.max_tiles > 65535:
-        raise ValueError(f"routing: {rt.max_tiles} tiles exceed the grid limit 65535")
+    max_tiles = max_tiles_bound(P, E, bn)
+    if max_tiles > 65535:
+        raise ValueError(f"topk_ids: {max_tiles} tiles exceed the grid limit 65535")
 
-    # FC1 B rows: token rows of x (w4a16) or per-pair quantized rows (w4a4)
+    # 1. routing tables on the device
+    order = bufs.get("order", (P,), torch.int32)
+    counts = bufs.get("counts", (E,), torch.int32)
+    tiles = bufs.get("tiles", (3, max_tiles), torch.int32)
+    num_tiles = bufs.get("num_tiles", (1,), torch.int32)
+    jit.routing(idb)(ids.data_ptr(), P, off, E, bn, order.data_ptr(), counts.data_ptr(),
+                     tiles[0].data_ptr(), tiles[1].data_ptr(), tiles[2].data_ptr(),
+                     num_tiles.data_ptr(), stream)
+    tile_args = (tiles[0].data_ptr(), tiles[1].data_ptr(), tiles[2].data_ptr(), num_tiles.data_ptr())
+
+    # 2. FC1 (+ activation) -> intermediate [P, Ip] bf16 in sorted order
+    fmt = get_format(weights.weight_format)
     if quant_mode == "w4a4":
-        tok = torch.arange(P, device=dev) // k
+        # NVFP4/MXFP4 activations, one quantized row per routed pair (each pair uses its expert's
+        # global scale), as q * block scale in bf16; the global scale joins the fp32 epilogue.
+        local = ids.reshape(-1).long() - off
         gs = None
         if weights.weight_format == "nvfp4":
-            local = topk_ids.reshape(-1).to(torch.int64) - weights.local_expert_offset
             gs = weights.input_scale.float()[local.clamp(0, E - 1)]
-        src = bufs.get("xq", (P, prep.hidden), torch.bfloat16)
-        src.copy_(_quantize_rows(x[tok], fmt, gs))
-        row_src = rt.order
+        src = bufs.get("xq", (P, H), torch.bfloat16)
+        src.copy_(_quantize_rows(x.repeat_interleave(k, dim=0), fmt, gs))
+        row_div = 1
     else:
-        src = x
-        row_src = (rt.order // k).to(torch.int32)
-
-    inter = bufs.get("inter", (P, prep.intermediate_padded), torch.bfloat16)
-    y = bufs.get("y", (P, prep.hidden), torch.float32)
-    route_w = topk_weights.reshape(-1).float()
-    stream = compile_cache.current_stream(dev)
-    Hp, Ip = prep.hidden_padded, prep.intermediate_padded
+        src, row_div = x, k
+    inter = bufs.get("inter", (P, Ip), torch.bfloat16)
     limit = activation.limit if activation.limit is not None else math.inf
-
-    fc1 = compile_cache.get("fc1", weights.weight_format, activation.name, bn)
+    cfg1, fc1 = compile_cache.get("fc1", weights.weight_format, activation.name, bn)
     fc1(prep.w13.data_ptr(), prep.w13_scale.data_ptr(), prep.fc1_alpha[quant_mode].data_ptr(),
-        prep.w13_bias.data_ptr(), rt.tile_expert.data_ptr(), rt.tile_start.data_ptr(),
-        rt.tile_end.data_ptr(), rt.num_tiles.data_ptr(), row_src.data_ptr(), src.data_ptr(),
-        src.stride(0), prep.hidden, Hp // TILE_K, prep.fc1_rows // 16,
+        prep.w13_bias.data_ptr(), *tile_args, order.data_ptr(), row_div, src.data_ptr(),
+        src.stride(0), H, Hp // TILE_K, prep.fc1_rows // 16,
         inter.data_ptr(), Ip, Ip, 0, 0, activation.alpha, activation.beta, limit,
-        prep.fc1_rows // 128, rt.max_tiles, stream)
+        prep.fc1_rows // cfg1.cta_rows, max_tiles, stream)
 
     if quant_mode == "w4a4":
         gs = None
         if weights.weight_format == "nvfp4":
-            gs = weights.fc2_input_scale.float()[rt.expert_of_sorted.clamp(max=E - 1)]
+            # sorted rows past the routed count hold garbage order entries: clamp, never read
+            pair = order.long().clamp(0, P - 1)
+            gs = weights.fc2_input_scale.float()[(ids.reshape(-1)[pair].long() - off).clamp(0, E - 1)]
         inter.copy_(_quantize_rows(inter, fmt, gs))
 
-    fc2 = compile_cache.get("fc2", weights.weight_format, "none", bn)
+    # 3. FC2 (+ router weight) -> y [P, H] fp32 in original pair order
+    y = bufs.get("y", (P, H), torch.float32)
+    route_w = topk_weights if topk_weights.dtype == torch.float32 else topk_weights.float()
+    route_w = route_w.contiguous()
+    cfg2, fc2 = compile_cache.get("fc2", weights.weight_format, "none", bn)
     fc2(prep.w2.data_ptr(), prep.w2_scale.data_ptr(), prep.fc2_alpha[quant_mode].data_ptr(),
-        prep.w2_bias.data_ptr(), rt.tile_expert.data_ptr(), rt.tile_start.data_ptr(),
-        rt.tile_end.data_ptr(), rt.num_tiles.data_ptr(), rt.order.data_ptr(), inter.data_ptr(),
+        prep.w2_bias.data_ptr(), *tile_args, order.data_ptr(), 1, inter.data_ptr(),
         Ip, Ip, Ip // TILE_K, prep.fc2_rows // 16,
-        y.data_ptr(), prep.hidden, prep.hidden, rt.order.data_ptr(), route_w.data_ptr(),
-        1.0, 1.0, math.inf, prep.fc2_rows // 128, rt.max_tiles, stream)
+        y.data_ptr(), H, H, order.data_ptr(), route_w.data_ptr(),
+        1.0, 1.0, math.inf, prep.fc2_rows // cfg2.cta_rows, max_tiles, stream)
 
+    # 4. out[t] = sum over the top-k, fixed order, one rounding
     if out is None:
-        out = torch.empty(T, prep.hidden, dtype=torch.bfloat16, device=dev)
-    yv = torch.where(rt.valid.view(T, k, 1), y.view(T, k, prep.hidden), 0.0)
-    out.copy_(yv.sum(dim=1))
+        out = torch.empty(T, H, dtype=torch.bfloat16, device=dev)
+    jit.topk_reduce(idb)(y.data_ptr(), ids.data_ptr(), out.data_ptr(), T, k, H, off, E, stream)
     return out

@@ -230,3 +230,59 @@ def mma_bf16_16816(d, a, b, *, loc=None, ip=None):
 def shfl_xor_f32(v, mask, *, loc=None, ip=None) -> Float32:
     return Float32(_asm(T.f32(), [Float32(v).ir_value(loc=loc, ip=ip), _i32(mask, loc, ip)],
                         "shfl.sync.bfly.b32 $0, $1, $2, 0x1f, 0xffffffff;", "=f,f,r", side_effects=True))
+
+
+@dsl_user_op
+def ldmatrix_x4(addr, *, loc=None, ip=None):
+    """Four 8x8 b16 matrices from shared memory; lane l supplies row l % 8 of matrix l // 8."""
+    s = _asm(llvm.StructType.get_literal([T.i32()] * 4), [Int32(addr).ir_value(loc=loc, ip=ip)],
+             "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,r",
+             side_effects=True)
+    return tuple(Int32(x) for x in _unpack(s, 4, T.i32()))
+
+
+@dsl_user_op
+def ldmatrix_x2(addr, *, loc=None, ip=None):
+    """Two 8x8 b16 matrices (lanes 0..15 supply the row addresses)."""
+    s = _asm(llvm.StructType.get_literal([T.i32()] * 2), [Int32(addr).ir_value(loc=loc, ip=ip)],
+             "ldmatrix.sync.aligned.m8n8.x2.shared.b16 {$0, $1}, [$2];", "=r,=r,r", side_effects=True)
+    return tuple(Int32(x) for x in _unpack(s, 2, T.i32()))
+
+
+def bcast_lo(w) -> Int32:
+    """{lo, lo} from the low bf16 of a packed pair."""
+    return prmt(w, w, Int32(0x1010))
+
+
+def bcast_hi(w) -> Int32:
+    """{hi, hi} from the high bf16 of a packed pair."""
+    return prmt(w, w, Int32(0x3232))
+
+
+@dsl_user_op
+def st_shared_u32(addr, v, *, loc=None, ip=None):
+    llvm.inline_asm(None, [Int32(addr).ir_value(loc=loc, ip=ip), _i32(v, loc, ip)],
+                    "st.shared.u32 [$0], $1;", "r,r",
+                    has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
+@dsl_user_op
+def atom_add_shared(addr, v, *, loc=None, ip=None) -> Int32:
+    """Atomic add on a shared-memory int32; returns the old value."""
+    return Int32(_asm(T.i32(), [Int32(addr).ir_value(loc=loc, ip=ip), _i32(v, loc, ip)],
+                      "atom.shared.add.u32 $0, [$1], $2;", "=r,r,r", side_effects=True))
+
+
+@dsl_user_op
+def ld_nc_s64_as_s32(addr, *, loc=None, ip=None) -> Int32:
+    """Low 32 bits of a read-only int64 (expert ids stored as int64)."""
+    return Int32(_asm(T.i32(), [Int64(addr).ir_value(loc=loc, ip=ip)],
+                      "{ .reg .b64 t; ld.global.nc.b64 t, [$1]; cvt.u32.u64 $0, t; }", "=r,l"))
+
+
+@dsl_user_op
+def ld_v4(addr, *, loc=None, ip=None):
+    """Coherent 16-byte global load (data written by an earlier kernel of the same stream)."""
+    s = _asm(llvm.StructType.get_literal([T.i32()] * 4), [Int64(addr).ir_value(loc=loc, ip=ip)],
+             "ld.global.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l", side_effects=True)
+    return tuple(Int32(x) for x in _unpack(s, 4, T.i32()))
