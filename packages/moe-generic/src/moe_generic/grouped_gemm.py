@@ -37,7 +37,8 @@ from moe_common.cute.decode import decode_e2m1x8
 WARPS = 4
 THREADS = WARPS * 32
 TILE_K = 128
-SMEM_ROW_BYTES = (TILE_K + 8) * 2  # 272: conflict-free B-fragment reads
+SMEM_ROW_BYTES = (TILE_K + 8) * 2  # 272: conflict-free ldmatrix B-fragment reads
+STAGES = 4  # cp.async ring depth; bn=64, mw=2, NVFP4: 4 x 27 KiB, two CTAs per SM
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,9 @@ class GroupedGemm:
         assert cfg.phase in ("fc1", "fc2") and cfg.bn % 8 == 0 and cfg.bn <= 128
         self.cfg = cfg
         self.nb = cfg.bn // 8
-        self.smem_stage = cfg.bn * SMEM_ROW_BYTES
+        self.b_bytes = cfg.bn * SMEM_ROW_BYTES
+        self.a_group_bytes = 1024 + 16 * cfg.scale_bytes_per_row
+        self.stage_bytes = self.b_bytes + WARPS * cfg.mw * self.a_group_bytes
         # 16-byte chunks of one B stage, spread over the CTA's threads
         self.b_chunks = cfg.bn * (TILE_K // 8)
         self.b_iters = (self.b_chunks + THREADS - 1) // THREADS
@@ -88,7 +91,7 @@ class GroupedGemm:
             order, row_div, src, src_stride, k_real, k_tiles, row_groups,
             out, out_stride, out_rows, pair_orig, route_w, act_alpha, act_beta, act_limit,
         ).launch(grid=[grid_m, max_tiles, 1], block=[THREADS, 1, 1],
-                 smem=2 * self.smem_stage, stream=stream)
+                 smem=STAGES * self.stage_bytes, stream=stream)
 
     # ------------------------------------------------------------------ device
     @cute.kernel
@@ -115,19 +118,20 @@ class GroupedGemm:
             q = lane % 4
 
             smem = cutlass.memory.SmemAllocator()
-            sB = smem.allocate_array(cutlass.Uint8, 2 * self.smem_stage, byte_alignment=128)
-            s_base = Int32(sB.toint())
+            sbuf = smem.allocate_array(cutlass.Uint8, STAGES * self.stage_bytes, byte_alignment=128)
+            s_base = Int32(sbuf.toint())
 
-            # ---- per-lane weight stream: tile (e, group, kt) is 1 KiB of codes; lane reads 32 B.
-            # Scales are bf16 in moe-generic's blob: [16 rows][128/block] per tile; lane reads
-            # row r's and row r+8's (NVFP4: 16 B each, MXFP4: 8 B each).
+            # ---- weight stream. Tile (e, group, kt): 1 KiB of fragment-ordered codes, lane l's
+            # 32 B at l * 32, then bf16 scales [16 rows][128 / block] (NVFP4 256 B, MXFP4 128 B).
+            # Each warp copies its groups' tiles into its own slice of the stage.
             group0 = bidx * (WARPS * cfg.mw) + warp * cfg.mw
             sbpr = cfg.scale_bytes_per_row
             tile_idx0 = (Int64(e) * Int64(row_groups) + Int64(group0)) * Int64(k_tiles)
-            w_lane = wblob + tile_idx0 * 1024 + Int64(lane) * 32
-            s_lane = sblob + tile_idx0 * (16 * sbpr) + Int64(r) * sbpr
+            w_warp = wblob + tile_idx0 * 1024
+            s_warp = sblob + tile_idx0 * (16 * sbpr)
             group_w_stride = Int64(k_tiles) * 1024
             group_s_stride = Int64(k_tiles) * (16 * sbpr)
+            a_warp_off = self.b_bytes + warp * cfg.mw * self.a_group_bytes
 
             acc = cute.make_rmem_tensor(cute.make_layout((cfg.mw, self.nb, 4)), Float32)
             acc.fill(0.0)
@@ -137,47 +141,51 @@ class GroupedGemm:
             ld_row = (lane // 16) * 8 + lane % 8
             ld_col = ((lane // 8) % 2) * 16  # bytes
 
-            wwords = self._load_a(w_lane, s_lane, group_w_stride, group_s_stride, Int32(0))
-            for kt in cutlass.range(k_tiles + 1, unroll=1):
-                # B copies of K-tile kt into stage kt % 2 (the stage computed two iterations ago)
-                if kt < k_tiles:
-                    stage_base = s_base + (kt % 2) * self.smem_stage
-                    for it in cutlass.range_constexpr(self.b_iters):
-                        c = tidx + it * THREADS
-                        if cutlass.const_expr(self.b_chunks % THREADS != 0):
-                            if c < self.b_chunks:
-                                self._copy_chunk(c, kt, p0, p1, order, row_div, src, src_stride, k_real, stage_base)
-                        else:
-                            self._copy_chunk(c, kt, p0, p1, order, row_div, src, src_stride, k_real, stage_base)
+            # ---- software pipeline: STAGES-deep cp.async ring of (B tile, A tiles)
+            for st in cutlass.range_constexpr(STAGES - 1):
+                if st < k_tiles:
+                    self._issue_stage(Int32(st), s_base + st * self.stage_bytes, tidx, lane, p0, p1,
+                                      order, row_div, src, src_stride, k_real, w_warp, s_warp,
+                                      group_w_stride, group_s_stride, a_warp_off)
                 ptx.cp_async_commit()
-                if kt > 0:
-                    kc = kt - 1
-                    cur = wwords
-                    # next K-tile's weights in flight while this one computes (clamped re-read
-                    # of the last tile on the final step: harmless, keeps the loop branch-free)
-                    wwords = self._load_a(w_lane, s_lane, group_w_stride, group_s_stride,
-                                          cutlass.min(kt, k_tiles - 1))
-                    ptx.cp_async_wait_1()
-                    cute.arch.sync_threads()
-                    b_stage = s_base + (kc % 2) * self.smem_stage
-                    for s in cutlass.range_constexpr(8):
-                        a = [self._a_fragment(cur[g], s) for g in range(cfg.mw)]
-                        slab = b_stage + ld_row * SMEM_ROW_BYTES + s * 32 + ld_col
-                        for pair in cutlass.range_constexpr((self.nb + 1) // 2):
-                            addr = slab + pair * 16 * SMEM_ROW_BYTES
-                            if cutlass.const_expr(2 * pair + 1 < self.nb):
-                                bm = ptx.ldmatrix_x4(addr)
-                            else:
-                                bm = ptx.ldmatrix_x2(addr)
-                            for half in cutlass.range_constexpr(len(bm) // 2):
-                                nb = 2 * pair + half
-                                for g in cutlass.range_constexpr(cfg.mw):
-                                    d = ptx.mma_bf16_16816(
-                                        (acc[g, nb, 0], acc[g, nb, 1], acc[g, nb, 2], acc[g, nb, 3]),
-                                        a[g], (bm[2 * half], bm[2 * half + 1]))
-                                    for i in cutlass.range_constexpr(4):
-                                        acc[g, nb, i] = d[i]
-                    cute.arch.sync_threads()
+            for kt in cutlass.range(k_tiles, unroll=1):
+                ptx.cp_async_wait(STAGES - 2)
+                cute.arch.sync_threads()  # stage kt landed for every thread; stage kt-1 is free
+                nxt = kt + STAGES - 1
+                if nxt < k_tiles:
+                    self._issue_stage(nxt, s_base + (nxt % STAGES) * self.stage_bytes, tidx, lane,
+                                      p0, p1, order, row_div, src, src_stride, k_real, w_warp,
+                                      s_warp, group_w_stride, group_s_stride, a_warp_off)
+                ptx.cp_async_commit()
+                stage = s_base + (kt % STAGES) * self.stage_bytes
+                words = []
+                for g in cutlass.range_constexpr(cfg.mw):
+                    ga = stage + a_warp_off + g * self.a_group_bytes
+                    codes = ptx.ld_shared_v4(ga + lane * 32) + ptx.ld_shared_v4(ga + lane * 32 + 16)
+                    sa = ga + 1024 + r * sbpr
+                    if cutlass.const_expr(cfg.weight_format == "nvfp4"):
+                        scales = ptx.ld_shared_v4(sa) + ptx.ld_shared_v4(sa + 8 * sbpr)
+                    else:
+                        scales = ptx.ld_shared_v2(sa) + ptx.ld_shared_v2(sa + 8 * sbpr)
+                    words.append(codes + scales)
+                for s in cutlass.range_constexpr(8):
+                    a = [self._a_fragment(words[g], s) for g in range(cfg.mw)]
+                    slab = stage + ld_row * SMEM_ROW_BYTES + s * 32 + ld_col
+                    for pair in cutlass.range_constexpr((self.nb + 1) // 2):
+                        addr = slab + pair * 16 * SMEM_ROW_BYTES
+                        if cutlass.const_expr(2 * pair + 1 < self.nb):
+                            bm = ptx.ldmatrix_x4(addr)
+                        else:
+                            bm = ptx.ldmatrix_x2(addr)
+                        for half in cutlass.range_constexpr(len(bm) // 2):
+                            nb = 2 * pair + half
+                            for g in cutlass.range_constexpr(cfg.mw):
+                                d = ptx.mma_bf16_16816(
+                                    (acc[g, nb, 0], acc[g, nb, 1], acc[g, nb, 2], acc[g, nb, 3]),
+                                    a[g], (bm[2 * half], bm[2 * half + 1]))
+                                for i in cutlass.range_constexpr(4):
+                                    acc[g, nb, i] = d[i]
+            ptx.cp_async_wait(0)
 
             # ---- epilogue
             gs = ptx.ld_nc_f32(gscale + Int64(e) * 4)
@@ -226,21 +234,26 @@ class GroupedGemm:
         ptx.cp_async_16_zfill(stage_base + n * SMEM_ROW_BYTES + ch * 16, gaddr, nbytes)
 
     @cute.jit
-    def _load_a(self, w_lane, s_lane, group_w_stride, group_s_stride, kt):
-        """Raw codes (8 words) and bf16 scale words of K-tile kt for each of the warp's groups."""
+    def _issue_stage(self, kt, stage, tidx, lane, p0, p1, order, row_div, src, src_stride, k_real,
+                     w_warp, s_warp, group_w_stride, group_s_stride, a_warp_off):
+        """cp.async K-tile kt's token rows (whole CTA) and this warp's weight tiles into a stage."""
         cfg = self.cfg
-        sbpr = cfg.scale_bytes_per_row
-        out = []
-        for g in cutlass.range_constexpr(cfg.mw):
-            wa = w_lane + Int64(g) * group_w_stride + Int64(kt) * 1024
-            sa = s_lane + Int64(g) * group_s_stride + Int64(kt) * (16 * sbpr)
-            codes = ptx.ld_nc_v4(wa) + ptx.ld_nc_v4(wa + 16)
-            if cutlass.const_expr(cfg.weight_format == "nvfp4"):
-                scales = ptx.ld_nc_v4(sa) + ptx.ld_nc_v4(sa + 8 * sbpr)
+        for it in cutlass.range_constexpr(self.b_iters):
+            c = tidx + it * THREADS
+            if cutlass.const_expr(self.b_chunks % THREADS != 0):
+                if c < self.b_chunks:
+                    self._copy_chunk(c, kt, p0, p1, order, row_div, src, src_stride, k_real, stage)
             else:
-                scales = ptx.ld_nc_v2(sa) + ptx.ld_nc_v2(sa + 8 * sbpr)
-            out.append(codes + scales)
-        return out
+                self._copy_chunk(c, kt, p0, p1, order, row_div, src, src_stride, k_real, stage)
+        scale_chunks = cfg.scale_bytes_per_row  # 16 rows x sbpr bytes = sbpr chunks of 16 B
+        for g in cutlass.range_constexpr(cfg.mw):
+            dst = stage + a_warp_off + g * self.a_group_bytes
+            wsrc = w_warp + Int64(g) * group_w_stride + Int64(kt) * 1024 + Int64(lane) * 32
+            ptx.cp_async_16(dst + lane * 32, wsrc)
+            ptx.cp_async_16(dst + lane * 32 + 16, wsrc + 16)
+            if lane < scale_chunks:
+                ssrc = s_warp + Int64(g) * group_s_stride + Int64(kt) * (16 * cfg.scale_bytes_per_row)
+                ptx.cp_async_16(dst + 1024 + lane * 16, ssrc + Int64(lane) * 16)
 
     @cute.jit
     def _a_fragment(self, words, s: cutlass.Constexpr):

@@ -286,3 +286,24 @@ def ld_v4(addr, *, loc=None, ip=None):
     s = _asm(llvm.StructType.get_literal([T.i32()] * 4), [Int64(addr).ir_value(loc=loc, ip=ip)],
              "ld.global.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l", side_effects=True)
     return tuple(Int32(x) for x in _unpack(s, 4, T.i32()))
+
+
+@dsl_user_op
+def ld_shared_v4(addr, *, loc=None, ip=None):
+    s = _asm(llvm.StructType.get_literal([T.i32()] * 4), [Int32(addr).ir_value(loc=loc, ip=ip)],
+             "ld.shared.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,r", side_effects=True)
+    return tuple(Int32(x) for x in _unpack(s, 4, T.i32()))
+
+
+@dsl_user_op
+def ld_shared_v2(addr, *, loc=None, ip=None):
+    s = _asm(llvm.StructType.get_literal([T.i32()] * 2), [Int32(addr).ir_value(loc=loc, ip=ip)],
+             "ld.shared.v2.u32 {$0, $1}, [$2];", "=r,=r,r", side_effects=True)
+    return tuple(Int32(x) for x in _unpack(s, 2, T.i32()))
+
+
+@dsl_user_op
+def cp_async_wait(n: int, *, loc=None, ip=None):
+    """Wait until at most n committed cp.async groups are still in flight (n: compile-time)."""
+    llvm.inline_asm(None, [], f"cp.async.wait_group {int(n)};", "",
+                    has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
