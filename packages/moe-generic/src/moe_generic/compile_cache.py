@@ -1,6 +1,8 @@
 """moe-generic's compiled kernels, keyed by their static facts (see moe_common.cute.jit)."""
 from __future__ import annotations
 
+import os
+
 from moe_common.cute import jit
 
 from .grouped_gemm import GemmConfig, GroupedGemm
@@ -8,10 +10,14 @@ from .grouped_gemm import GemmConfig, GroupedGemm
 BN_CHOICES = (8, 16, 32, 64)
 
 
+# MOE_GENERIC_MMA=sync selects the mma.sync mainloop (kept for comparison and as a fallback)
+USE_WGMMA = os.environ.get("MOE_GENERIC_MMA", "wgmma") != "sync"
+
+
 def config(phase: str, weight_format: str, activation: str, bn: int) -> GemmConfig:
     return GemmConfig(phase=phase, weight_format=weight_format,
                       activation=activation if phase == "fc1" else "none", bn=bn,
-                      mw=1 if bn <= 16 else 2)
+                      mw=1 if bn <= 16 else 2, wgmma=USE_WGMMA)
 
 
 def compile_config(cfg: GemmConfig):

@@ -48,6 +48,7 @@ class GemmConfig:
     activation: str = "silu"  # fc1 only; swiglu alpha/beta/limit are run-time arguments
     bn: int = 64  # tokens per tile (multiple of 8)
     mw: int = 2  # 16-row groups per warp (1 for decode tiles: twice the CTAs on the weights)
+    wgmma: bool = True  # warpgroup MMA (sm_90a) instead of mma.sync
 
     @property
     def gated(self) -> bool:
@@ -67,7 +68,8 @@ class GroupedGemm:
         assert cfg.phase in ("fc1", "fc2") and cfg.bn % 8 == 0 and cfg.bn <= 128
         self.cfg = cfg
         self.nb = cfg.bn // 8
-        self.b_bytes = cfg.bn * SMEM_ROW_BYTES
+        # mma.sync reads B with ldmatrix from padded rows; wgmma from unpadded core matrices
+        self.b_bytes = cfg.bn * (TILE_K * 2 if cfg.wgmma else SMEM_ROW_BYTES)
         self.a_group_bytes = 1024 + 16 * cfg.scale_bytes_per_row
         self.stage_bytes = self.b_bytes + WARPS * cfg.mw * self.a_group_bytes
         # 16-byte chunks of one B stage, spread over the CTA's threads
@@ -150,6 +152,8 @@ class GroupedGemm:
                 ptx.cp_async_commit()
             for kt in cutlass.range(k_tiles, unroll=1):
                 ptx.cp_async_wait(STAGES - 2)
+                if cutlass.const_expr(cfg.wgmma):
+                    ptx.fence_proxy_async_shared()  # cp.async writes -> wgmma (async proxy) reads
                 cute.arch.sync_threads()  # stage kt landed for every thread; stage kt-1 is free
                 nxt = kt + STAGES - 1
                 if nxt < k_tiles:
@@ -168,23 +172,17 @@ class GroupedGemm:
                     else:
                         scales = ptx.ld_shared_v2(sa) + ptx.ld_shared_v2(sa + 8 * sbpr)
                     words.append(codes + scales)
-                for s in cutlass.range_constexpr(8):
-                    a = [self._a_fragment(words[g], s) for g in range(cfg.mw)]
-                    slab = stage + ld_row * SMEM_ROW_BYTES + s * 32 + ld_col
-                    for pair in cutlass.range_constexpr((self.nb + 1) // 2):
-                        addr = slab + pair * 16 * SMEM_ROW_BYTES
-                        if cutlass.const_expr(2 * pair + 1 < self.nb):
-                            bm = ptx.ldmatrix_x4(addr)
-                        else:
-                            bm = ptx.ldmatrix_x2(addr)
-                        for half in cutlass.range_constexpr(len(bm) // 2):
-                            nb = 2 * pair + half
-                            for g in cutlass.range_constexpr(cfg.mw):
-                                d = ptx.mma_bf16_16816(
-                                    (acc[g, nb, 0], acc[g, nb, 1], acc[g, nb, 2], acc[g, nb, 3]),
-                                    a[g], (bm[2 * half], bm[2 * half + 1]))
-                                for i in cutlass.range_constexpr(4):
-                                    acc[g, nb, i] = d[i]
+                if cutlass.const_expr(cfg.wgmma):
+                    for g in cutlass.range_constexpr(cfg.mw):
+                        a = []
+                        for s in cutlass.range_constexpr(8):
+                            a += list(self._a_fragment(words[g], s))
+                        d = ptx.wgmma_rs_k128([acc[g, i // 4, i % 4] for i in range(4 * self.nb)], a,
+                                              stage, cfg.bn)
+                        for i in cutlass.range_constexpr(4 * self.nb):
+                            acc[g, i // 4, i % 4] = d[i]
+                else:
+                    self._mma_sync_ktile(acc, words, stage, ld_row, ld_col)
             ptx.cp_async_wait(0)
 
             # ---- epilogue
@@ -216,8 +214,17 @@ class GroupedGemm:
     # ------------------------------------------------------------------ pieces
     @cute.jit
     def _copy_chunk(self, c, kt, p0, p1, order, row_div, src, src_stride, k_real, stage_base):
-        n = c // 16
-        ch = c % 16
+        if cutlass.const_expr(self.cfg.wgmma):
+            # a warp copies 8 tokens x 4 chunks: 64 contiguous bytes per token row in global
+            # memory, and each 8-thread phase writes one 128-byte core-matrix row block
+            blk = c // 32
+            n = (blk % self.nb) * 8 + (c % 8)
+            ch = (blk // self.nb) * 4 + (c % 32) // 8
+            dst = stage_base + (ch * self.cfg.bn + n) * 16
+        else:
+            n = c // 16
+            ch = c % 16
+            dst = stage_base + n * SMEM_ROW_BYTES + ch * 16
         p = p0 + n
         k0 = kt * TILE_K + ch * 8
         nbytes = Int32(0)
@@ -231,7 +238,29 @@ class GroupedGemm:
                     row = ptx.ld_u32(order + Int64(p) * 4) // row_div
                 gaddr = src + (Int64(row) * Int64(src_stride) + Int64(k0)) * 2
                 nbytes = Int32(16)
-        ptx.cp_async_16_zfill(stage_base + n * SMEM_ROW_BYTES + ch * 16, gaddr, nbytes)
+        ptx.cp_async_16_zfill(dst, gaddr, nbytes)
+
+    @cute.jit
+    def _mma_sync_ktile(self, acc, words, stage, ld_row, ld_col):
+        """One K-tile with mma.sync.m16n8k16: B fragments by ldmatrix, shared by the groups."""
+        cfg = self.cfg
+        for s in cutlass.range_constexpr(8):
+            a = [self._a_fragment(words[g], s) for g in range(cfg.mw)]
+            slab = stage + ld_row * SMEM_ROW_BYTES + s * 32 + ld_col
+            for pair in cutlass.range_constexpr((self.nb + 1) // 2):
+                addr = slab + pair * 16 * SMEM_ROW_BYTES
+                if cutlass.const_expr(2 * pair + 1 < self.nb):
+                    bm = ptx.ldmatrix_x4(addr)
+                else:
+                    bm = ptx.ldmatrix_x2(addr)
+                for half in cutlass.range_constexpr(len(bm) // 2):
+                    nb = 2 * pair + half
+                    for g in cutlass.range_constexpr(cfg.mw):
+                        d = ptx.mma_bf16_16816(
+                            (acc[g, nb, 0], acc[g, nb, 1], acc[g, nb, 2], acc[g, nb, 3]),
+                            a[g], (bm[2 * half], bm[2 * half + 1]))
+                        for i in cutlass.range_constexpr(4):
+                            acc[g, nb, i] = d[i]
 
     @cute.jit
     def _issue_stage(self, kt, stage, tidx, lane, p0, p1, order, row_div, src, src_stride, k_real,
