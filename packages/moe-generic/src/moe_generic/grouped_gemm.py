@@ -74,7 +74,8 @@ class GroupedGemm:
         self.stage_bytes = self.b_bytes + WARPS * cfg.mw * self.a_group_bytes
         # 16-byte chunks of one B stage, spread over the CTA's threads
         self.b_chunks = cfg.bn * (TILE_K // 8)
-        self.b_iters = (self.b_chunks + THREADS - 1) // THREADS
+        assert self.b_chunks % THREADS == 0
+        self.b_iters = self.b_chunks // THREADS
 
     # ------------------------------------------------------------------ host entry
     @cute.jit
@@ -143,12 +144,15 @@ class GroupedGemm:
             ld_row = (lane // 16) * 8 + lane % 8
             ld_col = ((lane // 8) % 2) * 16  # bytes
 
+            sources = [self._chunk_source(tidx + it * THREADS, p0, p1, order, row_div, src, src_stride)
+                       for it in range(self.b_iters)]
+
             # ---- software pipeline: STAGES-deep cp.async ring of (B tile, A tiles)
             for st in cutlass.range_constexpr(STAGES - 1):
                 if st < k_tiles:
-                    self._issue_stage(Int32(st), s_base + st * self.stage_bytes, tidx, lane, p0, p1,
-                                      order, row_div, src, src_stride, k_real, w_warp, s_warp,
-                                      group_w_stride, group_s_stride, a_warp_off)
+                    self._issue_stage(Int32(st), s_base + st * self.stage_bytes, lane, sources, src,
+                                      k_real, w_warp, s_warp, group_w_stride, group_s_stride,
+                                      a_warp_off)
                 ptx.cp_async_commit()
             for kt in cutlass.range(k_tiles, unroll=1):
                 ptx.cp_async_wait(STAGES - 2)
@@ -157,9 +161,9 @@ class GroupedGemm:
                 cute.arch.sync_threads()  # stage kt landed for every thread; stage kt-1 is free
                 nxt = kt + STAGES - 1
                 if nxt < k_tiles:
-                    self._issue_stage(nxt, s_base + (nxt % STAGES) * self.stage_bytes, tidx, lane,
-                                      p0, p1, order, row_div, src, src_stride, k_real, w_warp,
-                                      s_warp, group_w_stride, group_s_stride, a_warp_off)
+                    self._issue_stage(nxt, s_base + (nxt % STAGES) * self.stage_bytes, lane, sources,
+                                      src, k_real, w_warp, s_warp, group_w_stride, group_s_stride,
+                                      a_warp_off)
                 ptx.cp_async_commit()
                 stage = s_base + (kt % STAGES) * self.stage_bytes
                 words = []
@@ -173,14 +177,17 @@ class GroupedGemm:
                         scales = ptx.ld_shared_v2(sa) + ptx.ld_shared_v2(sa + 8 * sbpr)
                     words.append(codes + scales)
                 if cutlass.const_expr(cfg.wgmma):
+                    As = []
                     for g in cutlass.range_constexpr(cfg.mw):
                         a = []
                         for s in cutlass.range_constexpr(8):
                             a += list(self._a_fragment(words[g], s))
-                        d = ptx.wgmma_rs_k128([acc[g, i // 4, i % 4] for i in range(4 * self.nb)], a,
-                                              stage, cfg.bn)
+                        As.append(a)
+                    accs = [[acc[g, i // 4, i % 4] for i in range(4 * self.nb)] for g in range(cfg.mw)]
+                    res = ptx.wgmma_rs_k128(accs, As, stage, cfg.bn)
+                    for g in cutlass.range_constexpr(cfg.mw):
                         for i in cutlass.range_constexpr(4 * self.nb):
-                            acc[g, i // 4, i % 4] = d[i]
+                            acc[g, i // 4, i % 4] = res[g][i]
                 else:
                     self._mma_sync_ktile(acc, words, stage, ld_row, ld_col)
             ptx.cp_async_wait(0)
@@ -213,32 +220,47 @@ class GroupedGemm:
 
     # ------------------------------------------------------------------ pieces
     @cute.jit
-    def _copy_chunk(self, c, kt, p0, p1, order, row_div, src, src_stride, k_real, stage_base):
+    def _chunk_source(self, c, p0, p1, order, row_div, src, src_stride):
+        """Where B chunk c (a token row's 16-byte piece ch of each K-tile) comes from and goes to.
+
+        Computed once per tile, outside the K loop: the row gather (order[p] // row_div) is a
+        dependent global load that would otherwise stall every K-tile's copies.
+        """
         if cutlass.const_expr(self.cfg.wgmma):
             # a warp copies 8 tokens x 4 chunks: 64 contiguous bytes per token row in global
             # memory, and each 8-thread phase writes one 128-byte core-matrix row block
             blk = c // 32
             n = (blk % self.nb) * 8 + (c % 8)
             ch = (blk // self.nb) * 4 + (c % 32) // 8
-            dst = stage_base + (ch * self.cfg.bn + n) * 16
+            dst = (ch * self.cfg.bn + n) * 16
         else:
             n = c // 16
             ch = c % 16
-            dst = stage_base + n * SMEM_ROW_BYTES + ch * 16
+            dst = n * SMEM_ROW_BYTES + ch * 16
         p = p0 + n
+        base = src
+        ok = Int32(0)
+        if p < p1:
+            row = p  # FC2 reads the intermediate in sorted order
+            if cutlass.const_expr(self.cfg.phase == "fc1"):
+                # FC1 gathers rows: token = pair // top_k (w4a16), or the pair's own quantized
+                # row (w4a4, row_div = 1)
+                row = ptx.ld_u32(order + Int64(p) * 4) // row_div
+            base = src + (Int64(row) * Int64(src_stride) + Int64(ch * 8)) * 2
+            ok = Int32(1)
+        return base, dst, ch, ok
+
+    @cute.jit
+    def _copy_chunk(self, source, kt, k_real, src, stage_base):
+        base, dst, ch, ok = source
         k0 = kt * TILE_K + ch * 8
         nbytes = Int32(0)
-        gaddr = src  # any valid address when nothing is read
-        if p < p1:
+        gaddr = src  # any valid address when nothing is read (zero-fill)
+        if ok != Int32(0):
             if k0 < k_real:
-                row = p  # FC2 reads the intermediate in sorted order
-                if cutlass.const_expr(self.cfg.phase == "fc1"):
-                    # FC1 gathers rows: token = pair // top_k (w4a16), or the pair's own
-                    # quantized row (w4a4, row_div = 1)
-                    row = ptx.ld_u32(order + Int64(p) * 4) // row_div
-                gaddr = src + (Int64(row) * Int64(src_stride) + Int64(k0)) * 2
+                gaddr = base + Int64(kt) * (TILE_K * 2)
                 nbytes = Int32(16)
-        ptx.cp_async_16_zfill(dst, gaddr, nbytes)
+        ptx.cp_async_16_zfill(stage_base + dst, gaddr, nbytes)
 
     @cute.jit
     def _mma_sync_ktile(self, acc, words, stage, ld_row, ld_col):
@@ -263,17 +285,12 @@ class GroupedGemm:
                             acc[g, nb, i] = d[i]
 
     @cute.jit
-    def _issue_stage(self, kt, stage, tidx, lane, p0, p1, order, row_div, src, src_stride, k_real,
+    def _issue_stage(self, kt, stage, lane, sources, src, k_real,
                      w_warp, s_warp, group_w_stride, group_s_stride, a_warp_off):
         """cp.async K-tile kt's token rows (whole CTA) and this warp's weight tiles into a stage."""
         cfg = self.cfg
         for it in cutlass.range_constexpr(self.b_iters):
-            c = tidx + it * THREADS
-            if cutlass.const_expr(self.b_chunks % THREADS != 0):
-                if c < self.b_chunks:
-                    self._copy_chunk(c, kt, p0, p1, order, row_div, src, src_stride, k_real, stage)
-            else:
-                self._copy_chunk(c, kt, p0, p1, order, row_div, src, src_stride, k_real, stage)
+            self._copy_chunk(sources[it], kt, k_real, src, stage)
         scale_chunks = cfg.scale_bytes_per_row  # 16 rows x sbpr bytes = sbpr chunks of 16 B
         for g in cutlass.range_constexpr(cfg.mw):
             dst = stage + a_warp_off + g * self.a_group_bytes

@@ -317,34 +317,39 @@ def fence_proxy_async_shared(*, loc=None, ip=None):
 
 
 @dsl_user_op
-def wgmma_rs_k128(acc, a, b_smem, n: int, *, loc=None, ip=None):
-    """acc(64 x n, fp32) += A(64 x 128, registers) @ B(128 x n, shared), as 8 synchronous k16 steps.
+def wgmma_rs_k128(accs, As, b_smem, n: int, *, loc=None, ip=None):
+    """For each group g: accs[g](64 x n, fp32) += As[g](64 x 128, registers) @ B(128 x n, shared).
 
-    One warpgroup (4 consecutive warps) executes it. `acc`: the n/2 fp32 accumulators of this
-    thread (wgmma D fragment order); `a`: 32 bf16x2 registers, 4 per k16 slab (the mma A
-    fragment of this warp's 16 rows); `b_smem`: shared address of B stored K-major without
-    swizzle as core matrices: element (token t, k) at ((k // 8) * n + t) * 16 + (k % 8) * 2.
-    So LBO (next 8 k) = n * 16 bytes, SBO (next 8 tokens) = 128 bytes, and slab s starts
-    2 * n * 16 bytes further. The fence / commit / wait are inside the same asm statement, so
-    the compiler never sees registers that the tensor core is still reading or writing.
+    One warpgroup (4 consecutive warps) executes it; the groups share B. `accs[g]`: this thread's
+    n/2 fp32 accumulators (wgmma D fragment order); `As[g]`: 32 bf16x2 registers, 4 per k16 slab
+    (the mma A fragment of this warp's 16 rows of group g); `b_smem`: shared address of B, stored
+    K-major without swizzle as core matrices: element (token t, k) at ((k // 8) * n + t) * 16 +
+    (k % 8) * 2, so LBO (next 8 k) = n * 16 bytes, SBO (next 8 tokens) = 128 bytes, and slab s
+    starts 2 * n * 16 bytes further. All wgmmas are issued back to back, then one commit and a
+    wait inside the same asm statement, so the compiler never sees registers that the tensor
+    core is still reading or writing.
     """
     h = n // 2
-    ops = [Float32(x).ir_value(loc=loc, ip=ip) for x in acc] + [_i32(x, loc, ip) for x in a] + \
-          [Int32(b_smem).ir_value(loc=loc, ip=ip), Int32(1).ir_value(loc=loc, ip=ip)]
-    d = ", ".join(f"${i}" for i in range(h))
-    ia = 2 * h
-    addr, one = ia + 32, ia + 33
+    G = len(accs)
+    ops = [Float32(x).ir_value(loc=loc, ip=ip) for acc in accs for x in acc]
+    ops += [_i32(x, loc, ip) for a in As for x in a]
+    ops += [Int32(b_smem).ir_value(loc=loc, ip=ip), Int32(1).ir_value(loc=loc, ip=ip)]
+    ia = G * h * 2  # outputs, then tied inputs, then A registers
+    addr, one = ia + 32 * G, ia + 32 * G + 1
     const = (n << 16) | (8 << 32)
     lines = ["{", ".reg .pred p;", ".reg .b64 d0, ds;",
              f"setp.ne.b32 p, ${one}, 0;",
              f"cvt.u64.u32 d0, ${addr};", "shr.u64 d0, d0, 4;", "and.b64 d0, d0, 16383;",
              f"or.b64 d0, d0, {const};", "wgmma.fence.sync.aligned;"]
     for s in range(8):
-        av = ", ".join(f"${ia + 4 * s + j}" for j in range(4))
         lines.append(f"add.s64 ds, d0, {s * 2 * n};")
-        lines.append(f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 {{{d}}}, {{{av}}}, ds, p, 1, 1, 0;")
+        for g in range(G):
+            d = ", ".join(f"${g * h + i}" for i in range(h))
+            av = ", ".join(f"${ia + 32 * g + 4 * s + j}" for j in range(4))
+            lines.append(f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 {{{d}}}, {{{av}}}, ds, p, 1, 1, 0;")
     lines += ["wgmma.commit_group.sync.aligned;", "wgmma.wait_group.sync.aligned 0;", "}"]
-    cons = ",".join(["=f"] * h + [str(i) for i in range(h)] + ["r"] * 32 + ["r", "r"])
-    s = llvm.inline_asm(llvm.StructType.get_literal([T.f32()] * h), ops, "\n".join(lines), cons,
+    cons = ",".join(["=f"] * (G * h) + [str(i) for i in range(G * h)] + ["r"] * (32 * G) + ["r", "r"])
+    s = llvm.inline_asm(llvm.StructType.get_literal([T.f32()] * (G * h)), ops, "\n".join(lines), cons,
                         has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
-    return tuple(Float32(x) for x in _unpack(s, h, T.f32()))
+    res = [Float32(x) for x in _unpack(s, G * h, T.f32())]
+    return [tuple(res[g * h:(g + 1) * h]) for g in range(G)]
