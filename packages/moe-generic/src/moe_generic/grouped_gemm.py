@@ -33,6 +33,7 @@ from cutlass import Float32, Int32, Int64
 
 from moe_common.cute import ptx
 from moe_common.cute.decode import decode_e2m1x8
+from moe_common.cute.wgmma_decode import wgmma_decode_k128
 
 WARPS = 4
 THREADS = WARPS * 32
@@ -177,14 +178,9 @@ class GroupedGemm:
                         scales = ptx.ld_shared_v2(sa) + ptx.ld_shared_v2(sa + 8 * sbpr)
                     words.append(codes + scales)
                 if cutlass.const_expr(cfg.wgmma):
-                    As = []
-                    for g in cutlass.range_constexpr(cfg.mw):
-                        a = []
-                        for s in cutlass.range_constexpr(8):
-                            a += list(self._a_fragment(words[g], s))
-                        As.append(a)
                     accs = [[acc[g, i // 4, i % 4] for i in range(4 * self.nb)] for g in range(cfg.mw)]
-                    res = ptx.wgmma_rs_k128(accs, As, stage, cfg.bn)
+                    res = wgmma_decode_k128(accs, [w[:8] for w in words], [w[8:] for w in words],
+                                            cfg.weight_format, stage, cfg.bn)
                     for g in cutlass.range_constexpr(cfg.mw):
                         for i in cutlass.range_constexpr(4 * self.nb):
                             acc[g, i // 4, i % 4] = res[g][i]

@@ -1,0 +1,101 @@
+"""Decode-and-multiply for a whole 128-deep K-tile in one inline-PTX block (sm_90a wgmma).
+
+The register-A warpgroup MMA reads its A fragment asynchronously, so decoding slab s + 1 can
+overlap the tensor core's work on slab s, but only if nothing outside the asm can reuse the
+fragment registers while a wgmma is in flight. Keeping the e2m1 decode (the same byte-permute
+tables as `decode.decode_e2m1x8`), the block-scale multiply, the wgmmas and the final wait in one
+asm statement gives every slab its own PTX registers and leaves the scheduling to ptxas, which
+tracks wgmma register lifetimes itself.
+
+B: K-major core matrices in shared memory (see `ptx.wgmma_rs_k128` for the layout).
+"""
+from __future__ import annotations
+
+from cutlass import Float32, Int32
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
+
+from .decode import _HI_BYTES_0_3, _HI_BYTES_4_7, _LO_BYTES_0_3, _LO_BYTES_4_7
+
+
+def _slab_ptx(g: int, s: int, code: str, s_r: str, s_r8: str, sel: int) -> list:
+    """PTX decoding slab s of group g into registers a{g}_{s}_{0..3} (see decode.py)."""
+    t = f"{g}_{s}"
+    return [
+        f"and.b32 m{t}, {code}, 0x77777777;",
+        f"shr.u32 mh{t}, m{t}, 16;",
+        f"prmt.b32 l03{t}, LA, LB, m{t};",
+        f"prmt.b32 l47{t}, LA, LB, mh{t};",
+        f"prmt.b32 h03{t}, HA, HB, m{t};",
+        f"prmt.b32 h47{t}, HA, HB, mh{t};",
+        f"shl.b32 w4{t}, {code}, 4;",
+        f"prmt.b32 sg{t}, w4{t}, {code}, 0x5140;",
+        f"lop3.b32 h03{t}, h03{t}, sg{t}, 0x80808080, 0xF8;",
+        f"prmt.b32 sg{t}, w4{t}, {code}, 0x7362;",
+        f"lop3.b32 h47{t}, h47{t}, sg{t}, 0x80808080, 0xF8;",
+        f"prmt.b32 v0{t}, l03{t}, h03{t}, 0x5140;",
+        f"prmt.b32 v1{t}, l03{t}, h03{t}, 0x7362;",
+        f"prmt.b32 v2{t}, l47{t}, h47{t}, 0x5140;",
+        f"prmt.b32 v3{t}, l47{t}, h47{t}, 0x7362;",
+        f"prmt.b32 sr{t}, {s_r}, {s_r}, {sel:#x};",
+        f"prmt.b32 sq{t}, {s_r8}, {s_r8}, {sel:#x};",
+        f"mul.rn.bf16x2 a{t}0, v0{t}, sr{t};",
+        f"mul.rn.bf16x2 a{t}1, v1{t}, sq{t};",
+        f"mul.rn.bf16x2 a{t}2, v2{t}, sr{t};",
+        f"mul.rn.bf16x2 a{t}3, v3{t}, sq{t};",
+    ]
+
+
+@dsl_user_op
+def wgmma_decode_k128(accs, codes, scales, weight_format: str, b_smem, n: int, *, loc=None, ip=None):
+    """accs[g] (64 x n fp32) += decode(codes[g], scales[g]) (64 x 128) @ B (128 x n).
+
+    codes[g]: the 8 fragment-ordered code words of this lane (one per k16 slab); scales[g]: the
+    bf16 block-scale words of rows r and r + 8 (NVFP4: 4 + 4 words, slab s in half s % 2 of word
+    s // 2; MXFP4: 2 + 2 words, block s // 2 in half (s // 2) % 2 of word s // 4).
+    """
+    h = n // 2
+    G = len(accs)
+    nsw = 4 if weight_format == "nvfp4" else 2
+    ops = [Float32(x).ir_value(loc=loc, ip=ip) for acc in accs for x in acc]
+    ins = [w for g in range(G) for w in list(codes[g]) + list(scales[g])]
+    ops += [Int32(x).ir_value(loc=loc, ip=ip) for x in ins]
+    ops += [Int32(b_smem).ir_value(loc=loc, ip=ip), Int32(1).ir_value(loc=loc, ip=ip)]
+    base = 2 * G * h  # outputs, tied inputs, then the words
+    per_g = 8 + 2 * nsw
+    addr, one = base + G * per_g, base + G * per_g + 1
+    regs = []
+    for g in range(G):
+        for s in range(8):
+            t = f"{g}_{s}"
+            regs += [f"m{t}", f"mh{t}", f"l03{t}", f"l47{t}", f"h03{t}", f"h47{t}", f"w4{t}", f"sg{t}",
+                     f"v0{t}", f"v1{t}", f"v2{t}", f"v3{t}", f"sr{t}", f"sq{t}"] + [f"a{t}{j}" for j in range(4)]
+    lines = ["{", ".reg .pred p;", ".reg .b64 d0, ds;", ".reg .b32 LA, LB, HA, HB;",
+             f".reg .b32 {', '.join(regs)};",
+             f"mov.b32 LA, {_LO_BYTES_0_3:#x};", f"mov.b32 LB, {_LO_BYTES_4_7:#x};",
+             f"mov.b32 HA, {_HI_BYTES_0_3:#x};", f"mov.b32 HB, {_HI_BYTES_4_7:#x};",
+             f"setp.ne.b32 p, ${one}, 0;",
+             f"cvt.u64.u32 d0, ${addr};", "shr.u64 d0, d0, 4;", "and.b64 d0, d0, 16383;",
+             f"or.b64 d0, d0, {(n << 16) | (8 << 32)};"]
+    for s in range(8):
+        for g in range(G):
+            w0 = base + g * per_g
+            code = f"${w0 + s}"
+            if weight_format == "nvfp4":
+                wi, half = s // 2, s % 2
+            else:
+                wi, half = s // 4, (s // 2) % 2
+            s_r, s_r8 = f"${w0 + 8 + wi}", f"${w0 + 8 + nsw + wi}"
+            lines += _slab_ptx(g, s, code, s_r, s_r8, 0x3232 if half else 0x1010)
+        lines.append(f"add.s64 ds, d0, {s * 2 * n};")
+        lines.append("wgmma.fence.sync.aligned;")  # A registers were just written
+        for g in range(G):
+            d = ", ".join(f"${g * h + i}" for i in range(h))
+            av = ", ".join(f"a{g}_{s}{j}" for j in range(4))
+            lines.append(f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 {{{d}}}, {{{av}}}, ds, p, 1, 1, 0;")
+    lines += ["wgmma.commit_group.sync.aligned;", "wgmma.wait_group.sync.aligned 0;", "}"]
+    cons = ",".join(["=f"] * (G * h) + [str(i) for i in range(G * h)] + ["r"] * (G * per_g) + ["r", "r"])
+    st = llvm.inline_asm(llvm.StructType.get_literal([T.f32()] * (G * h)), ops, "\n".join(lines), cons,
+                         has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+    res = [Float32(llvm.extractvalue(T.f32(), st, [i])) for i in range(G * h)]
+    return [tuple(res[g * h:(g + 1) * h]) for g in range(G)]
