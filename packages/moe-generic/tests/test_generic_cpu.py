@@ -19,10 +19,11 @@ def _shape(**kw):
     return MoEShape(**base)
 
 
-def test_every_dispatchable_config_compiles_for_sm90a():
+@pytest.mark.parametrize("wgmma", [False, True], ids=["mma_sync", "wgmma"])
+def test_every_dispatchable_config_compiles_for_sm90a(wgmma):
     from moe_generic.compile_cache import all_configs, compile_config
 
-    configs = all_configs()
+    configs = all_configs(wgmma)
     assert len(configs) == 40  # 2 formats x 4 tile widths x (4 FC1 activations + FC2)
     for cfg in configs:
         assert compile_config(cfg) is not None, cfg

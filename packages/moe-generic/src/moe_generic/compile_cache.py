@@ -1,6 +1,7 @@
 """moe-generic's compiled kernels, keyed by their static facts (see moe_common.cute.jit)."""
 from __future__ import annotations
 
+import dataclasses
 import os
 
 from moe_common.cute import jit
@@ -10,8 +11,10 @@ from .grouped_gemm import GemmConfig, GroupedGemm
 BN_CHOICES = (8, 16, 32, 64)
 
 
-# MOE_GENERIC_MMA=sync selects the mma.sync mainloop (kept for comparison and as a fallback)
-USE_WGMMA = os.environ.get("MOE_GENERIC_MMA", "wgmma") != "sync"
+# The mainloop's MMA. mma.sync measured faster than the synchronous-per-K-tile wgmma mainloop at
+# every bench point on the H200 (2026-11-29, BENCHMARKS.md: DeepSeek-V3 T=8192 25.0 vs 27.5 ms),
+# so it is the default; MOE_GENERIC_MMA=wgmma selects the warpgroup path (tested too).
+USE_WGMMA = os.environ.get("MOE_GENERIC_MMA", "sync") == "wgmma"
 
 
 def config(phase: str, weight_format: str, activation: str, bn: int) -> GemmConfig:
@@ -35,7 +38,7 @@ def get(phase: str, weight_format: str, activation: str, bn: int):
     return cfg, jit.compiled(("moe-generic", cfg), lambda: compile_config(cfg))
 
 
-def all_configs():
+def all_configs(wgmma: bool | None = None):
     """Every configuration the dispatcher can pick (CPU CI compiles each for sm_90a)."""
     out = []
     for fmt in ("nvfp4", "mxfp4"):
@@ -43,4 +46,6 @@ def all_configs():
             for act in ("silu", "gelu_tanh", "swigluoai", "relu2"):
                 out.append(config("fc1", fmt, act, bn))
             out.append(config("fc2", fmt, "none", bn))
+    if wgmma is not None:
+        out = [dataclasses.replace(c, wgmma=wgmma) for c in out]
     return out
