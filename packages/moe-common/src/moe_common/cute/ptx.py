@@ -24,6 +24,12 @@ def _asm(ret, operands, text, constraints, side_effects=False):
     )
 
 
+def _stmt(operands, text, constraints):
+    """An asm statement with side effects and no result (stores, waits, fences)."""
+    llvm.inline_asm(None, operands, text, constraints, has_side_effects=True,
+                    is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
 def _unpack(struct, n, ty):
     return tuple(llvm.extractvalue(ty, struct, [i]) for i in range(n))
 
@@ -92,28 +98,6 @@ def f32_bits(v, *, loc=None, ip=None) -> Float32:
 
 
 @dsl_user_op
-def f32_as_i32(v, *, loc=None, ip=None) -> Int32:
-    return Int32(_asm(T.i32(), [Float32(v).ir_value(loc=loc, ip=ip)], "mov.b32 $0, $1;", "=r,f"))
-
-
-# ---------------------------------------------------------------- memory
-@dsl_user_op
-def ld_nc_v4(addr, *, loc=None, ip=None):
-    """16-byte read-only global load (the address must be 16-byte aligned)."""
-    s = _asm(llvm.StructType.get_literal([T.i32()] * 4), [Int64(addr).ir_value(loc=loc, ip=ip)],
-             "ld.global.nc.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l")
-    return tuple(Int32(x) for x in _unpack(s, 4, T.i32()))
-
-
-@dsl_user_op
-def ld_nc_v2(addr, *, loc=None, ip=None):
-    """8-byte read-only global load (8-byte aligned)."""
-    s = _asm(llvm.StructType.get_literal([T.i32()] * 2), [Int64(addr).ir_value(loc=loc, ip=ip)],
-             "ld.global.nc.v2.u32 {$0, $1}, [$2];", "=r,=r,l")
-    return tuple(Int32(x) for x in _unpack(s, 2, T.i32()))
-
-
-@dsl_user_op
 def ld_nc_u32(addr, *, loc=None, ip=None) -> Int32:
     return Int32(_asm(T.i32(), [Int64(addr).ir_value(loc=loc, ip=ip)],
                       "ld.global.nc.u32 $0, [$1];", "=r,l"))
@@ -134,38 +118,23 @@ def ld_u32(addr, *, loc=None, ip=None) -> Int32:
 
 @dsl_user_op
 def st_v4(addr, a, b, c, d, *, loc=None, ip=None):
-    llvm.inline_asm(None, [Int64(addr).ir_value(loc=loc, ip=ip)] + [_i32(x, loc, ip) for x in (a, b, c, d)],
-                    "st.global.v4.u32 [$0], {$1, $2, $3, $4};", "l,r,r,r,r",
-                    has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+    _stmt([Int64(addr).ir_value(loc=loc, ip=ip)] + [_i32(x, loc, ip) for x in (a, b, c, d)], "st.global.v4.u32 [$0], {$1, $2, $3, $4};", "l,r,r,r,r")
 
 
 @dsl_user_op
 def st_u32(addr, a, *, loc=None, ip=None):
-    llvm.inline_asm(None, [Int64(addr).ir_value(loc=loc, ip=ip), _i32(a, loc, ip)],
-                    "st.global.u32 [$0], $1;", "l,r",
-                    has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+    _stmt([Int64(addr).ir_value(loc=loc, ip=ip), _i32(a, loc, ip)], "st.global.u32 [$0], $1;", "l,r")
 
 
 @dsl_user_op
 def st_u16(addr, a, *, loc=None, ip=None):
     """Store the low 16 bits of a."""
-    llvm.inline_asm(None, [Int64(addr).ir_value(loc=loc, ip=ip), _i32(a, loc, ip)],
-                    "{ .reg .b16 t; cvt.u16.u32 t, $1; st.global.u16 [$0], t; }", "l,r",
-                    has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+    _stmt([Int64(addr).ir_value(loc=loc, ip=ip), _i32(a, loc, ip)], "{ .reg .b16 t; cvt.u16.u32 t, $1; st.global.u16 [$0], t; }", "l,r")
 
 
 @dsl_user_op
 def st_f32(addr, a, *, loc=None, ip=None):
-    llvm.inline_asm(None, [Int64(addr).ir_value(loc=loc, ip=ip), Float32(a).ir_value(loc=loc, ip=ip)],
-                    "st.global.f32 [$0], $1;", "l,f",
-                    has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
-
-
-@dsl_user_op
-def st_shared_v4(addr, a, b, c, d, *, loc=None, ip=None):
-    llvm.inline_asm(None, [Int32(addr).ir_value(loc=loc, ip=ip)] + [_i32(x, loc, ip) for x in (a, b, c, d)],
-                    "st.shared.v4.u32 [$0], {$1, $2, $3, $4};", "r,r,r,r,r",
-                    has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+    _stmt([Int64(addr).ir_value(loc=loc, ip=ip), Float32(a).ir_value(loc=loc, ip=ip)], "st.global.f32 [$0], $1;", "l,f")
 
 
 @dsl_user_op
@@ -177,40 +146,21 @@ def ld_shared_u32(addr, *, loc=None, ip=None) -> Int32:
 @dsl_user_op
 def cp_async_16(smem_addr, gmem_addr, *, loc=None, ip=None):
     """Asynchronous 16-byte global -> shared copy (L2 only: token rows are reused via smem)."""
-    llvm.inline_asm(None, [Int32(smem_addr).ir_value(loc=loc, ip=ip), Int64(gmem_addr).ir_value(loc=loc, ip=ip)],
-                    "cp.async.cg.shared.global [$0], [$1], 16;", "r,l",
-                    has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+    _stmt([Int32(smem_addr).ir_value(loc=loc, ip=ip), Int64(gmem_addr).ir_value(loc=loc, ip=ip)], "cp.async.cg.shared.global [$0], [$1], 16;", "r,l")
 
 
 @dsl_user_op
 def cp_async_16_zfill(smem_addr, gmem_addr, nbytes, *, loc=None, ip=None):
     """As cp_async_16, reading only `nbytes` (0 or 16) and zero-filling the rest."""
-    llvm.inline_asm(None, [Int32(smem_addr).ir_value(loc=loc, ip=ip), Int64(gmem_addr).ir_value(loc=loc, ip=ip),
-                           _i32(nbytes, loc, ip)],
-                    "cp.async.cg.shared.global [$0], [$1], 16, $2;", "r,l,r",
-                    has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
-
-
-@dsl_user_op
-def cp_async_commit_and_wait_all(*, loc=None, ip=None):
-    llvm.inline_asm(None, [], "cp.async.commit_group;\ncp.async.wait_group 0;", "",
-                    has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+    _stmt([Int32(smem_addr).ir_value(loc=loc, ip=ip), Int64(gmem_addr).ir_value(loc=loc, ip=ip),
+                           _i32(nbytes, loc, ip)], "cp.async.cg.shared.global [$0], [$1], 16, $2;", "r,l,r")
 
 
 @dsl_user_op
 def cp_async_commit(*, loc=None, ip=None):
-    llvm.inline_asm(None, [], "cp.async.commit_group;", "",
-                    has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+    _stmt([], "cp.async.commit_group;", "")
 
 
-@dsl_user_op
-def cp_async_wait_1(*, loc=None, ip=None):
-    """Wait until at most one committed cp.async group is still in flight."""
-    llvm.inline_asm(None, [], "cp.async.wait_group 1;", "",
-                    has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
-
-
-# ---------------------------------------------------------------- tensor cores
 @dsl_user_op
 def mma_bf16_16816(d, a, b, *, loc=None, ip=None):
     """d += A(16x16, row) @ B(16x8, col), bf16 in, fp32 accumulate (mma.sync, m16n8k16).
@@ -224,12 +174,6 @@ def mma_bf16_16816(d, a, b, *, loc=None, ip=None):
              "{$0, $1, $2, $3}, {$8, $9, $10, $11}, {$12, $13}, {$4, $5, $6, $7};",
              "=f,=f,=f,=f,f,f,f,f,r,r,r,r,r,r")
     return tuple(Float32(x) for x in _unpack(s, 4, T.f32()))
-
-
-@dsl_user_op
-def shfl_xor_f32(v, mask, *, loc=None, ip=None) -> Float32:
-    return Float32(_asm(T.f32(), [Float32(v).ir_value(loc=loc, ip=ip), _i32(mask, loc, ip)],
-                        "shfl.sync.bfly.b32 $0, $1, $2, 0x1f, 0xffffffff;", "=f,f,r", side_effects=True))
 
 
 @dsl_user_op
@@ -261,9 +205,7 @@ def bcast_hi(w) -> Int32:
 
 @dsl_user_op
 def st_shared_u32(addr, v, *, loc=None, ip=None):
-    llvm.inline_asm(None, [Int32(addr).ir_value(loc=loc, ip=ip), _i32(v, loc, ip)],
-                    "st.shared.u32 [$0], $1;", "r,r",
-                    has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+    _stmt([Int32(addr).ir_value(loc=loc, ip=ip), _i32(v, loc, ip)], "st.shared.u32 [$0], $1;", "r,r")
 
 
 @dsl_user_op
@@ -305,12 +247,10 @@ def ld_shared_v2(addr, *, loc=None, ip=None):
 @dsl_user_op
 def cp_async_wait(n: int, *, loc=None, ip=None):
     """Wait until at most n committed cp.async groups are still in flight (n: compile-time)."""
-    llvm.inline_asm(None, [], f"cp.async.wait_group {int(n)};", "",
-                    has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+    _stmt([], f"cp.async.wait_group {int(n)};", "")
 
 
 @dsl_user_op
 def fence_proxy_async_shared(*, loc=None, ip=None):
     """Order this thread's generic-proxy shared-memory writes before async-proxy reads (wgmma)."""
-    llvm.inline_asm(None, [], "fence.proxy.async.shared::cta;", "",
-                    has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+    _stmt([], "fence.proxy.async.shared::cta;", "")
