@@ -1,6 +1,6 @@
 """The moe-generic CuTe DSL kernel: one grouped GEMM over (expert, token-tile) work, used twice.
 
-    FC1: inter[p, j]  = act(scale_2[e] * (src[row_src[p]] @ w13[e]^T) + b13[e])      (bf16)
+    FC1: inter[p, j]  = act(scale_2[e] * (src[order[p] // row_div] @ w13[e]^T) + b13[e])  (bf16)
     FC2: y[pair[p], h] = w[pair[p]] * (scale_2[e] * (inter[p] @ w2[e]^T) + b2[e])    (fp32)
 
 p runs over routed pairs sorted by expert; a tile is (expert e, rows p0..p1 of that expert,
@@ -10,18 +10,21 @@ tile index is past the device-side tile count return at once.
 Swap A/B: the weights are the MMA's A operand (M = weight rows), tokens are B (N = tokens), so
 an expert with a handful of tokens still runs a 16 x 8 MMA instead of padding tokens to 64.
 Per CTA: 4 warps, each owning MW groups of 16 weight rows and all BN tokens of the tile.
-Per K-tile of 128:
-  - token rows: gathered with cp.async (16 B per copy, zero-filled past the row count and past
-    the real K), into a padded shared-memory tile [BN][128 + 8] bf16 (272-byte rows: the
-    B-fragment reads of a warp hit 32 distinct banks); two stages, so the next tile's copy
-    overlaps this tile's math;
-  - weights: each lane reads its 32 bytes of fragment-ordered codes (two 16-byte loads, a
-    whole warp reads 1 KiB contiguous) and its scale bytes, straight into registers, one K-tile
-    ahead; decode_e2m1x8 + one bf16x2 multiply per register give the A fragment;
-  - mma.sync.m16n8k16 bf16 -> fp32.
-Epilogues apply the fp32 global scale and bias; FC1 applies the activation with gate (row r)
-and up (row r + 8) of the same j in the same lane (weights repacked so), FC2 the router weight
-and writes each (pair, h) exactly once, so the top-k sum afterwards is deterministic.
+A 4-stage cp.async ring holds, per 128-deep K-tile:
+  - token rows, gathered 16 B per copy (zero-filled past the tile's rows and past the real K;
+    each thread's row addresses are computed once per tile, outside the K loop);
+  - each warp's weight tiles: 1 KiB of fragment-ordered codes per 16-row group (a lane's 32 B
+    are exactly its A fragments for the 8 k16 slabs) and the group's bf16 block scales.
+Per K-tile each lane reads its codes and scales from shared memory, decodes e2m1 -> bf16 in
+registers (decode_e2m1x8: byte-permute tables), multiplies by the block scale (bf16x2, exact),
+and feeds the tensor cores:
+  - mma.sync.m16n8k16 with B fragments by ldmatrix from padded [BN][128 + 8] rows (default), or
+  - wgmma m64nBNk16 with A from registers and B as K-major core matrices, decode and wgmma of
+    the whole K-tile in one PTX block (MOE_GENERIC_MMA=wgmma; slower today, BENCHMARKS.md).
+Epilogues apply the fp32 global scale (x the activation global scale in w4a4) and bias; FC1
+applies the activation with gate (row r) and up (row r + 8) of the same j in the same lane
+(weights repacked so), FC2 the router weight and writes each (pair, h) exactly once, so the
+top-k sum afterwards is deterministic.
 """
 from __future__ import annotations
 
@@ -49,7 +52,7 @@ class GemmConfig:
     activation: str = "silu"  # fc1 only; swiglu alpha/beta/limit are run-time arguments
     bn: int = 64  # tokens per tile (multiple of 8)
     mw: int = 2  # 16-row groups per warp (1 for decode tiles: twice the CTAs on the weights)
-    wgmma: bool = True  # warpgroup MMA (sm_90a) instead of mma.sync
+    wgmma: bool = False  # warpgroup MMA (sm_90a) instead of mma.sync
 
     @property
     def gated(self) -> bool:

@@ -1,8 +1,9 @@
 """Host side of moe-generic: weight preparation, compile cache and the layer call.
 
-A call is: routing (torch ops on the device) -> [w4a4: NVFP4/MXFP4 quantization of the routed
-token rows] -> FC1 grouped GEMM (+ activation) -> [w4a4: quantization of the intermediate] ->
-FC2 grouped GEMM (+ router weight) into y[pair, H] fp32 -> sum over top-k -> bf16 out.
+A call is: routing (one CuTe DSL kernel) -> [w4a4: NVFP4/MXFP4 quantization of the routed
+token rows, torch ops] -> FC1 grouped GEMM (+ activation) -> [w4a4: quantization of the
+intermediate, torch ops] -> FC2 grouped GEMM (+ router weight) into y[pair, H] fp32 -> top-k
+reduce (CuTe DSL, fixed order) -> bf16 out.
 Every step is asynchronous on the current stream; nothing syncs with the host, so the call can
 be captured in a CUDA graph once its kernels are compiled and its workspace allocated.
 """
@@ -23,9 +24,9 @@ from moe_common.weights import MoEWeights
 
 from . import compile_cache
 from .compile_cache import BN_CHOICES
-
 from .limits import KERNEL_NAME
-ROW_TILE = 128  # CTA rows (4 warps x 2 groups x 16); FC1 and FC2 rows are padded to it
+
+ROW_TILE = 128  # the largest CTA row tile (4 warps x 2 groups x 16); weight rows are padded to it
 
 
 def _round_up(v: int, m: int) -> int:
