@@ -1,0 +1,49 @@
+"""Where moe-generic's time goes: per-kernel GPU time of one layer call (development tool).
+
+    python tools/profile_generic.py [--preset deepseek-v3] [--tokens 8192] [--calls 5]
+
+Runs the call once to compile and allocate, then `--calls` times under torch.profiler, and
+prints each GPU kernel's mean time per call (routing, FC1, FC2, top-k reduce, and any torch
+ops). For hardware counters run the same script under
+`ncu --clock-control none --kernel-name regex:kernel_cutlass -c 4 python3 tools/profile_generic.py`.
+"""
+from __future__ import annotations
+
+import argparse
+from collections import defaultdict
+
+import torch
+
+from dispatcher.presets import PRESETS, random_inputs, random_weights
+from moe_generic import fused_moe
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--preset", default="deepseek-v3", choices=sorted(PRESETS))
+    ap.add_argument("--tokens", type=int, default=8192)
+    ap.add_argument("--calls", type=int, default=5)
+    args = ap.parse_args()
+    p = PRESETS[args.preset]
+    w = random_weights(p, device="cuda", seed=1)
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    x, tw, ids = random_inputs(p, args.tokens, device="cuda", gen=gen)
+    out = torch.empty_like(x)
+    fused_moe(x, w, tw, ids, activation=p.activation, out=out)  # compile, repack, allocate
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(args.calls):
+            fused_moe(x, w, tw, ids, activation=p.activation, out=out)
+        torch.cuda.synchronize()
+    per = defaultdict(float)
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            per[ev.name[:90]] += ev.device_time_total if hasattr(ev, "device_time_total") else ev.cuda_time_total
+    total = sum(per.values()) / args.calls
+    print(f"{p.name} T={args.tokens}: {total:.1f} us of GPU kernels per call")
+    for name, t in sorted(per.items(), key=lambda kv: -kv[1]):
+        print(f"{t / args.calls:10.1f} us  {100 * t / args.calls / total:5.1f}%  {name}")
+
+
+if __name__ == "__main__":
+    main()
