@@ -92,3 +92,17 @@ def test_scale_repack_and_gated_order():
     assert torch.equal(r[1, 1, 1, 3], s[1, 16 + 3, 8:16])
     order = gated_row_order(64, 128)
     assert order[:16].tolist() == list(range(8)) + list(range(128, 136))
+
+
+def test_workspace_sizes_never_shrink_with_more_tokens():
+    # FusedMoE warms a kernel at its largest T and then freezes the workspace: every buffer a
+    # smaller call asks for must fit in what the larger call allocated.
+    from moe_generic.runner import max_tiles_bound, pick_bn, tiles_capacity
+
+    for E in (1, 8, 128, 256):
+        prev = 0
+        for P in range(1, 4096):
+            cap = tiles_capacity(P, E)
+            assert cap >= max_tiles_bound(P, E, pick_bn(P, E))
+            assert cap >= prev
+            prev = cap

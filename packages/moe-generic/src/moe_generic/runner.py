@@ -117,6 +117,12 @@ def max_tiles_bound(pairs: int, local_experts: int, bn: int) -> int:
     return -(-pairs // bn) + min(pairs, local_experts)
 
 
+def tiles_capacity(pairs: int, local_experts: int) -> int:
+    """Tile-table entries to allocate for P pairs: >= max_tiles_bound for every bn, and
+    non-decreasing in P (so buffers sized at the largest T serve every smaller T)."""
+    return max_tiles_bound(pairs, local_experts, BN_CHOICES[0])
+
+
 def _quantize_rows(v: torch.Tensor, fmt, gs) -> torch.Tensor:
     """Rows of v quantized to 4 bits and returned as q * block_scale in bf16 (exact)."""
     packed, scales = fmt.quantize(v.float(), gs)
@@ -157,7 +163,9 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     # 1. routing tables on the device
     order = bufs.get("order", (P,), torch.int32)
     counts = bufs.get("counts", (E,), torch.int32)
-    tiles = bufs.get("tiles", (3, max_tiles), torch.int32)
+    # Sized by the smallest tile width, not this call's: max_tiles is not monotone in P (it
+    # drops where a larger bn starts), and a workspace warmed at one T must hold every smaller T.
+    tiles = bufs.get("tiles", (3, tiles_capacity(P, E)), torch.int32)
     num_tiles = bufs.get("num_tiles", (1,), torch.int32)
     jit.routing(idb)(ids.data_ptr(), P, off, E, bn, order.data_ptr(), counts.data_ptr(),
                      tiles[0].data_ptr(), tiles[1].data_ptr(), tiles[2].data_ptr(),
