@@ -62,8 +62,10 @@ def check_dequant():
     return rows
 
 
-def check_generic(cases):
-    from moe_generic import fused_moe
+def check_generic(cases, kernel="generic"):
+    import importlib
+
+    fused_moe = importlib.import_module(f"moe_{kernel}").fused_moe
     rows = []
     for (T, E, H, I, k, fmt, act, mode, bias, ep) in cases:
         torch.manual_seed(int(time.time() * 1000) % 100000)
@@ -95,10 +97,14 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", default=None)
     ap.add_argument("--sanitize", action="store_true", help="one tiny case per format (for compute-sanitizer)")
+    ap.add_argument("--kernel", default="generic", choices=["generic", "static"])
     args = ap.parse_args()
     if args.sanitize:
-        rows = check_generic([(5, 4, 256, 128, 2, "nvfp4", "silu", "w4a4", True, True),
-                              (9, 4, 320, 96, 3, "mxfp4", "relu2", "w4a16", True, False)])
+        mode = "w4a4" if args.kernel == "generic" else "w4a16"
+        rows = check_generic([(5, 4, 256, 128, 2, "nvfp4", "silu", mode, True, True),
+                              (9, 4, 320, 96, 3, "mxfp4", "relu2", "w4a16", True, False),
+                              (40, 4, 256, 128, 1, "nvfp4", "gelu_tanh", "w4a16", False, False)],
+                             args.kernel)
         sys.exit(0 if all(r["ok"] for r in rows) else 1)
     rows = []
     try:

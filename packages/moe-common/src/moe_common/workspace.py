@@ -17,7 +17,9 @@ class Workspace:
         self._buffers: dict[str, torch.Tensor] = {}
         self.frozen = False
 
-    def get(self, name: str, shape, dtype: torch.dtype, device) -> torch.Tensor:
+    def get(self, name: str, shape, dtype: torch.dtype, device, zeroed: bool = False) -> torch.Tensor:
+        """The named buffer; `zeroed` buffers are zero-filled when allocated (only then: their
+        users must leave them zero, as a grid barrier's counter does)."""
         numel = math.prod(shape)
         buf = self._buffers.get(name)
         if buf is None or buf.numel() < numel or buf.dtype != dtype or buf.device != torch.device(device):
@@ -26,7 +28,7 @@ class Workspace:
                     f"workspace buffer {name!r} {tuple(shape)} {dtype} is not preallocated; "
                     "the call is larger than the max_tokens this workspace was built for"
                 )
-            buf = torch.empty(numel, dtype=dtype, device=device)
+            buf = (torch.zeros if zeroed else torch.empty)(numel, dtype=dtype, device=device)
             self._buffers[name] = buf
         return buf[:numel].view(shape)
 

@@ -35,13 +35,14 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 
 from moe_common.cute import ptx
-from moe_common.cute.decode import decode_e2m1x8
+from moe_common.cute import activation as act
+from moe_common.cute import fragment_mma as fm
 from moe_common.cute.wgmma_decode import wgmma_decode_k128
 
 WARPS = 4
 THREADS = WARPS * 32
 TILE_K = 128
-SMEM_ROW_BYTES = (TILE_K + 8) * 2  # 272: conflict-free ldmatrix B-fragment reads
+SMEM_ROW_BYTES = fm.B_ROW_BYTES  # 272: conflict-free ldmatrix B-fragment reads
 STAGES = 4  # cp.async ring depth; bn=64, mw=2, NVFP4: 4 x 27 KiB, two CTAs per SM
 
 
@@ -64,7 +65,7 @@ class GemmConfig:
 
     @property
     def scale_bytes_per_row(self) -> int:  # bf16 scales per 128-K tile
-        return 16 if self.weight_format == "nvfp4" else 8
+        return fm.scale_bytes_per_row(self.weight_format)
 
 
 class GroupedGemm:
@@ -74,7 +75,7 @@ class GroupedGemm:
         self.nb = cfg.bn // 8
         # mma.sync reads B with ldmatrix from padded rows; wgmma from unpadded core matrices
         self.b_bytes = cfg.bn * (TILE_K * 2 if cfg.wgmma else SMEM_ROW_BYTES)
-        self.a_group_bytes = 1024 + 16 * cfg.scale_bytes_per_row
+        self.a_group_bytes = fm.group_tile_bytes(cfg.weight_format)
         self.stage_bytes = self.b_bytes + WARPS * cfg.mw * self.a_group_bytes
         # 16-byte chunks of one B stage, spread over the CTA's threads
         self.b_chunks = cfg.bn * (TILE_K // 8)
@@ -143,10 +144,7 @@ class GroupedGemm:
             acc = cute.make_rmem_tensor(cute.make_layout((cfg.mw, self.nb, 4)), Float32)
             acc.fill(0.0)
 
-            # ldmatrix row address of this lane inside a B stage: matrix m = lane // 8 covers
-            # tokens (2 * pair + m // 2) * 8 + lane % 8 and k-half m % 2 of a slab
-            ld_row = (lane // 16) * 8 + lane % 8
-            ld_col = ((lane // 8) % 2) * 16  # bytes
+            b_lane = fm.ldmatrix_lane_offset(lane)  # this lane's ldmatrix row in a B stage
 
             sources = [self._chunk_source(tidx + it * THREADS, p0, p1, order, row_div, src, src_stride)
                        for it in range(self.b_iters)]
@@ -170,16 +168,8 @@ class GroupedGemm:
                                       a_warp_off)
                 ptx.cp_async_commit()
                 stage = s_base + (kt % STAGES) * self.stage_bytes
-                words = []
-                for g in cutlass.range_constexpr(cfg.mw):
-                    ga = stage + a_warp_off + g * self.a_group_bytes
-                    codes = ptx.ld_shared_v4(ga + lane * 32) + ptx.ld_shared_v4(ga + lane * 32 + 16)
-                    sa = ga + 1024 + r * sbpr
-                    if cutlass.const_expr(cfg.weight_format == "nvfp4"):
-                        scales = ptx.ld_shared_v4(sa) + ptx.ld_shared_v4(sa + 8 * sbpr)
-                    else:
-                        scales = ptx.ld_shared_v2(sa) + ptx.ld_shared_v2(sa + 8 * sbpr)
-                    words.append(codes + scales)
+                words = [fm.load_group_words(stage + a_warp_off + g * self.a_group_bytes, lane,
+                                             cfg.weight_format) for g in range(cfg.mw)]
                 if cutlass.const_expr(cfg.wgmma):
                     accs = [[acc[g, i // 4, i % 4] for i in range(4 * self.nb)] for g in range(cfg.mw)]
                     res = wgmma_decode_k128(accs, [w[:8] for w in words], [w[8:] for w in words],
@@ -188,7 +178,7 @@ class GroupedGemm:
                         for i in cutlass.range_constexpr(4 * self.nb):
                             acc[g, i // 4, i % 4] = res[g][i]
                 else:
-                    self._mma_sync_ktile(acc, words, stage, ld_row, ld_col)
+                    fm.mma_ktile(acc, words, stage + b_lane, self.nb, cfg.weight_format)
             ptx.cp_async_wait(0)
 
             # ---- epilogue
@@ -262,28 +252,6 @@ class GroupedGemm:
         ptx.cp_async_16_zfill(stage_base + dst, gaddr, nbytes)
 
     @cute.jit
-    def _mma_sync_ktile(self, acc, words, stage, ld_row, ld_col):
-        """One K-tile with mma.sync.m16n8k16: B fragments by ldmatrix, shared by the groups."""
-        cfg = self.cfg
-        for s in cutlass.range_constexpr(8):
-            a = [self._a_fragment(words[g], s) for g in range(cfg.mw)]
-            slab = stage + ld_row * SMEM_ROW_BYTES + s * 32 + ld_col
-            for pair in cutlass.range_constexpr((self.nb + 1) // 2):
-                addr = slab + pair * 16 * SMEM_ROW_BYTES
-                if cutlass.const_expr(2 * pair + 1 < self.nb):
-                    bm = ptx.ldmatrix_x4(addr)
-                else:
-                    bm = ptx.ldmatrix_x2(addr)
-                for half in cutlass.range_constexpr(len(bm) // 2):
-                    nb = 2 * pair + half
-                    for g in cutlass.range_constexpr(cfg.mw):
-                        d = ptx.mma_bf16_16816(
-                            (acc[g, nb, 0], acc[g, nb, 1], acc[g, nb, 2], acc[g, nb, 3]),
-                            a[g], (bm[2 * half], bm[2 * half + 1]))
-                        for i in cutlass.range_constexpr(4):
-                            acc[g, nb, i] = d[i]
-
-    @cute.jit
     def _issue_stage(self, kt, stage, lane, sources, src, k_real,
                      w_warp, s_warp, group_w_stride, group_s_stride, a_warp_off):
         """cp.async K-tile kt's token rows (whole CTA) and this warp's weight tiles into a stage."""
@@ -301,49 +269,13 @@ class GroupedGemm:
                 ptx.cp_async_16(dst + 1024 + lane * 16, ssrc + Int64(lane) * 16)
 
     @cute.jit
-    def _a_fragment(self, words, s: cutlass.Constexpr):
-        """Decode slab s's 8 codes and apply the block scales of rows r and r + 8."""
-        v = decode_e2m1x8(words[s])
-        sc = words[8:]
-        if cutlass.const_expr(self.cfg.weight_format == "nvfp4"):
-            # 4 words per row: slab s is half s % 2 of word s // 2
-            w_r, w_r8 = sc[s // 2], sc[4 + s // 2]
-            half = s % 2
-        else:
-            # 2 words per row: block s // 2 is half (s // 2) % 2 of word s // 4
-            w_r, w_r8 = sc[s // 4], sc[2 + s // 4]
-            half = (s // 2) % 2
-        if cutlass.const_expr(half == 0):
-            s_r, s_r8 = ptx.bcast_lo(w_r), ptx.bcast_lo(w_r8)
-        else:
-            s_r, s_r8 = ptx.bcast_hi(w_r), ptx.bcast_hi(w_r8)
-        return (ptx.mul_bf16x2(v[0], s_r), ptx.mul_bf16x2(v[1], s_r8),
-                ptx.mul_bf16x2(v[2], s_r), ptx.mul_bf16x2(v[3], s_r8))
-
-    @cute.jit
     def _fc1_store(self, out, out_stride, p, group, r, v_lo, v_hi, alpha, beta, limit):
         cfg = self.cfg
         row = out + Int64(p) * Int64(out_stride) * 2
         if cutlass.const_expr(cfg.gated):
-            h = self._gated(v_lo, v_hi, alpha, beta, limit)
+            h = act.gated(cfg.activation, v_lo, v_hi, alpha, beta, limit)
             ptx.st_u16(row + Int64(group * 8 + r) * 2, ptx.bf16x2_from_f32(h, h))
         else:  # relu2: rows r and r + 8 are intermediate rows 16*group + r and + 8
-            a = cute.arch.fmax(v_lo, Float32(0.0))
-            b = cute.arch.fmax(v_hi, Float32(0.0))
-            ptx.st_u16(row + Int64(group * 16 + r) * 2, ptx.bf16x2_from_f32(a * a, a * a))
-            ptx.st_u16(row + Int64(group * 16 + 8 + r) * 2, ptx.bf16x2_from_f32(b * b, b * b))
-
-    @cute.jit
-    def _gated(self, g, u, alpha, beta, limit):
-        cfg = self.cfg
-        if cutlass.const_expr(cfg.activation == "silu"):
-            res = g / (Float32(1.0) + cute.math.exp(-g, fastmath=False)) * u
-        elif cutlass.const_expr(cfg.activation == "gelu_tanh"):
-            z = Float32(1.5957691216057308) * (g + Float32(0.044715) * g * g * g)
-            res = g / (Float32(1.0) + cute.math.exp(-z, fastmath=False)) * u
-        else:  # swigluoai
-            # limit = +inf when the clamp is disabled (limit=None): min/max are then identities
-            g = cute.arch.fmin(g, limit)
-            u = cute.arch.fmax(cute.arch.fmin(u, limit), -limit)
-            res = g / (Float32(1.0) + cute.math.exp(-(alpha * g), fastmath=False)) * (u + beta)
-        return res
+            a, b = act.relu2(v_lo), act.relu2(v_hi)
+            ptx.st_u16(row + Int64(group * 16 + r) * 2, ptx.bf16x2_from_f32(a, a))
+            ptx.st_u16(row + Int64(group * 16 + 8 + r) * 2, ptx.bf16x2_from_f32(b, b))

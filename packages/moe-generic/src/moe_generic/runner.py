@@ -10,97 +10,18 @@ be captured in a CUDA graph once its kernels are compiled and its workspace allo
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-
 import torch
 
 from moe_common.cute import jit
 from moe_common.formats import get_format
-from moe_common.fragments import (
-    TILE_K, gated_row_order, pad_gated, pad_rows, repack_codes, repack_scales, scales_to_bf16,
-)
+from moe_common.fragments import TILE_K
+from moe_common.packed import pack
 from moe_common.types import Activation
 from moe_common.weights import MoEWeights
 
 from . import compile_cache
 from .compile_cache import BN_CHOICES
 from .limits import KERNEL_NAME
-
-ROW_TILE = 128  # the largest CTA row tile (4 warps x 2 groups x 16); weight rows are padded to it
-
-
-def _round_up(v: int, m: int) -> int:
-    return (v + m - 1) // m * m
-
-
-@dataclass
-class Prepared:
-    """Weights of one layer in fragment order (see moe_common.fragments), on the device."""
-
-    hidden: int
-    intermediate: int
-    hidden_padded: int
-    intermediate_padded: int
-    gated: bool
-    w13: torch.Tensor
-    w13_scale: torch.Tensor
-    w13_bias: torch.Tensor  # fp32 [E, N1p] (zeros without bias), in blob row order
-    w2: torch.Tensor
-    w2_scale: torch.Tensor
-    w2_bias: torch.Tensor  # fp32 [E, Hp]
-    fc1_alpha: dict  # quant_mode -> fp32 [E]: weight scale_2 (x input_scale in w4a4)
-    fc2_alpha: dict
-
-    @property
-    def fc1_rows(self) -> int:
-        return self.w13.shape[1] * 16
-
-    @property
-    def fc2_rows(self) -> int:
-        return self.w2.shape[1] * 16
-
-
-def prepare(weights: MoEWeights) -> Prepared:
-    cached = weights.kernel_cache.get(KERNEL_NAME)
-    if cached is not None:
-        return cached
-    fmt = get_format(weights.weight_format)
-    E, H, I = weights.num_local_experts, weights.hidden, weights.intermediate
-    Hp, Ip = _round_up(H, TILE_K), _round_up(I, TILE_K)
-    dev = weights.device
-    w13, s13 = weights.w13, weights.w13_scale.view(torch.uint8)
-    b13 = weights.w13_bias.float() if weights.w13_bias is not None else \
-        torch.zeros(E, w13.shape[1], dtype=torch.float32, device=dev)
-    if weights.gated:
-        order = gated_row_order(I, Ip).to(dev)
-        w13, s13, b13 = (pad_gated(t, I, Ip)[:, order] for t in (w13, s13, b13))
-    else:
-        w13, s13, b13 = (pad_rows(t, ROW_TILE) for t in (w13, s13, b13))
-    b2 = weights.w2_bias.float() if weights.w2_bias is not None else \
-        torch.zeros(E, H, dtype=torch.float32, device=dev)
-    # Activation global scales exist for NVFP4 only (MXFP4 activations carry e8m0 block scales).
-    one = torch.ones(E, dtype=torch.float32, device=dev)
-    nv = weights.weight_format == "nvfp4"
-    in_s = weights.input_scale.float() if nv and weights.input_scale is not None else one
-    fc2_s = weights.fc2_input_scale.float() if nv and weights.fc2_input_scale is not None else one
-    s2_13, s2_2 = weights.w13_scale_2.float(), weights.w2_scale_2.float()
-    prep = Prepared(
-        hidden=H, intermediate=I, hidden_padded=Hp, intermediate_padded=Ip, gated=weights.gated,
-        w13=repack_codes(w13, ROW_TILE),
-        w13_scale=scales_to_bf16(repack_scales(s13, fmt.block_size, ROW_TILE), weights.weight_format),
-        w13_bias=pad_rows(b13, ROW_TILE),
-        w2=repack_codes(weights.w2, ROW_TILE),
-        w2_scale=scales_to_bf16(repack_scales(weights.w2_scale.view(torch.uint8), fmt.block_size, ROW_TILE),
-                                weights.weight_format),
-        w2_bias=pad_rows(b2, ROW_TILE),
-        # w4a4 activations are stored as q * block_scale (exact in bf16); their global scale
-        # joins the weight's in the fp32 epilogue, as a Blackwell W4A4 kernel's alpha does.
-        fc1_alpha={"w4a16": s2_13.contiguous(), "w4a4": (s2_13 * in_s).contiguous()},
-        fc2_alpha={"w4a16": s2_2.contiguous(), "w4a4": (s2_2 * fc2_s).contiguous()},
-    )
-    weights.kernel_cache[KERNEL_NAME] = prep
-    return prep
-
 
 def pick_bn(pairs: int, local_experts: int) -> int:
     """Tokens per tile from the mean routed rows per expert (decode: 8, prefill: 64)."""
@@ -144,7 +65,7 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     """The layer call: 4 launches in w4a16 (routing, FC1, FC2, top-k reduce), all on the
     current stream, no host sync. Always deterministic (`deterministic` is accepted for the
     common runner signature): each output element has one writer and a fixed summation order."""
-    prep = prepare(weights)
+    prep = pack(weights)
     T, k = topk_ids.shape
     P = T * k
     E = weights.num_local_experts

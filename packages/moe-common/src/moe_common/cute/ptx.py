@@ -254,3 +254,68 @@ def cp_async_wait(n: int, *, loc=None, ip=None):
 def fence_proxy_async_shared(*, loc=None, ip=None):
     """Order this thread's generic-proxy shared-memory writes before async-proxy reads (wgmma)."""
     _stmt([], "fence.proxy.async.shared::cta;", "")
+
+
+# ---------------------------------------------------------------- persistent-kernel helpers
+@dsl_user_op
+def ld_cg_v4(addr, *, loc=None, ip=None):
+    """16-byte global load through L2 only (data other CTAs of this launch wrote before a
+    grid barrier; L1 is not coherent across SMs)."""
+    s = _asm(llvm.StructType.get_literal([T.i32()] * 4), [Int64(addr).ir_value(loc=loc, ip=ip)],
+             "ld.global.cg.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l", side_effects=True)
+    return tuple(Int32(x) for x in _unpack(s, 4, T.i32()))
+
+
+@dsl_user_op
+def ld_nc_v4(addr, *, loc=None, ip=None):
+    """16-byte read-only global load."""
+    s = _asm(llvm.StructType.get_literal([T.i32()] * 4), [Int64(addr).ir_value(loc=loc, ip=ip)],
+             "ld.global.nc.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l")
+    return tuple(Int32(x) for x in _unpack(s, 4, T.i32()))
+
+
+@dsl_user_op
+def st_v2(addr, a, b, *, loc=None, ip=None):
+    _stmt([Int64(addr).ir_value(loc=loc, ip=ip), _i32(a, loc, ip), _i32(b, loc, ip)],
+          "st.global.v2.u32 [$0], {$1, $2};", "l,r,r")
+
+
+@dsl_user_op
+def st_shared_u16(addr, v, *, loc=None, ip=None):
+    """Store the low 16 bits of v to shared memory."""
+    _stmt([Int32(addr).ir_value(loc=loc, ip=ip), _i32(v, loc, ip)],
+          "{ .reg .b16 t; cvt.u16.u32 t, $1; st.shared.u16 [$0], t; }", "r,r")
+
+
+@dsl_user_op
+def grid_barrier_arrive_wait(state, last, *, loc=None, ip=None):
+    """One thread per CTA: wait until every CTA of the (co-resident) grid has arrived.
+
+    state: 2 x u32 in global memory, {count, generation}; count must be 0 before the first use
+    and is 0 again after every barrier (the last CTA to arrive resets it), so the same state
+    serves every call and every CUDA-graph replay. last = grid size - 1. The caller brackets this
+    with a CTA barrier, so the CTA's earlier writes are ordered before the release here and its
+    later reads after the acquire.
+    """
+    _stmt([Int64(state).ir_value(loc=loc, ip=ip), _i32(last, loc, ip)],
+          "{\n"
+          ".reg .pred p;\n"
+          ".reg .b32 g, old, gen;\n"
+          "fence.acq_rel.gpu;\n"
+          "ld.acquire.gpu.global.u32 gen, [$0+4];\n"
+          "atom.acq_rel.gpu.global.add.u32 old, [$0], 1;\n"
+          "setp.eq.u32 p, old, $1;\n"
+          "@!p bra WAIT_${:uid};\n"
+          "st.relaxed.gpu.global.u32 [$0], 0;\n"
+          "fence.acq_rel.gpu;\n"
+          "red.release.gpu.global.add.u32 [$0+4], 1;\n"
+          "bra DONE_${:uid};\n"
+          "WAIT_${:uid}:\n"
+          "ld.acquire.gpu.global.u32 g, [$0+4];\n"
+          "setp.eq.u32 p, g, gen;\n"
+          "@!p bra DONE_${:uid};\n"
+          "nanosleep.u32 20;\n"
+          "bra WAIT_${:uid};\n"
+          "DONE_${:uid}:\n"
+          "fence.acq_rel.gpu;\n"
+          "}", "l,r")

@@ -1,0 +1,33 @@
+"""moe-static's compiled kernels, keyed by their static facts (see moe_common.cute.jit)."""
+from __future__ import annotations
+
+from moe_common.cute import jit
+
+from .kernel import StaticConfig, StaticMoE
+
+FORMATS = ("nvfp4", "mxfp4")
+ACTIVATIONS = ("silu", "gelu_tanh", "swigluoai", "relu2")
+
+
+def config(weight_format: str, activation: str, ids_bytes: int = 4) -> StaticConfig:
+    return StaticConfig(weight_format=weight_format, activation=activation, ids_bytes=ids_bytes)
+
+
+def compile_config(cfg: StaticConfig):
+    from cutlass import Float32, Int32, Int64
+
+    z = Int64(0)
+    i1 = Int32(1)
+    args = ([z] * 11 + [Int32(128)] + [i1, i1, Int32(0), i1, Int32(128), i1, Int32(16), Int32(8), i1]
+            + [z, z, z, Float32(1.0), Float32(1.0), Float32(1.0), i1, jit.example_stream()])
+    return jit.compile_kernel(StaticMoE(cfg), *args)
+
+
+def get(weight_format: str, activation: str, ids_bytes: int = 4):
+    cfg = config(weight_format, activation, ids_bytes)
+    return cfg, jit.compiled(("moe-static", cfg), lambda: compile_config(cfg))
+
+
+def all_configs():
+    """Every configuration the dispatcher can pick (CPU CI compiles each for sm_90a)."""
+    return [config(f, a, b) for f in FORMATS for a in ACTIVATIONS for b in (4, 8)]

@@ -1,0 +1,48 @@
+"""What moe-static supports and when it bids (no DSL import here)."""
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+
+from moe_common.types import PRIORITY_GENERIC, PRIORITY_STATIC
+
+KERNEL_NAME = "moe-static"
+MAX_LOCAL_EXPERTS = 512  # shared-memory routing tables (kernel.MAX_LOCAL_EXPERTS)
+MAX_PAIRS = 4096  # routed pairs T * top_k held in shared memory (kernel.MAX_PAIRS)
+DIM_MULTIPLE = 32
+# Routed pairs (T * top_k) up to which moe-static bids above the other kernels. Beyond it the
+# per-slice fp32 partials (P x I/128 x H x 4 bytes) and the one-CTA-per-task schedule lose to the
+# grouped kernels; the measured crossover is in BENCHMARKS.md.
+CUTOVER_PAIRS = 1024
+
+
+def unsupported_reason(shape, activation):
+    """None when the kernel can run this call, else a one-line reason."""
+    if shape.device_capability is None:
+        return "needs a CUDA device (sm_90); inputs are on the CPU"
+    if shape.device_capability[0] != 9:
+        major, minor = shape.device_capability
+        return f"needs sm_90 (Hopper); device is sm_{major}{minor}"
+    if importlib.util.find_spec("cutlass") is None:
+        return "nvidia-cutlass-dsl is not installed"
+    if shape.dtype != torch.bfloat16:
+        return f"needs bf16 activations; got {shape.dtype}"
+    if shape.quant_mode != "w4a16":
+        return f"quant_mode={shape.quant_mode!r} is not supported (w4a16 only; moe-generic runs w4a4)"
+    for name, v in (("hidden", shape.hidden), ("intermediate", shape.intermediate)):
+        if v % DIM_MULTIPLE:
+            return f"{name}={v} is not a multiple of {DIM_MULTIPLE}"
+    pairs = shape.tokens * shape.top_k
+    if pairs > MAX_PAIRS:
+        return f"tokens x top_k = {pairs} routed pairs exceed the supported maximum {MAX_PAIRS}"
+    if shape.num_local_experts > MAX_LOCAL_EXPERTS:
+        return f"{shape.num_local_experts} local experts exceed the supported maximum {MAX_LOCAL_EXPERTS}"
+    return None
+
+
+def priority(shape) -> int:
+    """Above every kernel while routed pairs are at or below the cutover, else below moe-generic."""
+    if shape.tokens * shape.top_k <= CUTOVER_PAIRS:
+        return PRIORITY_STATIC
+    return PRIORITY_GENERIC - 5  # still above the reference, below moe-generic

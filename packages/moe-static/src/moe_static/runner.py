@@ -1,0 +1,70 @@
+"""Host side of moe-static: one cooperative launch per layer call.
+
+Weights are the shared fragment repack (moe_common.packed, cached per layer and shared with the
+other kernels). Workspace: the fp32 per-slice FC2 partials [T * k, I/128, H] and the grid
+barrier's two counters (zeroed once, left zero by every launch). Nothing syncs with the host.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from moe_common.cute import jit
+from moe_common.fragments import TILE_K
+from moe_common.packed import pack
+from moe_common.types import Activation
+from moe_common.weights import MoEWeights
+
+from .compile_cache import get
+from .limits import KERNEL_NAME
+
+
+def _grid(device) -> int:
+    # One CTA per SM: the kernel's ~180 KB of shared memory allows no second one, and a
+    # cooperative launch needs every CTA resident.
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def workspace_bytes(tokens: int, top_k: int, hidden: int, intermediate: int) -> int:
+    """Bytes of fp32 FC2 partials a call at T = tokens needs (the dominant workspace)."""
+    slices = -(-intermediate // TILE_K)
+    return tokens * top_k * slices * hidden * 4
+
+
+def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activation,
+        quant_mode: str = "w4a16", out=None, workspace=None, deterministic: bool = True):
+    """The layer call in one launch. Always deterministic: each output element is summed by one
+    thread in a fixed order (`deterministic` is accepted for the common runner signature)."""
+    if quant_mode != "w4a16":
+        raise ValueError(f"{KERNEL_NAME}: quant_mode={quant_mode!r}; allowed: 'w4a16'")
+    prep = pack(weights)
+    T, k = topk_ids.shape
+    P = T * k
+    H = prep.hidden
+    dev = x.device
+    slices = prep.intermediate_padded // TILE_K
+
+    def buf(name, shape, dtype, zeroed=False):
+        if workspace is not None:
+            return workspace.get(f"{KERNEL_NAME}.{name}", shape, dtype, dev, zeroed=zeroed)
+        return (torch.zeros if zeroed else torch.empty)(shape, dtype=dtype, device=dev)
+
+    part = buf("part", (P * slices * H,), torch.float32)
+    barrier = buf("barrier", (2,), torch.int32, zeroed=True)
+    if out is None:
+        out = torch.empty(T, H, dtype=torch.bfloat16, device=dev)
+    ids = topk_ids.contiguous()
+    route_w = topk_weights if topk_weights.dtype == torch.float32 else topk_weights.float()
+    route_w = route_w.contiguous()
+    limit = activation.limit if activation.limit is not None else math.inf
+    _, kernel = get(weights.weight_format, activation.name, ids.element_size())
+    kernel(prep.w13.data_ptr(), prep.w13_scale.data_ptr(), prep.fc1_alpha[quant_mode].data_ptr(),
+           prep.w13_bias.data_ptr(), prep.w2.data_ptr(), prep.w2_scale.data_ptr(),
+           prep.fc2_alpha[quant_mode].data_ptr(), prep.w2_bias.data_ptr(),
+           ids.data_ptr(), route_w.data_ptr(), x.data_ptr(), x.stride(0),
+           T, k, weights.local_expert_offset, weights.num_local_experts,
+           H, prep.hidden_padded // TILE_K, prep.fc1_rows // 16, prep.fc2_rows // 16, slices,
+           part.data_ptr(), out.data_ptr(), barrier.data_ptr(),
+           activation.alpha, activation.beta, limit, _grid(dev), jit.current_stream(dev))
+    return out

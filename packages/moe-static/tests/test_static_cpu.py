@@ -1,0 +1,74 @@
+"""moe-static without a GPU: every configuration compiles for sm_90a; limits, bids and the
+plugin's answers."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from moe_common.types import PRIORITY_GENERIC, PRIORITY_STATIC, Activation, MoEShape
+from moe_static.limits import CUTOVER_PAIRS, priority, unsupported_reason
+
+
+def _shape(**kw):
+    base = dict(tokens=4, hidden=256, intermediate=128, num_experts=8, num_local_experts=8,
+                local_expert_offset=0, top_k=2, weight_format="nvfp4", quant_mode="w4a16",
+                has_bias=False, device_capability=(9, 0), dtype=torch.bfloat16)
+    base.update(kw)
+    return MoEShape(**base)
+
+
+def test_every_dispatchable_config_compiles_for_sm90a():
+    from moe_static.compile_cache import all_configs, compile_config
+
+    configs = all_configs()
+    assert len(configs) == 16  # 2 formats x 4 activations x (int32, int64 ids)
+    for cfg in configs:
+        assert compile_config(cfg) is not None, cfg
+
+
+def test_shared_memory_fits_one_cta_per_sm():
+    from moe_static.compile_cache import all_configs
+    from moe_static.kernel import StaticMoE
+
+    for cfg in all_configs():
+        assert StaticMoE(cfg).smem_bytes <= 227 * 1024, cfg
+
+
+@pytest.mark.parametrize("kw,needle", [
+    (dict(device_capability=None), "CUDA device"),
+    (dict(device_capability=(12, 0)), "sm_90"),
+    (dict(quant_mode="w4a4"), "w4a16 only"),
+    (dict(hidden=2880 + 16), "multiple of 32"),
+    (dict(tokens=2049, top_k=2), "routed pairs"),
+    (dict(num_local_experts=513, num_experts=1024), "local experts"),
+    (dict(dtype=torch.float16), "bf16"),
+])
+def test_declines_with_reason(kw, needle):
+    reason = unsupported_reason(_shape(**kw), Activation("silu"))
+    assert reason is not None and needle in reason
+
+
+def test_bids_above_every_kernel_only_up_to_the_cutover():
+    small = _shape(tokens=CUTOVER_PAIRS // 8, top_k=8)
+    large = _shape(tokens=CUTOVER_PAIRS // 8 + 1, top_k=8)
+    assert priority(small) == PRIORITY_STATIC
+    assert 0 < priority(large) < PRIORITY_GENERIC
+
+
+def test_plugin_offer_and_decline():
+    from moe_static import plugin
+
+    assert "CUDA" in plugin.can_handle(_shape(device_capability=None), Activation()).reason
+    for act in ("silu", "gelu_tanh", "swigluoai", "relu2"):
+        offer = plugin.can_handle(_shape(hidden=2880, intermediate=704), Activation(act))
+        assert offer.kernel == "moe-static" and offer.priority == PRIORITY_STATIC
+
+
+def test_direct_call_rejects_unsupported_input_with_value_error():
+    from moe_common.testing import random_layer, random_routing
+    from moe_static import fused_moe
+
+    w = random_layer(4, 64, 32, device="cpu")
+    tw, ti = random_routing(2, 4, 2, device="cpu")
+    with pytest.raises(ValueError, match="moe-static cannot run this call: needs a CUDA device"):
+        fused_moe(torch.randn(2, 64).bfloat16(), w, tw, ti)

@@ -1,0 +1,125 @@
+"""moe-static on the H200: the DESIGN section 5 bar at decode sizes for every activation and
+format, biases, expert parallelism, out-of-range ids, skewed routing (experts with more tokens
+than one chunk), CUDA-graph replay and bitwise determinism."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from moe_common.reference import reference_moe
+from moe_common.testing import assert_close, random_layer, random_routing
+from moe_common.types import Activation
+
+pytestmark = pytest.mark.gpu
+
+ACTS = ("silu", "gelu_tanh", "swigluoai", "relu2")
+FORMATS = ("nvfp4", "mxfp4")
+# (T, E, H, I, top_k): decode sizes; H and I include 2880 and 704 (padded internally)
+DECODE = [(1, 8, 256, 128, 2), (7, 128, 2048, 768, 8), (32, 256, 512, 704, 8), (64, 8, 2880, 256, 4),
+          (128, 64, 1024, 512, 8)]
+
+
+def _run(shape, act, fmt, bias, ep=False, limit=7.0, skew=0.0, id_dtype=torch.int32):
+    from moe_static import fused_moe
+
+    T, E, H, I, k = shape
+    off, total = (E // 2, 2 * E) if ep else (0, E)
+    w = random_layer(E, H, I, weight_format=fmt, gated=act != "relu2", bias=bias,
+                     local_expert_offset=off, num_experts=total)
+    x = torch.randn(T, H, device="cuda").bfloat16()
+    tw, ti = random_routing(T, total, k, skew=skew)
+    ti = ti.to(id_dtype)
+    a = Activation(act, 1.702, 1.0, limit)
+    out = torch.full((T, H), float("nan"), device="cuda", dtype=torch.bfloat16)
+    fused_moe(x, w, tw, ti, activation=a, out=out)
+    ref = reference_moe(x, w, tw, ti, activation=a)
+    return assert_close(out, ref, f"{shape} {act} {fmt} bias={bias} ep={ep} skew={skew}")
+
+
+@pytest.mark.parametrize("act,fmt,bias", list(itertools.product(ACTS, FORMATS, (False, True))))
+def test_matches_reference(act, fmt, bias):
+    for n, shape in enumerate(DECODE):
+        if (n + ACTS.index(act)) % 2 == 0 or shape[0] == 1:
+            _run(shape, act, fmt, bias)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_expert_parallel_slice(fmt):
+    _run((40, 16, 512, 256, 4), "silu", fmt, True, ep=True)
+    _run((3, 16, 512, 256, 4), "swigluoai", fmt, False, ep=True)
+
+
+def test_skewed_routing_experts_with_many_chunks():
+    # Zipf-like routing: the top experts get far more than one 16-token chunk; k = 1 lets one
+    # expert take up to every token (P = 1024 = the cutover)
+    _run((1024, 32, 512, 256, 1), "silu", "nvfp4", True, skew=3.0)
+    _run((200, 64, 1024, 384, 8), "gelu_tanh", "mxfp4", False, skew=2.0, id_dtype=torch.int64)
+
+
+def test_swiglu_without_limit():
+    _run((16, 8, 256, 128, 2), "swigluoai", "mxfp4", True, limit=None)
+
+
+def test_ids_out_of_range_are_ignored():
+    from moe_static import fused_moe
+
+    w = random_layer(8, 256, 128, local_expert_offset=8, num_experts=24)
+    x = torch.randn(16, 256, device="cuda").bfloat16()
+    tw, ti = random_routing(16, 24, 4)
+    ti[0, 0] = -1
+    ti[1, 1] = 10_000  # never read out of bounds: contributes nothing
+    ti[2, :] = 0  # a token with no local route: its output row is exactly 0
+    out = torch.full((16, 256), float("nan"), device="cuda", dtype=torch.bfloat16)
+    fused_moe(x, w, tw, ti, out=out)
+    assert torch.all(out[2] == 0)
+    assert_close(out, reference_moe(x, w, tw, ti), "out-of-range ids")
+
+
+def test_deterministic_bitwise():
+    from moe_static import fused_moe
+
+    w = random_layer(64, 1024, 512, bias=True)
+    x = torch.randn(100, 1024, device="cuda").bfloat16()
+    tw, ti = random_routing(100, 64, 8)
+    first = fused_moe(x, w, tw, ti)
+    for _ in range(3):
+        assert torch.equal(fused_moe(x, w, tw, ti), first)
+
+
+def test_cuda_graph_replay_matches_eager():
+    from moe_common.workspace import Workspace
+    from moe_static import fused_moe
+
+    w = random_layer(32, 512, 256, weight_format="mxfp4", bias=True)
+    T = 24
+    x = torch.randn(T, 512, device="cuda").bfloat16()
+    tw, ti = random_routing(T, 32, 4)
+    ws = Workspace()
+    out = torch.empty(T, 512, device="cuda", dtype=torch.bfloat16)
+    fused_moe(x, w, tw, ti, activation="swigluoai", out=out, workspace=ws)  # compile + allocate
+    ws.freeze()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fused_moe(x, w, tw, ti, activation="swigluoai", out=out, workspace=ws)
+    for _ in range(3):  # new inputs in the same buffers, then replay (the barrier is reused)
+        x.copy_(torch.randn_like(x))
+        nw, ni = random_routing(T, 32, 4)
+        tw.copy_(nw)
+        ti.copy_(ni)
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        eager = fused_moe(x, w, tw, ti, activation="swigluoai")
+        assert torch.equal(out, eager)
+
+
+def test_dispatcher_picks_static_for_decode():
+    import dispatcher
+
+    w = random_layer(16, 256, 128)
+    x = torch.randn(4, 256, device="cuda").bfloat16()
+    tw, ti = random_routing(4, 16, 2)
+    assert dispatcher.explain(x, w, tw, ti).choice.kernel == "moe-static"
