@@ -8,7 +8,7 @@ set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export FUSED_MOE_COMMIT=${FUSED_MOE_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
-bench() { python3 -c "import sys; from dispatcher.cli import main; sys.exit(main())" bench "$@"; }
+BENCH=(python3 -c "import sys; from dispatcher.cli import main; sys.exit(main())" bench)
 step() {  # name, limit_s, command...
   local name=$1 limit=$2; shift 2
   local t0=$(date +%s)
@@ -23,8 +23,8 @@ for s in "$@"; do
     generic-tests) step generic-tests 400 python3 -m pytest packages/moe-generic tests dispatcher/tests -m gpu -q ;;
     sanitize-static) step sanitize-static 200 compute-sanitizer --tool memcheck --report-api-errors no python3 tools/gpu_check.py --kernel static --sanitize ;;
     sanitize-generic) step sanitize-generic 200 compute-sanitizer --tool memcheck --report-api-errors no python3 tools/gpu_check.py --sanitize ;;
-    bench-static) step bench-static 400 bench --preset qwen3-30b-a3b deepseek-v3 --tokens 1 2 4 8 16 32 64 128 --kernels moe-static moe-generic --json "$OUT/bench-static.json" ;;
-    bench-static-all) step bench-static-all 500 bench --preset qwen3.5-35b gpt-oss-120b nemotron-relu2 --tokens 1 2 4 8 16 32 64 128 --kernels moe-static moe-generic --no-check --json "$OUT/bench-static-all.json" ;;
+    bench-static) step bench-static 400 "${BENCH[@]}" --preset qwen3-30b-a3b deepseek-v3 --tokens 1 2 4 8 16 32 64 128 --kernels moe-static moe-generic --json "$OUT/bench-static.json" ;;
+    bench-static-all) step bench-static-all 500 "${BENCH[@]}" --preset qwen3.5-35b gpt-oss-120b nemotron-relu2 --tokens 1 2 4 8 16 32 64 128 --kernels moe-static moe-generic --no-check --json "$OUT/bench-static-all.json" ;;
     profile) step profile 200 python3 tools/profile_generic.py --preset deepseek-v3 --tokens 8192 ;;
     *) echo "unknown step $s" ;;
   esac
