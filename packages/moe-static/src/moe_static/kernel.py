@@ -34,14 +34,20 @@ from moe_common.cute import activation as act
 from moe_common.cute import fragment_mma as fm
 from moe_common.cute import ptx
 
-WARPS = 4
+# 16 warps, one weight group each per stage: the e2m1 decode (~20 integer instructions per 8
+# weights) is most of the issue work at full bandwidth, so the SM needs many warps to hide its
+# latency (4 warps x 4 groups measured 1.1-1.6 TB/s on DeepSeek-V3 at T=1..64).
+WARPS = 16
 THREADS = WARPS * 32
 TILE_K = fm.TILE_K
 SLICE = 128  # intermediate columns per task (= one FC2 K-tile)
-FC2_GROUPS_PER_WARP = 4  # an FC2 stage covers 4 warps x 4 groups x 16 = 256 rows of H
+FC2_GROUPS_PER_WARP = 1  # an FC2 stage covers 16 warps x 1 group x 16 = 256 rows of H
+REDUCE_LANES = 8  # lanes per output quad in the final reduce (each takes every 8th route)
+REDUCE_UNROLL = 8  # slice partials loaded together (independent loads in flight)
 MAX_LOCAL_EXPERTS = 512
 MAX_PAIRS = 4096
 EXPERTS_PER_THREAD = MAX_LOCAL_EXPERTS // THREADS
+SCAN_LEVELS = THREADS.bit_length() - 1
 
 
 @dataclass(frozen=True)
@@ -61,8 +67,12 @@ class StaticConfig:
         return 2 * SLICE // 16 if self.gated else SLICE // 16
 
     @property
-    def mw1(self) -> int:
-        return self.fc1_groups // WARPS
+    def mw1(self) -> int:  # FC1 groups per warp
+        return max(1, self.fc1_groups // WARPS)
+
+    @property
+    def fc1_warps(self) -> int:  # warps with FC1 work (relu2: 8 groups, 8 warps)
+        return self.fc1_groups // self.mw1
 
 
 class StaticMoE:
@@ -76,8 +86,7 @@ class StaticMoE:
         fc2_stage = WARPS * FC2_GROUPS_PER_WARP * self.gtb
         self.stage_bytes = max(fc1_stage, fc2_stage)
         self.b_chunks = cfg.bn * (TILE_K // 8)  # 16-byte pieces of one B stage
-        assert self.b_chunks % THREADS == 0
-        self.b_iters = self.b_chunks // THREADS
+        self.b_iters = -(-self.b_chunks // THREADS)
         # shared memory: ring | intermediate slice | routing tables
         self.inter_off = cfg.stages * self.stage_bytes
         self.route_off = self.inter_off + self.b_bytes
@@ -185,7 +194,7 @@ class StaticMoE:
         ptx.st_shared_u32(s_scan + tid * 4, n_pairs)
         ptx.st_shared_u32(s_scan + (THREADS + tid) * 4, n_act)
         cute.arch.sync_threads()
-        for lvl in cutlass.range_constexpr(7):  # inclusive Hillis-Steele scans over 128 threads
+        for lvl in cutlass.range_constexpr(SCAN_LEVELS):  # inclusive Hillis-Steele scans
             off = 1 << lvl
             da = Int32(0)
             db = Int32(0)
@@ -277,13 +286,14 @@ class StaticMoE:
             ptx.cp_async_commit()
             stage = s_base + (i % cfg.stages) * self.stage_bytes
             if i < n1:
-                self._fc1_step(acc1, stage, b_lane, warp, lane)
-                if i == n1 - 1:
-                    self._fc1_epilogue(acc1, alpha1, b13, e, groups1, sl, warp, r, q, s_inter,
-                                       act_alpha, act_beta, act_limit)
+                if warp < cfg.fc1_warps:
+                    self._fc1_step(acc1, stage, b_lane, warp, lane)
+                    if i == n1 - 1:
+                        self._fc1_epilogue(acc1, alpha1, b13, e, groups1, sl, warp, r, q, s_inter,
+                                           act_alpha, act_beta, act_limit)
             else:
                 gg0 = (i - n1) * (WARPS * FC2_GROUPS_PER_WARP) + warp * FC2_GROUPS_PER_WARP
-                if gg0 < groups2:  # groups2 is a multiple of 8: a warp's 4 groups are all in or out
+                if gg0 < groups2:
                     self._fc2_step(acc2, stage, s_inter + b_lane, warp, lane)
                     self._fc2_store(acc2, part, s_ord, pos0, n, gg0, sl, slices, hidden, r, q)
         ptx.cp_async_wait(0)
@@ -295,11 +305,13 @@ class StaticMoE:
         tok = c // 16
         ch = c % 16
         base = x
-        ok = Int32(0)
-        if tok < n:
-            pair = ptx.ld_shared_u32(s_ord + (pos0 + tok) * 4)
-            base = x + (Int64(pair // top_k) * Int64(x_stride) + Int64(ch * 8)) * 2
-            ok = Int32(1)
+        ok = Int32(-1)  # -1: no piece; 0: zero-fill (row past the chunk); 1: copy
+        if c < self.b_chunks:
+            ok = Int32(0)
+            if tok < n:
+                pair = ptx.ld_shared_u32(s_ord + (pos0 + tok) * 4)
+                base = x + (Int64(pair // top_k) * Int64(x_stride) + Int64(ch * 8)) * 2
+                ok = Int32(1)
         return base, tok * fm.B_ROW_BYTES + ch * 16, ch, ok
 
     @cute.jit
@@ -335,21 +347,23 @@ class StaticMoE:
         sbpr = fm.scale_bytes_per_row(cfg.weight_format)
         for it in cutlass.range_constexpr(self.b_iters):
             self._copy_row_piece(sources[it], kt, stage, x, hidden)
-        for g in cutlass.range_constexpr(cfg.mw1):
-            dst = stage + self.b_bytes + (warp * cfg.mw1 + g) * self.gtb
-            self._copy_group(dst, w1_warp + Int64(g) * w1_gstride + Int64(kt) * 1024,
-                             s1_warp + Int64(g) * s1_gstride + Int64(kt) * (16 * sbpr), lane)
+        if warp < cfg.fc1_warps:
+            for g in cutlass.range_constexpr(cfg.mw1):
+                dst = stage + self.b_bytes + (warp * cfg.mw1 + g) * self.gtb
+                self._copy_group(dst, w1_warp + Int64(g) * w1_gstride + Int64(kt) * 1024,
+                                 s1_warp + Int64(g) * s1_gstride + Int64(kt) * (16 * sbpr), lane)
 
     @cute.jit
     def _copy_row_piece(self, source, kt, stage, x, hidden):
         base, dst, ch, ok = source
-        nbytes = Int32(0)
-        gaddr = x  # a valid address when nothing is read (zero-fill)
-        if ok != Int32(0):
-            if kt * TILE_K + ch * 8 < hidden:
-                gaddr = base + Int64(kt) * (TILE_K * 2)
-                nbytes = Int32(16)
-        ptx.cp_async_16_zfill(stage + dst, gaddr, nbytes)
+        if ok >= Int32(0):  # -1: this thread has no piece (THREADS > pieces per stage)
+            nbytes = Int32(0)
+            gaddr = x  # a valid address when nothing is read (zero-fill)
+            if ok > Int32(0):
+                if kt * TILE_K + ch * 8 < hidden:
+                    gaddr = base + Int64(kt) * (TILE_K * 2)
+                    nbytes = Int32(16)
+            ptx.cp_async_16_zfill(stage + dst, gaddr, nbytes)
 
     @cute.jit
     def _issue_fc2(self, j, stage, lane, warp, w2_e, s2_e, w2_gstride, s2_gstride, groups2):
@@ -415,28 +429,50 @@ class StaticMoE:
     @cute.jit
     def _reduce(self, ids, route_w, alpha2, b2, part, out, tokens, top_k, expert_offset, experts,
                 hidden, groups2, slices, bid, grid, tid):
+        """out[t, h0:h0+4] by REDUCE_LANES lanes: lane u sums routes j = u, u + 8, .. (each
+        route's slice partials loaded REDUCE_UNROLL at a time, so the L2 round trips overlap),
+        then a butterfly over the lanes. Every order is fixed: bitwise deterministic."""
         quads = hidden // 4
         items = tokens * quads
-        for i in cutlass.range(bid * THREADS + tid, items, grid * THREADS, unroll=1):
-            t = i // quads
-            h0 = (i - t * quads) * 4
+        lane = tid % 32
+        sub = lane % REDUCE_LANES
+        mask = Int32(((1 << REDUCE_LANES) - 1)) << (lane - sub)
+        per_cta = THREADS // REDUCE_LANES
+        for it in cutlass.range(bid * per_cta + tid // REDUCE_LANES, items, grid * per_cta,
+                                unroll=1):
+            t = it // quads
+            h0 = (it - t * quads) * 4
             acc = cute.make_rmem_tensor(cute.make_layout(4), Float32)
             acc.fill(0.0)
-            for j in cutlass.range(top_k, unroll=1):
+            for j in cutlass.range(sub, top_k, REDUCE_LANES, unroll=1):
                 pair = t * top_k + j
                 e = self._local_expert(ids, pair, expert_offset)
                 if cutlass.Uint32(e) < cutlass.Uint32(experts):
-                    v = cute.make_rmem_tensor(cute.make_layout(4), Float32)
-                    v.fill(0.0)
-                    src = part + (Int64(pair * slices) * Int64(hidden) + Int64(h0)) * 4
-                    for s in cutlass.range(slices, unroll=1):
-                        d = ptx.ld_cg_v4(src + Int64(s) * Int64(hidden) * 4)
-                        for c in cutlass.range_constexpr(4):
-                            v[c] = v[c] + ptx.f32_bits(d[c])
-                    w = ptx.ld_nc_f32(route_w + Int64(pair) * 4)
-                    gs = ptx.ld_nc_f32(alpha2 + Int64(e) * 4)
-                    bb = ptx.ld_nc_v4(b2 + (Int64(e) * Int64(groups2 * 16) + Int64(h0)) * 4)
+                    self._route_sum(acc, pair, e, h0, part, route_w, alpha2, b2, hidden,
+                                    groups2, slices)
+            for m in cutlass.range_constexpr(REDUCE_LANES.bit_length() - 1):
+                for c in cutlass.range_constexpr(4):
+                    acc[c] = acc[c] + ptx.shfl_bfly_f32(acc[c], 1 << m, mask)
+            if sub == 0:
+                ptx.st_v2(out + (Int64(t) * Int64(hidden) + Int64(h0)) * 2,
+                          ptx.bf16x2_from_f32(acc[0], acc[1]), ptx.bf16x2_from_f32(acc[2], acc[3]))
+
+    @cute.jit
+    def _route_sum(self, acc, pair, e, h0, part, route_w, alpha2, b2, hidden, groups2, slices):
+        """acc += w[pair] * (alpha2[e] * sum_s part[pair, s, h0:h0+4] + b2[e, h0:h0+4])."""
+        v = cute.make_rmem_tensor(cute.make_layout(4), Float32)
+        v.fill(0.0)
+        src = part + (Int64(pair * slices) * Int64(hidden) + Int64(h0)) * 4
+        step = Int64(hidden) * 4
+        for s0 in cutlass.range(0, slices, REDUCE_UNROLL, unroll=1):
+            d = [ptx.ld_cg_v4(src + Int64(cutlass.min(s0 + u, slices - 1)) * step)
+                 for u in range(REDUCE_UNROLL)]
+            for u in cutlass.range_constexpr(REDUCE_UNROLL):
+                if s0 + u < slices:
                     for c in cutlass.range_constexpr(4):
-                        acc[c] = acc[c] + w * (v[c] * gs + ptx.f32_bits(bb[c]))
-            ptx.st_v2(out + (Int64(t) * Int64(hidden) + Int64(h0)) * 2,
-                      ptx.bf16x2_from_f32(acc[0], acc[1]), ptx.bf16x2_from_f32(acc[2], acc[3]))
+                        v[c] = v[c] + ptx.f32_bits(d[u][c])
+        w = ptx.ld_nc_f32(route_w + Int64(pair) * 4)
+        gs = ptx.ld_nc_f32(alpha2 + Int64(e) * 4)
+        bb = ptx.ld_nc_v4(b2 + (Int64(e) * Int64(groups2 * 16) + Int64(h0)) * 4)
+        for c in cutlass.range_constexpr(4):
+            acc[c] = acc[c] + w * (v[c] * gs + ptx.f32_bits(bb[c]))

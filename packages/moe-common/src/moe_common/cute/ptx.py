@@ -319,3 +319,11 @@ def grid_barrier_arrive_wait(state, last, *, loc=None, ip=None):
           "DONE_${:uid}:\n"
           "fence.acq_rel.gpu;\n"
           "}", "l,r")
+
+
+@dsl_user_op
+def shfl_bfly_f32(v, lane_mask, member_mask, *, loc=None, ip=None) -> Float32:
+    """v of lane (lane ^ lane_mask) among the lanes in member_mask (shfl.sync.bfly)."""
+    return Float32(_asm(T.f32(), [Float32(v).ir_value(loc=loc, ip=ip), _i32(lane_mask, loc, ip),
+                                  _i32(member_mask, loc, ip)],
+                        "shfl.sync.bfly.b32 $0, $1, $2, 0x1f, $3;", "=f,f,r,r", side_effects=True))
