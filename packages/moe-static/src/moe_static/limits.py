@@ -9,7 +9,7 @@ from moe_common.types import PRIORITY_GENERIC, PRIORITY_STATIC
 
 KERNEL_NAME = "moe-static"
 MAX_LOCAL_EXPERTS = 512  # shared-memory routing tables (kernel.MAX_LOCAL_EXPERTS)
-MAX_PAIRS = 4096  # routed pairs T * top_k held in shared memory (kernel.MAX_PAIRS)
+MAX_PAIRS = 2048  # routed pairs T * top_k held in shared memory (kernel.MAX_PAIRS)
 DIM_MULTIPLE = 32
 # Routed pairs (T * top_k) up to which moe-static bids above the other kernels. Beyond it the
 # per-slice fp32 partials (P x I/128 x H x 4 bytes) and the one-CTA-per-task schedule lose to the
