@@ -25,6 +25,10 @@ for s in "$@"; do
     sanitize-generic) step sanitize-generic 200 compute-sanitizer --tool memcheck --report-api-errors no python3 tools/gpu_check.py --sanitize ;;
     bench-static) step bench-static 400 "${BENCH[@]}" --preset qwen3-30b-a3b deepseek-v3 --tokens 1 2 4 8 16 32 64 128 --kernels moe-static moe-generic --json "$OUT/bench-static.json" ;;
     bench-static-all) step bench-static-all 500 "${BENCH[@]}" --preset qwen3.5-35b gpt-oss-120b nemotron-relu2 --tokens 1 2 4 8 16 32 64 128 --kernels moe-static moe-generic --no-check --json "$OUT/bench-static-all.json" ;;
+    static-variants)
+      for v in "MOE_STATIC_WARPS=16" "MOE_STATIC_WARPS=8" "MOE_STATIC_SKIP_TASKS=1"; do
+        step "variant-${v//=/-}" 200 env $v "${BENCH[@]}" --preset qwen3-30b-a3b deepseek-v3 --tokens 1 8 64 --kernels moe-static --no-check
+      done ;;
     profile) step profile 200 python3 tools/profile_generic.py --preset deepseek-v3 --tokens 8192 ;;
     *) echo "unknown step $s" ;;
   esac

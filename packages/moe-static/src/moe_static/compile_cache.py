@@ -1,6 +1,8 @@
 """moe-static's compiled kernels, keyed by their static facts (see moe_common.cute.jit)."""
 from __future__ import annotations
 
+import os
+
 from moe_common.cute import jit
 
 from .kernel import StaticConfig, StaticMoE
@@ -9,8 +11,15 @@ FORMATS = ("nvfp4", "mxfp4")
 ACTIVATIONS = ("silu", "gelu_tanh", "swigluoai", "relu2")
 
 
+# Consumer warps per CTA (development knob for measuring; the default is the measured best).
+CONSUMER_WARPS = int(os.environ.get("MOE_STATIC_WARPS", "16"))
+# MOE_STATIC_SKIP_TASKS=1 times routing + grid barrier + reduce alone (wrong output: timing only)
+RUN_TASKS = os.environ.get("MOE_STATIC_SKIP_TASKS", "0") != "1"
+
+
 def config(weight_format: str, activation: str, ids_bytes: int = 4) -> StaticConfig:
-    return StaticConfig(weight_format=weight_format, activation=activation, ids_bytes=ids_bytes)
+    return StaticConfig(weight_format=weight_format, activation=activation, ids_bytes=ids_bytes,
+                        consumer_warps=CONSUMER_WARPS, run_tasks=RUN_TASKS)
 
 
 def compile_config(cfg: StaticConfig):

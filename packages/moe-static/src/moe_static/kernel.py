@@ -38,20 +38,17 @@ from moe_common.cute import activation as act
 from moe_common.cute import fragment_mma as fm
 from moe_common.cute import ptx
 
-CONSUMER_WARPS = 8
-PRODUCER_WARP = CONSUMER_WARPS  # the last warp issues every bulk copy
-THREADS = (CONSUMER_WARPS + 1) * 32
-CONSUMER_THREADS = CONSUMER_WARPS * 32
 TILE_K = fm.TILE_K
 SLICE = 128  # intermediate columns per task (= one FC2 K-tile)
-STAGE_GROUPS = 16  # weight groups (16 rows x 128 K each) per ring slot: 2 per consumer warp
+STAGE_GROUPS = 16  # weight groups (16 rows x 128 K each) per ring slot: 1 per consumer warp
+# Independent accumulator sets per warp (slab s adds into set s % split): a warp holds one group
+# and <= 16 tokens, so without them its 8 MMAs per K-tile form one dependent chain (~8 x 33
+# cycles), and that chain, not memory, set the pace (1.4-1.5 TB/s at DeepSeek-V3 T=1..128).
+CHAINS = 4  # independent MMA chains per warp and token block (groups x accumulator sets)
 REDUCE_LANES = 8  # lanes per output quad in the final reduce (each takes every 8th route)
 REDUCE_UNROLL = 8  # slice partials loaded together (independent loads in flight)
 MAX_LOCAL_EXPERTS = 512
 MAX_PAIRS = 2048
-ROUTE_THREADS = 256  # the consumer threads build the routing tables
-EXPERTS_PER_THREAD = MAX_LOCAL_EXPERTS // ROUTE_THREADS
-SCAN_LEVELS = ROUTE_THREADS.bit_length() - 1
 
 
 @dataclass(frozen=True)
@@ -61,6 +58,9 @@ class StaticConfig:
     ids_bytes: int = 4  # topk_ids int32 or int64
     bn: int = 16  # tokens per chunk (multiple of 8, at most 32: one producer lane per row)
     stages: int = 7  # ring slots of ~25 KiB: ~150 KiB of weights in flight per SM
+    # consumer warps (+ 1 producer warp); STAGE_GROUPS / consumer_warps groups each per slot
+    consumer_warps: int = 16
+    run_tasks: bool = True  # False: routing, barrier and reduce only (timing the fixed cost)
 
     @property
     def gated(self) -> bool:
@@ -72,7 +72,7 @@ class StaticConfig:
 
     @property
     def mw1(self) -> int:  # FC1 groups per consumer warp
-        return max(1, self.fc1_groups // CONSUMER_WARPS)
+        return max(1, self.fc1_groups // self.consumer_warps)
 
     @property
     def fc1_warps(self) -> int:  # consumer warps with FC1 work
@@ -84,7 +84,16 @@ class StaticMoE:
         assert cfg.bn % 8 == 0 and cfg.bn <= 32
         self.cfg = cfg
         self.nb = cfg.bn // 8
-        self.mw2 = STAGE_GROUPS // CONSUMER_WARPS
+        self.cw = cfg.consumer_warps
+        assert STAGE_GROUPS % self.cw == 0
+        self.producer_warp = self.cw  # the last warp issues every bulk copy
+        self.threads = (self.cw + 1) * 32
+        self.route_threads = self.cw * 32  # the consumer threads build the routing tables
+        self.experts_per_thread = MAX_LOCAL_EXPERTS // self.route_threads
+        self.scan_levels = self.route_threads.bit_length() - 1
+        self.mw2 = STAGE_GROUPS // self.cw
+        self.split1 = max(1, CHAINS // cfg.mw1)
+        self.split2 = max(1, CHAINS // self.mw2)
         self.sbpr = fm.scale_bytes_per_row(cfg.weight_format)
         self.gtb = fm.group_tile_bytes(cfg.weight_format)
         self.b_bytes = cfg.bn * fm.B_ROW_BYTES
@@ -93,7 +102,7 @@ class StaticMoE:
         self.inter_off = cfg.stages * self.stage_bytes
         self.mbar_off = self.inter_off + self.b_bytes
         self.route_off = self.mbar_off + 2 * cfg.stages * 8
-        self.route_bytes = (4 * MAX_LOCAL_EXPERTS + MAX_PAIRS + 2 * ROUTE_THREADS + 4) * 4
+        self.route_bytes = (4 * MAX_LOCAL_EXPERTS + MAX_PAIRS + 2 * self.route_threads + 4) * 4
         self.smem_bytes = self.route_off + self.route_bytes
 
 
@@ -114,7 +123,7 @@ class StaticMoE:
             w13, s13, alpha1, b13, w2, s2, alpha2, b2, ids, route_w, x, x_stride,
             tokens, top_k, expert_offset, experts, hidden, k_tiles1, groups1, groups2, slices,
             part, out, barrier, act_alpha, act_beta, act_limit,
-        ).launch(grid=[grid, 1, 1], block=[THREADS, 1, 1], smem=self.smem_bytes, stream=stream,
+        ).launch(grid=[grid, 1, 1], block=[self.threads, 1, 1], smem=self.smem_bytes, stream=stream,
                  cooperative=True)
 
     # ------------------------------------------------------------------ device
@@ -141,14 +150,14 @@ class StaticMoE:
         s_cur = s_off + MAX_LOCAL_EXPERTS * 4     # [E] position cursor
         s_act = s_cur + MAX_LOCAL_EXPERTS * 4     # [n_act] active experts, ascending
         s_ord = s_act + MAX_LOCAL_EXPERTS * 4     # [P] pair indices grouped by expert
-        s_scan = s_ord + MAX_PAIRS * 4            # [2][ROUTE_THREADS] scan scratch
-        s_nact = s_scan + 2 * ROUTE_THREADS * 4   # number of active experts
+        s_scan = s_ord + MAX_PAIRS * 4            # [2][self.route_threads] scan scratch
+        s_nact = s_scan + 2 * self.route_threads * 4   # number of active experts
         s_full = s_base + self.mbar_off           # [stages] mbarriers: slot filled
         s_empty = s_full + cfg.stages * 8         # [stages] mbarriers: slot released
         if tid == 0:
             for st in cutlass.range_constexpr(cfg.stages):
                 ptx.mbarrier_init(s_full + st * 8, 1)
-                ptx.mbarrier_init(s_empty + st * 8, CONSUMER_WARPS)
+                ptx.mbarrier_init(s_empty + st * 8, self.cw)
             ptx.fence_mbarrier_init()
         pairs = tokens * top_k
 
@@ -160,6 +169,8 @@ class StaticMoE:
         warp = tid // 32
         lane = tid % 32
         g = Int32(0)  # ring items so far (slot = g % stages, phase = (g // stages) & 1)
+        if cutlass.const_expr(not cfg.run_tasks):
+            n_tasks = Int32(0)
         for task in cutlass.range(bid, n_tasks, grid, unroll=1):
             a = task // slices
             sl = task - a * slices
@@ -168,7 +179,7 @@ class StaticMoE:
             first = ptx.ld_shared_u32(s_off + e * 4)
             for c0 in cutlass.range(0, cnt, cfg.bn, unroll=1):
                 n = cutlass.min(cnt - c0, cfg.bn)
-                if warp == PRODUCER_WARP:
+                if warp == self.producer_warp:
                     self._produce(g, n1, n2, lane, w13, s13, w2, s2, x, x_stride, top_k, hidden,
                                   groups1, groups2, slices, s_base, s_full, s_empty, s_ord,
                                   e, sl, first + c0, n)
@@ -198,45 +209,45 @@ class StaticMoE:
     @cute.jit
     def _route(self, ids, pairs, expert_offset, experts, tid, s_cnt, s_off, s_cur, s_act, s_ord,
                s_scan, s_nact):
-        rt = tid < ROUTE_THREADS
+        rt = tid < self.route_threads
         if rt:
-            for i in cutlass.range_constexpr(EXPERTS_PER_THREAD):
-                ptx.st_shared_u32(s_cnt + (tid + i * ROUTE_THREADS) * 4, 0)
+            for i in cutlass.range_constexpr(self.experts_per_thread):
+                ptx.st_shared_u32(s_cnt + (tid + i * self.route_threads) * 4, 0)
         cute.arch.sync_threads()
-        for p in cutlass.range(tid, pairs, THREADS, unroll=1):
+        for p in cutlass.range(tid, pairs, self.threads, unroll=1):
             e = self._local_expert(ids, p, expert_offset)
             if cutlass.Uint32(e) < cutlass.Uint32(experts):
                 ptx.atom_add_shared(s_cnt + e * 4, 1)
         cute.arch.sync_threads()
         # route thread tid owns experts [tid * EPT, tid * EPT + EPT): pair and active totals
-        e0 = tid * EXPERTS_PER_THREAD
+        e0 = tid * self.experts_per_thread
         n_pairs = Int32(0)
         n_act = Int32(0)
         if rt:
-            for i in cutlass.range_constexpr(EXPERTS_PER_THREAD):
+            for i in cutlass.range_constexpr(self.experts_per_thread):
                 c = ptx.ld_shared_u32(s_cnt + (e0 + i) * 4)
                 n_pairs = n_pairs + c
                 n_act = n_act + cutlass.min(c, 1)
             ptx.st_shared_u32(s_scan + tid * 4, n_pairs)
-            ptx.st_shared_u32(s_scan + (ROUTE_THREADS + tid) * 4, n_act)
+            ptx.st_shared_u32(s_scan + (self.route_threads + tid) * 4, n_act)
         cute.arch.sync_threads()
-        for lvl in cutlass.range_constexpr(SCAN_LEVELS):  # inclusive Hillis-Steele scans
+        for lvl in cutlass.range_constexpr(self.scan_levels):  # inclusive Hillis-Steele scans
             off = 1 << lvl
             da = Int32(0)
             db = Int32(0)
             if rt and tid >= off:
                 da = ptx.ld_shared_u32(s_scan + (tid - off) * 4)
-                db = ptx.ld_shared_u32(s_scan + (ROUTE_THREADS + tid - off) * 4)
+                db = ptx.ld_shared_u32(s_scan + (self.route_threads + tid - off) * 4)
             cute.arch.sync_threads()
             if rt and tid >= off:
                 ptx.st_shared_u32(s_scan + tid * 4, ptx.ld_shared_u32(s_scan + tid * 4) + da)
-                ptx.st_shared_u32(s_scan + (ROUTE_THREADS + tid) * 4,
-                                  ptx.ld_shared_u32(s_scan + (ROUTE_THREADS + tid) * 4) + db)
+                ptx.st_shared_u32(s_scan + (self.route_threads + tid) * 4,
+                                  ptx.ld_shared_u32(s_scan + (self.route_threads + tid) * 4) + db)
             cute.arch.sync_threads()
         if rt:
             pos = ptx.ld_shared_u32(s_scan + tid * 4) - n_pairs
-            slot = ptx.ld_shared_u32(s_scan + (ROUTE_THREADS + tid) * 4) - n_act
-            for i in cutlass.range_constexpr(EXPERTS_PER_THREAD):
+            slot = ptx.ld_shared_u32(s_scan + (self.route_threads + tid) * 4) - n_act
+            for i in cutlass.range_constexpr(self.experts_per_thread):
                 e = e0 + i
                 c = ptx.ld_shared_u32(s_cnt + e * 4)
                 ptx.st_shared_u32(s_off + e * 4, pos)
@@ -245,10 +256,10 @@ class StaticMoE:
                     ptx.st_shared_u32(s_act + slot * 4, e)
                     slot = slot + 1
                 pos = pos + c
-            if tid == ROUTE_THREADS - 1:
+            if tid == self.route_threads - 1:
                 ptx.st_shared_u32(s_nact, slot)
         cute.arch.sync_threads()
-        for p in cutlass.range(tid, pairs, THREADS, unroll=1):
+        for p in cutlass.range(tid, pairs, self.threads, unroll=1):
             e = self._local_expert(ids, p, expert_offset)
             if cutlass.Uint32(e) < cutlass.Uint32(experts):
                 at = ptx.atom_add_shared(s_cur + e * 4, 1)
@@ -315,9 +326,9 @@ class StaticMoE:
         cfg = self.cfg
         r = lane // 4
         q = lane % 4
-        acc1 = cute.make_rmem_tensor(cute.make_layout((cfg.mw1, self.nb, 4)), Float32)
+        acc1 = cute.make_rmem_tensor(cute.make_layout((self.split1 * cfg.mw1, self.nb, 4)), Float32)
         acc1.fill(0.0)
-        acc2 = cute.make_rmem_tensor(cute.make_layout((self.mw2, self.nb, 4)), Float32)
+        acc2 = cute.make_rmem_tensor(cute.make_layout((self.split2 * self.mw2, self.nb, 4)), Float32)
         b_lane = fm.ldmatrix_lane_offset(lane)
         s_inter = s_base + self.inter_off
         for i in cutlass.range(n1 + n2, unroll=1):
@@ -330,11 +341,12 @@ class StaticMoE:
                     self._fc1_step(acc1, stage, b_lane, warp, lane)
                 if i == n1 - 1:
                     # the previous chunk's FC2 readers are done with s_inter before it is rewritten
-                    ptx.named_barrier_sync(1, CONSUMER_THREADS)
+                    ptx.named_barrier_sync(1, self.route_threads)
                     if warp < cfg.fc1_warps:
+                        fm.sum_split(acc1, cfg.mw1, self.nb, self.split1)
                         self._fc1_epilogue(acc1, alpha1, b13, e, groups1, sl, warp, r, q, s_inter,
                                            act_alpha, act_beta, act_limit)
-                    ptx.named_barrier_sync(1, CONSUMER_THREADS)  # the slice is complete
+                    ptx.named_barrier_sync(1, self.route_threads)  # the slice is complete
             else:
                 gg0 = (i - n1) * STAGE_GROUPS + warp * self.mw2
                 if gg0 < groups2:  # groups2 is a multiple of 8: a warp's groups are all in or out
@@ -349,7 +361,7 @@ class StaticMoE:
         cfg = self.cfg
         words = [fm.load_group_words(stage + self.b_bytes + (warp * cfg.mw1 + g) * self.gtb,
                                      lane, cfg.weight_format) for g in range(cfg.mw1)]
-        fm.mma_ktile(acc1, words, stage + b_lane, self.nb, cfg.weight_format)
+        fm.mma_ktile(acc1, words, stage + b_lane, self.nb, cfg.weight_format, split=self.split1)
 
     @cute.jit
     def _fc2_step(self, acc2, stage, b_addr, warp, lane):
@@ -357,7 +369,8 @@ class StaticMoE:
         acc2.fill(0.0)
         words = [fm.load_group_words(stage + self.b_bytes + (warp * self.mw2 + g) * self.gtb,
                                      lane, cfg.weight_format) for g in range(self.mw2)]
-        fm.mma_ktile(acc2, words, b_addr, self.nb, cfg.weight_format)
+        fm.mma_ktile(acc2, words, b_addr, self.nb, cfg.weight_format, split=self.split2)
+        fm.sum_split(acc2, self.mw2, self.nb, self.split2)
 
     @cute.jit
     def _fc1_epilogue(self, acc1, alpha1, b13, e, groups1, sl, warp, r, q, s_inter,
@@ -413,7 +426,7 @@ class StaticMoE:
         lane = tid % 32
         sub = lane % REDUCE_LANES
         mask = Int32(((1 << REDUCE_LANES) - 1)) << (lane - sub)
-        per_cta = THREADS // REDUCE_LANES
+        per_cta = self.threads // REDUCE_LANES
         for it in cutlass.range(bid * per_cta + tid // REDUCE_LANES, items, grid * per_cta,
                                 unroll=1):
             t = it // quads
