@@ -29,6 +29,7 @@ for s in "$@"; do
       for v in "MOE_STATIC_WARPS=16" "MOE_STATIC_WARPS=8" "MOE_STATIC_SKIP_TASKS=1"; do
         step "variant-${v//=/-}" 200 env $v "${BENCH[@]}" --preset qwen3-30b-a3b deepseek-v3 --tokens 1 8 64 --kernels moe-static --no-check
       done ;;
+    ncu-static) step ncu-static 300 ncu --clock-control none --kernel-name regex:StaticMoE --launch-skip 1 -c 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section Occupancy python3 tools/profile_static.py ;;
     profile) step profile 200 python3 tools/profile_generic.py --preset deepseek-v3 --tokens 8192 ;;
     *) echo "unknown step $s" ;;
   esac
