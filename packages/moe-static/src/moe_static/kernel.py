@@ -14,12 +14,8 @@ read once, and the FLOPs are negligible. One launch does it all:
        [tokens, 128] in shared memory (it never leaves the SM);
      - FC2 columns s of w2 (one 128-deep K-tile of every H row) against that slice, giving the
        slice's partial FC2 sums part[pair, s, :] (fp32, unscaled) in a global workspace.
-   One producer warp streams FC1 K-tiles and then FC2 row stages through a ring of STAGES
-   shared-memory slots with bulk copies (cp.async.bulk, completion on an mbarrier per slot), so
-   FC2's weights are already in flight while FC1 finishes; 8 consumer warps decode and multiply
-   and release each slot on a second mbarrier. No CTA-wide barrier in the stream: a warp waits
-   only for its data (the kernel is memory-bound and decode-heavy; a __syncthreads per stage
-   measured 1.8-2.0 TB/s at DeepSeek-V3 T=1..64).
+   FC1 K-tiles and FC2 row stages run through one cp.async ring, so FC2's weights are already
+   in flight while FC1 finishes (the kernel is memory-bound: nothing may wait on a bubble).
    An expert with more than BN tokens is done in chunks of BN (weights re-read, from L2).
 3. Grid barrier (cooperative launch: every CTA is resident), then every CTA reduces a share of
    out[t, h] = bf16( sum_j w[t, j] * (alpha2[e] * sum_s part[t*k+j, s, h] + b2[e, h]) ) in a
@@ -38,17 +34,20 @@ from moe_common.cute import activation as act
 from moe_common.cute import fragment_mma as fm
 from moe_common.cute import ptx
 
+# 16 warps, one weight group each per stage: the e2m1 decode (~20 integer instructions per 8
+# weights) is most of the issue work at full bandwidth, so the SM needs many warps to hide its
+# latency (4 warps x 4 groups measured 1.1-1.6 TB/s on DeepSeek-V3 at T=1..64).
+WARPS = 16
+THREADS = WARPS * 32
 TILE_K = fm.TILE_K
 SLICE = 128  # intermediate columns per task (= one FC2 K-tile)
-STAGE_GROUPS = 16  # weight groups (16 rows x 128 K each) per ring slot: 1 per consumer warp
-# Independent accumulator sets per warp (slab s adds into set s % split): a warp holds one group
-# and <= 16 tokens, so without them its 8 MMAs per K-tile form one dependent chain (~8 x 33
-# cycles), and that chain, not memory, set the pace (1.4-1.5 TB/s at DeepSeek-V3 T=1..128).
-CHAINS = 4  # independent MMA chains per warp and token block (groups x accumulator sets)
+FC2_GROUPS_PER_WARP = 1  # an FC2 stage covers 16 warps x 1 group x 16 = 256 rows of H
 REDUCE_LANES = 8  # lanes per output quad in the final reduce (each takes every 8th route)
 REDUCE_UNROLL = 8  # slice partials loaded together (independent loads in flight)
 MAX_LOCAL_EXPERTS = 512
 MAX_PAIRS = 2048
+EXPERTS_PER_THREAD = MAX_LOCAL_EXPERTS // THREADS
+SCAN_LEVELS = THREADS.bit_length() - 1
 
 
 @dataclass(frozen=True)
@@ -56,10 +55,10 @@ class StaticConfig:
     weight_format: str  # "nvfp4" | "mxfp4"
     activation: str  # silu | gelu_tanh | swigluoai | relu2
     ids_bytes: int = 4  # topk_ids int32 or int64
-    bn: int = 16  # tokens per chunk (multiple of 8, at most 32: one producer lane per row)
-    stages: int = 7  # ring slots of ~25 KiB: ~150 KiB of weights in flight per SM
-    # consumer warps (+ 1 producer warp); STAGE_GROUPS / consumer_warps groups each per slot
-    consumer_warps: int = 16
+    bn: int = 16  # tokens per chunk (multiple of 8)
+    stages: int = 6  # cp.async ring depth: ~5 stages x 25 KiB of weights in flight per SM
+    # CTAs per SM (2: 3 stages each and at most 64 registers per thread, so two fit)
+    ctas_per_sm: int = 1
     run_tasks: bool = True  # False: routing, barrier and reduce only (timing the fixed cost)
 
     @property
@@ -71,11 +70,11 @@ class StaticConfig:
         return 2 * SLICE // 16 if self.gated else SLICE // 16
 
     @property
-    def mw1(self) -> int:  # FC1 groups per consumer warp
-        return max(1, self.fc1_groups // self.consumer_warps)
+    def mw1(self) -> int:  # FC1 groups per warp
+        return max(1, self.fc1_groups // WARPS)
 
     @property
-    def fc1_warps(self) -> int:  # consumer warps with FC1 work
+    def fc1_warps(self) -> int:  # warps with FC1 work (relu2: 8 groups, 8 warps)
         return self.fc1_groups // self.mw1
 
 
@@ -84,27 +83,18 @@ class StaticMoE:
         assert cfg.bn % 8 == 0 and cfg.bn <= 32
         self.cfg = cfg
         self.nb = cfg.bn // 8
-        self.cw = cfg.consumer_warps
-        assert STAGE_GROUPS % self.cw == 0
-        self.producer_warp = self.cw  # the last warp issues every bulk copy
-        self.threads = (self.cw + 1) * 32
-        self.route_threads = self.cw * 32  # the consumer threads build the routing tables
-        self.experts_per_thread = MAX_LOCAL_EXPERTS // self.route_threads
-        self.scan_levels = self.route_threads.bit_length() - 1
-        self.mw2 = STAGE_GROUPS // self.cw
-        self.split1 = max(1, CHAINS // cfg.mw1)
-        self.split2 = max(1, CHAINS // self.mw2)
-        self.sbpr = fm.scale_bytes_per_row(cfg.weight_format)
         self.gtb = fm.group_tile_bytes(cfg.weight_format)
         self.b_bytes = cfg.bn * fm.B_ROW_BYTES
-        self.stage_bytes = self.b_bytes + STAGE_GROUPS * self.gtb
-        # shared memory: ring | intermediate slice | mbarriers | routing tables
+        fc1_stage = self.b_bytes + cfg.fc1_groups * self.gtb
+        fc2_stage = WARPS * FC2_GROUPS_PER_WARP * self.gtb
+        self.stage_bytes = max(fc1_stage, fc2_stage)
+        self.b_chunks = cfg.bn * (TILE_K // 8)  # 16-byte pieces of one B stage
+        self.b_iters = -(-self.b_chunks // THREADS)
+        # shared memory: ring | intermediate slice | routing tables
         self.inter_off = cfg.stages * self.stage_bytes
-        self.mbar_off = self.inter_off + self.b_bytes
-        self.route_off = self.mbar_off + 2 * cfg.stages * 8
-        self.route_bytes = (4 * MAX_LOCAL_EXPERTS + MAX_PAIRS + 2 * self.route_threads + 4) * 4
+        self.route_off = self.inter_off + self.b_bytes
+        self.route_bytes = (4 * MAX_LOCAL_EXPERTS + MAX_PAIRS + 2 * THREADS + 4) * 4
         self.smem_bytes = self.route_off + self.route_bytes
-
 
     # ------------------------------------------------------------------ host entry
     @cute.jit
@@ -123,8 +113,9 @@ class StaticMoE:
             w13, s13, alpha1, b13, w2, s2, alpha2, b2, ids, route_w, x, x_stride,
             tokens, top_k, expert_offset, experts, hidden, k_tiles1, groups1, groups2, slices,
             part, out, barrier, act_alpha, act_beta, act_limit,
-        ).launch(grid=[grid, 1, 1], block=[self.threads, 1, 1], smem=self.smem_bytes, stream=stream,
-                 cooperative=True)
+        ).launch(grid=[grid, 1, 1], block=[THREADS, 1, 1], smem=self.smem_bytes, stream=stream,
+                 cooperative=True, min_blocks_per_mp=self.cfg.ctas_per_sm,
+                 preferred_smem_carveout=100)
 
     # ------------------------------------------------------------------ device
     @cute.kernel
@@ -150,25 +141,13 @@ class StaticMoE:
         s_cur = s_off + MAX_LOCAL_EXPERTS * 4     # [E] position cursor
         s_act = s_cur + MAX_LOCAL_EXPERTS * 4     # [n_act] active experts, ascending
         s_ord = s_act + MAX_LOCAL_EXPERTS * 4     # [P] pair indices grouped by expert
-        s_scan = s_ord + MAX_PAIRS * 4            # [2][self.route_threads] scan scratch
-        s_nact = s_scan + 2 * self.route_threads * 4   # number of active experts
-        s_full = s_base + self.mbar_off           # [stages] mbarriers: slot filled
-        s_empty = s_full + cfg.stages * 8         # [stages] mbarriers: slot released
-        if tid == 0:
-            for st in cutlass.range_constexpr(cfg.stages):
-                ptx.mbarrier_init(s_full + st * 8, 1)
-                ptx.mbarrier_init(s_empty + st * 8, self.cw)
-            ptx.fence_mbarrier_init()
+        s_scan = s_ord + MAX_PAIRS * 4            # [2][THREADS] scan scratch
+        s_nact = s_scan + 2 * THREADS * 4         # number of active experts
         pairs = tokens * top_k
 
         self._route(ids, pairs, expert_offset, experts, tid, s_cnt, s_off, s_cur, s_act, s_ord,
                     s_scan, s_nact)
         n_tasks = ptx.ld_shared_u32(s_nact) * slices
-        n1 = k_tiles1
-        n2 = (groups2 + STAGE_GROUPS - 1) // STAGE_GROUPS
-        warp = tid // 32
-        lane = tid % 32
-        g = Int32(0)  # ring items so far (slot = g % stages, phase = (g // stages) & 1)
         if cutlass.const_expr(not cfg.run_tasks):
             n_tasks = Int32(0)
         for task in cutlass.range(bid, n_tasks, grid, unroll=1):
@@ -178,16 +157,9 @@ class StaticMoE:
             cnt = ptx.ld_shared_u32(s_cnt + e * 4)
             first = ptx.ld_shared_u32(s_off + e * 4)
             for c0 in cutlass.range(0, cnt, cfg.bn, unroll=1):
-                n = cutlass.min(cnt - c0, cfg.bn)
-                if warp == self.producer_warp:
-                    self._produce(g, n1, n2, lane, w13, s13, w2, s2, x, x_stride, top_k, hidden,
-                                  groups1, groups2, slices, s_base, s_full, s_empty, s_ord,
-                                  e, sl, first + c0, n)
-                else:
-                    self._consume(g, n1, n2, warp, lane, alpha1, b13, groups1, groups2, slices,
-                                  hidden, part, act_alpha, act_beta, act_limit, s_base, s_full,
-                                  s_empty, s_ord, e, sl, first + c0, n)
-                g = g + n1 + n2
+                self._chunk(w13, s13, alpha1, b13, w2, s2, x, x_stride, top_k, hidden, k_tiles1,
+                            groups1, groups2, slices, part, act_alpha, act_beta, act_limit,
+                            s_base, s_ord, e, sl, first + c0, cutlass.min(cnt - c0, cfg.bn), tid)
 
         # every partial is written: wait for the whole grid, then reduce
         cute.arch.sync_threads()
@@ -209,168 +181,213 @@ class StaticMoE:
     @cute.jit
     def _route(self, ids, pairs, expert_offset, experts, tid, s_cnt, s_off, s_cur, s_act, s_ord,
                s_scan, s_nact):
-        rt = tid < self.route_threads
-        if rt:
-            for i in cutlass.range_constexpr(self.experts_per_thread):
-                ptx.st_shared_u32(s_cnt + (tid + i * self.route_threads) * 4, 0)
+        for i in cutlass.range_constexpr(EXPERTS_PER_THREAD):
+            ptx.st_shared_u32(s_cnt + (tid + i * THREADS) * 4, 0)
         cute.arch.sync_threads()
-        for p in cutlass.range(tid, pairs, self.threads, unroll=1):
+        for p in cutlass.range(tid, pairs, THREADS, unroll=1):
             e = self._local_expert(ids, p, expert_offset)
             if cutlass.Uint32(e) < cutlass.Uint32(experts):
                 ptx.atom_add_shared(s_cnt + e * 4, 1)
         cute.arch.sync_threads()
-        # route thread tid owns experts [tid * EPT, tid * EPT + EPT): pair and active totals
-        e0 = tid * self.experts_per_thread
+        # thread tid owns experts [tid * EPT, tid * EPT + EPT): pair and active-expert totals
+        e0 = tid * EXPERTS_PER_THREAD
         n_pairs = Int32(0)
         n_act = Int32(0)
-        if rt:
-            for i in cutlass.range_constexpr(self.experts_per_thread):
-                c = ptx.ld_shared_u32(s_cnt + (e0 + i) * 4)
-                n_pairs = n_pairs + c
-                n_act = n_act + cutlass.min(c, 1)
-            ptx.st_shared_u32(s_scan + tid * 4, n_pairs)
-            ptx.st_shared_u32(s_scan + (self.route_threads + tid) * 4, n_act)
+        for i in cutlass.range_constexpr(EXPERTS_PER_THREAD):
+            c = ptx.ld_shared_u32(s_cnt + (e0 + i) * 4)
+            n_pairs = n_pairs + c
+            n_act = n_act + cutlass.min(c, 1)
+        ptx.st_shared_u32(s_scan + tid * 4, n_pairs)
+        ptx.st_shared_u32(s_scan + (THREADS + tid) * 4, n_act)
         cute.arch.sync_threads()
-        for lvl in cutlass.range_constexpr(self.scan_levels):  # inclusive Hillis-Steele scans
+        for lvl in cutlass.range_constexpr(SCAN_LEVELS):  # inclusive Hillis-Steele scans
             off = 1 << lvl
             da = Int32(0)
             db = Int32(0)
-            if rt and tid >= off:
+            if tid >= off:
                 da = ptx.ld_shared_u32(s_scan + (tid - off) * 4)
-                db = ptx.ld_shared_u32(s_scan + (self.route_threads + tid - off) * 4)
+                db = ptx.ld_shared_u32(s_scan + (THREADS + tid - off) * 4)
             cute.arch.sync_threads()
-            if rt and tid >= off:
+            if tid >= off:
                 ptx.st_shared_u32(s_scan + tid * 4, ptx.ld_shared_u32(s_scan + tid * 4) + da)
-                ptx.st_shared_u32(s_scan + (self.route_threads + tid) * 4,
-                                  ptx.ld_shared_u32(s_scan + (self.route_threads + tid) * 4) + db)
+                ptx.st_shared_u32(s_scan + (THREADS + tid) * 4,
+                                  ptx.ld_shared_u32(s_scan + (THREADS + tid) * 4) + db)
             cute.arch.sync_threads()
-        if rt:
-            pos = ptx.ld_shared_u32(s_scan + tid * 4) - n_pairs
-            slot = ptx.ld_shared_u32(s_scan + (self.route_threads + tid) * 4) - n_act
-            for i in cutlass.range_constexpr(self.experts_per_thread):
-                e = e0 + i
-                c = ptx.ld_shared_u32(s_cnt + e * 4)
-                ptx.st_shared_u32(s_off + e * 4, pos)
-                ptx.st_shared_u32(s_cur + e * 4, pos)
-                if c > 0:
-                    ptx.st_shared_u32(s_act + slot * 4, e)
-                    slot = slot + 1
-                pos = pos + c
-            if tid == self.route_threads - 1:
-                ptx.st_shared_u32(s_nact, slot)
+        pos = ptx.ld_shared_u32(s_scan + tid * 4) - n_pairs
+        slot = ptx.ld_shared_u32(s_scan + (THREADS + tid) * 4) - n_act
+        for i in cutlass.range_constexpr(EXPERTS_PER_THREAD):
+            e = e0 + i
+            c = ptx.ld_shared_u32(s_cnt + e * 4)
+            ptx.st_shared_u32(s_off + e * 4, pos)
+            ptx.st_shared_u32(s_cur + e * 4, pos)
+            if c > 0:
+                ptx.st_shared_u32(s_act + slot * 4, e)
+                slot = slot + 1
+            pos = pos + c
+        if tid == THREADS - 1:
+            ptx.st_shared_u32(s_nact, slot)
         cute.arch.sync_threads()
-        for p in cutlass.range(tid, pairs, self.threads, unroll=1):
+        for p in cutlass.range(tid, pairs, THREADS, unroll=1):
             e = self._local_expert(ids, p, expert_offset)
             if cutlass.Uint32(e) < cutlass.Uint32(experts):
                 at = ptx.atom_add_shared(s_cur + e * 4, 1)
                 ptx.st_shared_u32(s_ord + at * 4, p)
         cute.arch.sync_threads()
 
-    # ------------------------------------------------------------------ producer warp
+    # ------------------------------------------------------------------ one task chunk
     @cute.jit
-    def _produce(self, g0, n1, n2, lane, w13, s13, w2, s2, x, x_stride, top_k, hidden,
-                 groups1, groups2, slices, s_base, s_full, s_empty, s_ord, e, sl, pos0, n):
-        """Bulk-copy the chunk's n1 FC1 K-tiles (token rows + 16 groups) and n2 FC2 row stages
-        into the ring; lane l copies group l (and token row l of FC1 stages)."""
+    def _chunk(self, w13, s13, alpha1, b13, w2, s2, x, x_stride, top_k, hidden, k_tiles1,
+               groups1, groups2, slices, part, act_alpha, act_beta, act_limit,
+               s_base, s_ord, e, sl, pos0, n, tid):
+        """FC1 slice sl of expert e for the n <= BN pairs at sorted positions pos0.., then their
+        FC2 partials for the slice, through one cp.async ring of n1 + n2 stages."""
         cfg = self.cfg
-        sbpr = self.sbpr
-        # lane l's token row (FC1 B operand), found once per chunk
-        row = x
-        if lane < n:
-            pair = ptx.ld_shared_u32(s_ord + (pos0 + lane) * 4)
-            row = x + Int64(pair // top_k) * Int64(x_stride) * 2
-        # lane l's FC1 group (blob group sl * G1 + l) and FC2 group (stage j: j * 16 + l)
-        t1 = (Int64(e) * Int64(groups1) + Int64(sl * cfg.fc1_groups + lane)) * Int64(n1)
-        t2 = (Int64(e) * Int64(groups2) + Int64(lane)) * Int64(slices) + Int64(sl)
-        for i in cutlass.range(n1 + n2, unroll=1):
-            gi = g0 + i
-            slot = gi % cfg.stages
-            ptx.mbarrier_wait(s_empty + slot * 8, ((gi // cfg.stages) & 1) ^ 1)
-            stage = s_base + slot * self.stage_bytes
-            full = s_full + slot * 8
-            if i < n1:
-                vb = cutlass.min(hidden - i * TILE_K, TILE_K) * 2  # valid bytes of a token row
-                if vb < TILE_K * 2:  # K tail (H not a multiple of 128): zero the rest of the rows
-                    if lane < n:
-                        for z in cutlass.range(vb, TILE_K * 2, 4, unroll=1):
-                            ptx.st_shared_u32(stage + lane * fm.B_ROW_BYTES + z, 0)
-                ptx.syncwarp()
-                if lane == 0:
-                    ptx.mbarrier_arrive_expect_tx(full, cfg.fc1_groups * self.gtb + n * vb)
-                ptx.syncwarp()
-                if lane < n:
-                    ptx.bulk_copy_g2s(stage + lane * fm.B_ROW_BYTES, row + Int64(i) * (TILE_K * 2),
-                                      vb, full)
-                if lane < cfg.fc1_groups:
-                    dst = stage + self.b_bytes + lane * self.gtb
-                    t = t1 + Int64(i)
-                    ptx.bulk_copy_g2s(dst, w13 + t * 1024, 1024, full)
-                    ptx.bulk_copy_g2s(dst + 1024, s13 + t * (16 * sbpr), 16 * sbpr, full)
-            else:
-                j = i - n1
-                ng = cutlass.min(groups2 - j * STAGE_GROUPS, STAGE_GROUPS)
-                if lane == 0:
-                    ptx.mbarrier_arrive_expect_tx(full, ng * self.gtb)
-                ptx.syncwarp()
-                if lane < ng:
-                    dst = stage + self.b_bytes + lane * self.gtb
-                    t = t2 + Int64(j * STAGE_GROUPS) * Int64(slices)
-                    ptx.bulk_copy_g2s(dst, w2 + t * 1024, 1024, full)
-                    ptx.bulk_copy_g2s(dst + 1024, s2 + t * (16 * sbpr), 16 * sbpr, full)
-
-    # ------------------------------------------------------------------ consumer warps
-    @cute.jit
-    def _consume(self, g0, n1, n2, warp, lane, alpha1, b13, groups1, groups2, slices, hidden,
-                 part, act_alpha, act_beta, act_limit, s_base, s_full, s_empty, s_ord,
-                 e, sl, pos0, n):
-        cfg = self.cfg
+        warp = tid // 32
+        lane = tid % 32
         r = lane // 4
         q = lane % 4
-        acc1 = cute.make_rmem_tensor(cute.make_layout((self.split1 * cfg.mw1, self.nb, 4)), Float32)
+        sbpr = fm.scale_bytes_per_row(cfg.weight_format)
+        n1 = k_tiles1
+        n2 = (groups2 + WARPS * FC2_GROUPS_PER_WARP - 1) // (WARPS * FC2_GROUPS_PER_WARP)
+        items = n1 + n2
+        k_tiles2 = slices
+        # FC1 groups of this warp: blob groups sl * G1 + warp * mw1 + g, tiles over kt
+        g1 = sl * cfg.fc1_groups + warp * cfg.mw1
+        t1 = (Int64(e) * Int64(groups1) + Int64(g1)) * Int64(k_tiles1)
+        w1_warp = w13 + t1 * 1024
+        s1_warp = s13 + t1 * (16 * sbpr)
+        w1_gstride = Int64(k_tiles1) * 1024
+        s1_gstride = Int64(k_tiles1) * (16 * sbpr)
+        # FC2: group gg of expert e at K-tile sl
+        t2 = Int64(e) * Int64(groups2) * Int64(k_tiles2) + Int64(sl)
+        w2_e = w2 + t2 * 1024
+        s2_e = s2 + t2 * (16 * sbpr)
+        w2_gstride = Int64(k_tiles2) * 1024
+        s2_gstride = Int64(k_tiles2) * (16 * sbpr)
+
+        # token rows (x[pair // top_k]) of the chunk: addresses computed once, outside the K loop
+        sources = [self._row_source(tid + it * THREADS, n, s_ord, pos0, top_k, x, x_stride)
+                   for it in range(self.b_iters)]
+
+        acc1 = cute.make_rmem_tensor(cute.make_layout((cfg.mw1, self.nb, 4)), Float32)
         acc1.fill(0.0)
-        acc2 = cute.make_rmem_tensor(cute.make_layout((self.split2 * self.mw2, self.nb, 4)), Float32)
+        acc2 = cute.make_rmem_tensor(cute.make_layout((FC2_GROUPS_PER_WARP, self.nb, 4)), Float32)
         b_lane = fm.ldmatrix_lane_offset(lane)
         s_inter = s_base + self.inter_off
-        for i in cutlass.range(n1 + n2, unroll=1):
-            gi = g0 + i
-            slot = gi % cfg.stages
-            ptx.mbarrier_wait(s_full + slot * 8, (gi // cfg.stages) & 1)
-            stage = s_base + slot * self.stage_bytes
+
+        for st in cutlass.range_constexpr(cfg.stages - 1):
+            if st < items:
+                self._issue(Int32(st), s_base + st * self.stage_bytes, n1, lane, warp, sources, x,
+                            hidden, w1_warp, s1_warp, w1_gstride, s1_gstride,
+                            w2_e, s2_e, w2_gstride, s2_gstride, groups2)
+            ptx.cp_async_commit()
+        for i in cutlass.range(items, unroll=1):
+            ptx.cp_async_wait(cfg.stages - 2)
+            cute.arch.sync_threads()  # stage i landed everywhere; stage i - 1 is free
+            nxt = i + cfg.stages - 1
+            if nxt < items:
+                self._issue(nxt, s_base + (nxt % cfg.stages) * self.stage_bytes, n1, lane, warp,
+                            sources, x, hidden, w1_warp, s1_warp, w1_gstride, s1_gstride,
+                            w2_e, s2_e, w2_gstride, s2_gstride, groups2)
+            ptx.cp_async_commit()
+            stage = s_base + (i % cfg.stages) * self.stage_bytes
             if i < n1:
                 if warp < cfg.fc1_warps:
                     self._fc1_step(acc1, stage, b_lane, warp, lane)
-                if i == n1 - 1:
-                    # the previous chunk's FC2 readers are done with s_inter before it is rewritten
-                    ptx.named_barrier_sync(1, self.route_threads)
-                    if warp < cfg.fc1_warps:
-                        fm.sum_split(acc1, cfg.mw1, self.nb, self.split1)
+                    if i == n1 - 1:
                         self._fc1_epilogue(acc1, alpha1, b13, e, groups1, sl, warp, r, q, s_inter,
                                            act_alpha, act_beta, act_limit)
-                    ptx.named_barrier_sync(1, self.route_threads)  # the slice is complete
             else:
-                gg0 = (i - n1) * STAGE_GROUPS + warp * self.mw2
-                if gg0 < groups2:  # groups2 is a multiple of 8: a warp's groups are all in or out
+                gg0 = (i - n1) * (WARPS * FC2_GROUPS_PER_WARP) + warp * FC2_GROUPS_PER_WARP
+                if gg0 < groups2:
                     self._fc2_step(acc2, stage, s_inter + b_lane, warp, lane)
                     self._fc2_store(acc2, part, s_ord, pos0, n, gg0, sl, slices, hidden, r, q)
-            ptx.syncwarp()
-            if lane == 0:
-                ptx.mbarrier_arrive(s_empty + slot * 8)
+        ptx.cp_async_wait(0)
+        cute.arch.sync_threads()  # the ring and the intermediate are free for the next chunk
+
+    @cute.jit
+    def _row_source(self, c, n, s_ord, pos0, top_k, x, x_stride):
+        """B piece c (16 bytes ch of token row tok of each K-tile): source row and destination."""
+        tok = c // 16
+        ch = c % 16
+        base = x
+        ok = Int32(-1)  # -1: no piece; 0: zero-fill (row past the chunk); 1: copy
+        if c < self.b_chunks:
+            ok = Int32(0)
+            if tok < n:
+                pair = ptx.ld_shared_u32(s_ord + (pos0 + tok) * 4)
+                base = x + (Int64(pair // top_k) * Int64(x_stride) + Int64(ch * 8)) * 2
+                ok = Int32(1)
+        return base, tok * fm.B_ROW_BYTES + ch * 16, ch, ok
 
     @cute.jit
     def _fc1_step(self, acc1, stage, b_lane, warp, lane):
         cfg = self.cfg
         words = [fm.load_group_words(stage + self.b_bytes + (warp * cfg.mw1 + g) * self.gtb,
                                      lane, cfg.weight_format) for g in range(cfg.mw1)]
-        fm.mma_ktile(acc1, words, stage + b_lane, self.nb, cfg.weight_format, split=self.split1)
+        fm.mma_ktile(acc1, words, stage + b_lane, self.nb, cfg.weight_format)
 
     @cute.jit
     def _fc2_step(self, acc2, stage, b_addr, warp, lane):
         cfg = self.cfg
         acc2.fill(0.0)
-        words = [fm.load_group_words(stage + self.b_bytes + (warp * self.mw2 + g) * self.gtb,
-                                     lane, cfg.weight_format) for g in range(self.mw2)]
-        fm.mma_ktile(acc2, words, b_addr, self.nb, cfg.weight_format, split=self.split2)
-        fm.sum_split(acc2, self.mw2, self.nb, self.split2)
+        words = [fm.load_group_words(stage + (warp * FC2_GROUPS_PER_WARP + g) * self.gtb,
+                                     lane, cfg.weight_format) for g in range(FC2_GROUPS_PER_WARP)]
+        fm.mma_ktile(acc2, words, b_addr, self.nb, cfg.weight_format)
+
+    @cute.jit
+    def _issue(self, i, stage, n1, lane, warp, sources, x, hidden,
+               w1_warp, s1_warp, w1_gstride, s1_gstride, w2_e, s2_e, w2_gstride, s2_gstride,
+               groups2):
+        if i < n1:
+            self._issue_fc1(i, stage, lane, warp, sources, x, hidden, w1_warp, s1_warp,
+                            w1_gstride, s1_gstride)
+        else:
+            self._issue_fc2(i - n1, stage, lane, warp, w2_e, s2_e, w2_gstride, s2_gstride, groups2)
+
+    @cute.jit
+    def _issue_fc1(self, kt, stage, lane, warp, sources, x, hidden, w1_warp, s1_warp,
+                   w1_gstride, s1_gstride):
+        """FC1 K-tile kt: the chunk's token rows (whole CTA) and this warp's weight groups."""
+        cfg = self.cfg
+        sbpr = fm.scale_bytes_per_row(cfg.weight_format)
+        for it in cutlass.range_constexpr(self.b_iters):
+            self._copy_row_piece(sources[it], kt, stage, x, hidden)
+        if warp < cfg.fc1_warps:
+            for g in cutlass.range_constexpr(cfg.mw1):
+                dst = stage + self.b_bytes + (warp * cfg.mw1 + g) * self.gtb
+                self._copy_group(dst, w1_warp + Int64(g) * w1_gstride + Int64(kt) * 1024,
+                                 s1_warp + Int64(g) * s1_gstride + Int64(kt) * (16 * sbpr), lane)
+
+    @cute.jit
+    def _copy_row_piece(self, source, kt, stage, x, hidden):
+        base, dst, ch, ok = source
+        if ok >= Int32(0):  # -1: this thread has no piece (THREADS > pieces per stage)
+            nbytes = Int32(0)
+            gaddr = x  # a valid address when nothing is read (zero-fill)
+            if ok > Int32(0):
+                if kt * TILE_K + ch * 8 < hidden:
+                    gaddr = base + Int64(kt) * (TILE_K * 2)
+                    nbytes = Int32(16)
+            ptx.cp_async_16_zfill(stage + dst, gaddr, nbytes)
+
+    @cute.jit
+    def _issue_fc2(self, j, stage, lane, warp, w2_e, s2_e, w2_gstride, s2_gstride, groups2):
+        """FC2 row stage j: this warp's 4 groups of w2 rows at the task's K-tile."""
+        gg0 = j * (WARPS * FC2_GROUPS_PER_WARP) + warp * FC2_GROUPS_PER_WARP
+        if gg0 < groups2:
+            for g in cutlass.range_constexpr(FC2_GROUPS_PER_WARP):
+                dst = stage + (warp * FC2_GROUPS_PER_WARP + g) * self.gtb
+                gg = Int64(gg0 + g)
+                self._copy_group(dst, w2_e + gg * w2_gstride, s2_e + gg * s2_gstride, lane)
+
+    @cute.jit
+    def _copy_group(self, dst, wsrc, ssrc, lane):
+        """One group tile (1 KiB codes + 16 rows of bf16 scales) into shared memory, by a warp."""
+        ptx.cp_async_16(dst + lane * 32, wsrc + Int64(lane) * 32)
+        ptx.cp_async_16(dst + lane * 32 + 16, wsrc + Int64(lane) * 32 + 16)
+        if lane < fm.scale_bytes_per_row(self.cfg.weight_format):
+            ptx.cp_async_16(dst + 1024 + lane * 16, ssrc + Int64(lane) * 16)
 
     @cute.jit
     def _fc1_epilogue(self, acc1, alpha1, b13, e, groups1, sl, warp, r, q, s_inter,
@@ -401,7 +418,7 @@ class StaticMoE:
     @cute.jit
     def _fc2_store(self, acc2, part, s_ord, pos0, n, gg0, sl, slices, hidden, r, q):
         """part[pair, sl, h] = the slice's unscaled FC2 sum, for this warp's rows h < H."""
-        for g in cutlass.range_constexpr(self.mw2):
+        for g in cutlass.range_constexpr(FC2_GROUPS_PER_WARP):
             h0 = (gg0 + g) * 16 + r
             for nb in cutlass.range_constexpr(self.nb):
                 for c in cutlass.range_constexpr(2):
@@ -426,7 +443,7 @@ class StaticMoE:
         lane = tid % 32
         sub = lane % REDUCE_LANES
         mask = Int32(((1 << REDUCE_LANES) - 1)) << (lane - sub)
-        per_cta = self.threads // REDUCE_LANES
+        per_cta = THREADS // REDUCE_LANES
         for it in cutlass.range(bid * per_cta + tid // REDUCE_LANES, items, grid * per_cta,
                                 unroll=1):
             t = it // quads

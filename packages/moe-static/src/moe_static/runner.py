@@ -16,14 +16,14 @@ from moe_common.packed import pack
 from moe_common.types import Activation
 from moe_common.weights import MoEWeights
 
-from .compile_cache import get
+from .compile_cache import CTAS_PER_SM, get
 from .limits import KERNEL_NAME
 
 
 def _grid(device) -> int:
-    # One CTA per SM: the kernel's ~180 KB of shared memory allows no second one, and a
-    # cooperative launch needs every CTA resident.
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    # A cooperative launch needs every CTA resident: CTAS_PER_SM per SM, as the kernel's
+    # shared memory and register budget are sized for.
+    return torch.cuda.get_device_properties(device).multi_processor_count * CTAS_PER_SM
 
 
 def workspace_bytes(tokens: int, top_k: int, hidden: int, intermediate: int) -> int:
