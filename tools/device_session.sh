@@ -23,10 +23,11 @@ for s in "$@"; do
     generic-tests) step generic-tests 400 python3 -m pytest packages/moe-generic tests dispatcher/tests -m gpu -q ;;
     sanitize-static) step sanitize-static 200 compute-sanitizer --tool memcheck --report-api-errors no python3 tools/gpu_check.py --kernel static --sanitize ;;
     sanitize-generic) step sanitize-generic 200 compute-sanitizer --tool memcheck --report-api-errors no python3 tools/gpu_check.py --sanitize ;;
-    bench-static) step bench-static 400 "${BENCH[@]}" --preset qwen3-30b-a3b deepseek-v3 --tokens 1 2 4 8 16 32 64 128 --kernels moe-static moe-generic --json "$OUT/bench-static.json" ;;
-    bench-static-all) step bench-static-all 500 "${BENCH[@]}" --preset qwen3.5-35b gpt-oss-120b nemotron-relu2 --tokens 1 2 4 8 16 32 64 128 --kernels moe-static moe-generic --no-check --json "$OUT/bench-static-all.json" ;;
+    bench-static) step bench-static 400 "${BENCH[@]}" --preset qwen3-30b-a3b deepseek-v3 --tokens 1 2 4 8 16 32 64 128 --kernels moe-static moe-generic --json "$OUT/bench-static.json" --plot "$OUT/bench-static.png" ;;
+    bench-static-all) step bench-static-all 500 "${BENCH[@]}" --preset qwen3.5-35b gpt-oss-120b nemotron-relu2 --tokens 1 2 4 8 16 32 64 128 --kernels moe-static moe-generic --json "$OUT/bench-static-all.json" --plot "$OUT/bench-static-all.png" ;;
+    bench-nemotron) step bench-nemotron 400 "${BENCH[@]}" --preset nemotron-relu2 --tokens 512 2048 8192 --kernels auto torch-bf16 --no-check --json "$OUT/bench-nemotron.json" ;;
     static-variants)
-      for v in "MOE_STATIC_CTAS=1" "MOE_STATIC_CTAS=2" "MOE_STATIC_BN=8" "MOE_STATIC_SKIP_TASKS=1"; do
+      for v in "MOE_STATIC_BN=8" "MOE_STATIC_BN=16" "MOE_STATIC_SKIP_TASKS=1"; do
         step "variant-${v//=/-}" 200 env $v "${BENCH[@]}" --preset qwen3-30b-a3b deepseek-v3 --tokens 1 8 64 --kernels moe-static --no-check
       done ;;
     ncu-stalls) step ncu-stalls 300 ncu --clock-control none --kernel-name regex:StaticMoE --launch-skip 1 -c 1 --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__issue_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed,gpu__time_duration.sum" python3 tools/profile_static.py ;;

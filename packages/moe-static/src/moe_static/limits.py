@@ -11,10 +11,12 @@ KERNEL_NAME = "moe-static"
 MAX_LOCAL_EXPERTS = 512  # shared-memory routing tables (kernel.MAX_LOCAL_EXPERTS)
 MAX_PAIRS = 2048  # routed pairs T * top_k held in shared memory (kernel.MAX_PAIRS)
 DIM_MULTIPLE = 32
-# Routed pairs (T * top_k) up to which moe-static bids above the other kernels. Beyond it the
-# per-slice fp32 partials (P x I/128 x H x 4 bytes) and the one-CTA-per-task schedule lose to the
-# grouped kernels; the measured crossover is in BENCHMARKS.md.
-CUTOVER_PAIRS = 1024
+# Routed pairs (T * top_k) up to which moe-static bids above the other kernels. Measured on the
+# H200 (BENCHMARKS.md, 2026-11-29): moe-static is slower than moe-generic at every bench point
+# (T = 1..128 on every preset; e.g. Qwen3-30B-A3B T=1 36 vs 24 us, DeepSeek-V3 T=1 101 vs 88 us),
+# so the measured cutover is 0: it offers below moe-generic and runs only when forced
+# (kernel="moe-static"). Raise this when a faster moe-static measures ahead.
+CUTOVER_PAIRS = 0
 
 
 def unsupported_reason(shape, activation):

@@ -16,14 +16,15 @@ from moe_common.packed import pack
 from moe_common.types import Activation
 from moe_common.weights import MoEWeights
 
-from .compile_cache import CTAS_PER_SM, get
+from .compile_cache import get
 from .limits import KERNEL_NAME
 
 
 def _grid(device) -> int:
-    # A cooperative launch needs every CTA resident: CTAS_PER_SM per SM, as the kernel's
-    # shared memory and register budget are sized for.
-    return torch.cuda.get_device_properties(device).multi_processor_count * CTAS_PER_SM
+    # One CTA per SM: ~170 KB of shared memory allows no second one, and a cooperative launch
+    # needs every CTA resident. (Two CTAs of 3 stages with a 64-register cap measured slower:
+    # DeepSeek-V3 T=1 213 us vs 110 us.)
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def workspace_bytes(tokens: int, top_k: int, hidden: int, intermediate: int) -> int:
