@@ -30,6 +30,11 @@ for s in "$@"; do
       for v in "MOE_STATIC_BN=8" "MOE_STATIC_BN=16" "MOE_STATIC_SKIP_TASKS=1"; do
         step "variant-${v//=/-}" 200 env $v "${BENCH[@]}" --preset qwen3-30b-a3b deepseek-v3 --tokens 1 8 64 --kernels moe-static --no-check
       done ;;
+    generic-variants)
+      for v in "MOE_GENERIC_WARPS64=8" "MOE_GENERIC_WARPS64=4"; do
+        step "gvariant-${v//=/-}" 300 env $v "${BENCH[@]}" --preset deepseek-v3 qwen3-30b-a3b --tokens 2048 8192 --kernels auto --no-check
+      done ;;
+    bench-large) step bench-large 400 "${BENCH[@]}" --preset deepseek-v3 qwen3-30b-a3b --tokens 512 2048 8192 --kernels auto torch-bf16 --no-check --json "$OUT/bench-large.json" ;;
     ncu-stalls) step ncu-stalls 300 ncu --clock-control none --kernel-name regex:StaticMoE --launch-skip 1 -c 1 --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__issue_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed,gpu__time_duration.sum" python3 tools/profile_static.py ;;
     ncu-static) step ncu-static 300 ncu --clock-control none --kernel-name regex:StaticMoE --launch-skip 1 -c 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section Occupancy python3 tools/profile_static.py ;;
     profile) step profile 200 python3 tools/profile_generic.py --preset deepseek-v3 --tokens 8192 ;;

@@ -15,12 +15,18 @@ BN_CHOICES = (8, 16, 32, 64)
 # every bench point on the H200 (2026-11-29, BENCHMARKS.md: DeepSeek-V3 T=8192 25.0 vs 27.5 ms),
 # so it is the default; MOE_GENERIC_MMA=wgmma selects the warpgroup path (tested too).
 USE_WGMMA = os.environ.get("MOE_GENERIC_MMA", "sync") == "wgmma"
+# Warps per CTA for the 64-token (prefill) tiles: 8 warps x 1 group holds the same 128 x 64 tile
+# and shared memory as 4 x 2, with twice the warps per SM to hide the decode's latency
+# (MOE_GENERIC_WARPS64=4 selects the 4-warp layout, for measuring).
+WARPS64 = int(os.environ.get("MOE_GENERIC_WARPS64", "8"))
 
 
 def config(phase: str, weight_format: str, activation: str, bn: int) -> GemmConfig:
+    warps = WARPS64 if bn == 64 and not USE_WGMMA else 4
+    mw = 1 if bn <= 16 else 8 // warps
     return GemmConfig(phase=phase, weight_format=weight_format,
                       activation=activation if phase == "fc1" else "none", bn=bn,
-                      mw=1 if bn <= 16 else 2, wgmma=USE_WGMMA)
+                      mw=mw, wgmma=USE_WGMMA, warps=warps)
 
 
 def compile_config(cfg: GemmConfig):
@@ -46,6 +52,6 @@ def all_configs(wgmma: bool | None = None):
             for act in ("silu", "gelu_tanh", "swigluoai", "relu2"):
                 out.append(config("fc1", fmt, act, bn))
             out.append(config("fc2", fmt, "none", bn))
-    if wgmma is not None:
-        out = [dataclasses.replace(c, wgmma=wgmma) for c in out]
+    if wgmma:  # one warpgroup of 4 warps x 2 groups for the 32- and 64-token tiles
+        out = [dataclasses.replace(c, wgmma=True, warps=4, mw=1 if c.bn <= 16 else 2) for c in out]
     return out

@@ -9,7 +9,8 @@ tile index is past the device-side tile count return at once.
 
 Swap A/B: the weights are the MMA's A operand (M = weight rows), tokens are B (N = tokens), so
 an expert with a handful of tokens still runs a 16 x 8 MMA instead of padding tokens to 64.
-Per CTA: 4 warps, each owning MW groups of 16 weight rows and all BN tokens of the tile.
+Per CTA: 4 warps (8 for BN=64 tiles), each owning MW groups of 16 weight rows and all BN tokens
+of the tile.
 A 4-stage cp.async ring holds, per 128-deep K-tile:
   - token rows, gathered 16 B per copy (zero-filled past the tile's rows and past the real K;
     each thread's row addresses are computed once per tile, outside the K loop);
@@ -39,8 +40,6 @@ from moe_common.cute import activation as act
 from moe_common.cute import fragment_mma as fm
 from moe_common.cute.wgmma_decode import wgmma_decode_k128
 
-WARPS = 4
-THREADS = WARPS * 32
 TILE_K = 128
 SMEM_ROW_BYTES = fm.B_ROW_BYTES  # 272: conflict-free ldmatrix B-fragment reads
 STAGES = 4  # cp.async ring depth; bn=64, mw=2, NVFP4: 4 x 27 KiB, two CTAs per SM
@@ -54,6 +53,7 @@ class GemmConfig:
     bn: int = 64  # tokens per tile (multiple of 8)
     mw: int = 2  # 16-row groups per warp (1 for decode tiles: twice the CTAs on the weights)
     wgmma: bool = False  # warpgroup MMA (sm_90a) instead of mma.sync
+    warps: int = 4  # per CTA (8 with mw=1: the same 128-row tile with twice the warps)
 
     @property
     def gated(self) -> bool:
@@ -61,7 +61,7 @@ class GemmConfig:
 
     @property
     def cta_rows(self) -> int:
-        return WARPS * self.mw * 16
+        return self.warps * self.mw * 16
 
     @property
     def scale_bytes_per_row(self) -> int:  # bf16 scales per 128-K tile
@@ -71,16 +71,18 @@ class GemmConfig:
 class GroupedGemm:
     def __init__(self, cfg: GemmConfig):
         assert cfg.phase in ("fc1", "fc2") and cfg.bn % 8 == 0 and cfg.bn <= 128
+        assert cfg.warps == 4 or not cfg.wgmma  # the wgmma mainloop is one warpgroup
         self.cfg = cfg
         self.nb = cfg.bn // 8
         # mma.sync reads B with ldmatrix from padded rows; wgmma from unpadded core matrices
         self.b_bytes = cfg.bn * (TILE_K * 2 if cfg.wgmma else SMEM_ROW_BYTES)
         self.a_group_bytes = fm.group_tile_bytes(cfg.weight_format)
-        self.stage_bytes = self.b_bytes + WARPS * cfg.mw * self.a_group_bytes
+        self.threads = cfg.warps * 32
+        self.stage_bytes = self.b_bytes + cfg.warps * cfg.mw * self.a_group_bytes
         # 16-byte chunks of one B stage, spread over the CTA's threads
         self.b_chunks = cfg.bn * (TILE_K // 8)
-        assert self.b_chunks % THREADS == 0
-        self.b_iters = self.b_chunks // THREADS
+        assert self.b_chunks % self.threads == 0
+        self.b_iters = self.b_chunks // self.threads
 
     # ------------------------------------------------------------------ host entry
     @cute.jit
@@ -98,7 +100,7 @@ class GroupedGemm:
             wblob, sblob, gscale, bias, tile_expert, tile_start, tile_end, num_tiles,
             order, row_div, src, src_stride, k_real, k_tiles, row_groups,
             out, out_stride, out_rows, pair_orig, route_w, act_alpha, act_beta, act_limit,
-        ).launch(grid=[grid_m, max_tiles, 1], block=[THREADS, 1, 1],
+        ).launch(grid=[grid_m, max_tiles, 1], block=[self.threads, 1, 1],
                  smem=STAGES * self.stage_bytes, stream=stream)
 
     # ------------------------------------------------------------------ device
@@ -132,7 +134,7 @@ class GroupedGemm:
             # ---- weight stream. Tile (e, group, kt): 1 KiB of fragment-ordered codes, lane l's
             # 32 B at l * 32, then bf16 scales [16 rows][128 / block] (NVFP4 256 B, MXFP4 128 B).
             # Each warp copies its groups' tiles into its own slice of the stage.
-            group0 = bidx * (WARPS * cfg.mw) + warp * cfg.mw
+            group0 = bidx * (cfg.warps * cfg.mw) + warp * cfg.mw
             sbpr = cfg.scale_bytes_per_row
             tile_idx0 = (Int64(e) * Int64(row_groups) + Int64(group0)) * Int64(k_tiles)
             w_warp = wblob + tile_idx0 * 1024
@@ -146,7 +148,7 @@ class GroupedGemm:
 
             b_lane = fm.ldmatrix_lane_offset(lane)  # this lane's ldmatrix row in a B stage
 
-            sources = [self._chunk_source(tidx + it * THREADS, p0, p1, order, row_div, src, src_stride)
+            sources = [self._chunk_source(tidx + it * self.threads, p0, p1, order, row_div, src, src_stride)
                        for it in range(self.b_iters)]
 
             # ---- software pipeline: STAGES-deep cp.async ring of (B tile, A tiles)
