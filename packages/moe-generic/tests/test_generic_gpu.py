@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from moe_common.reference import reference_moe
-from moe_common.testing import assert_close, random_layer, random_routing
+from moe_common.testing import (
+    assert_close, assert_graph_replay_matches_eager, random_layer, random_routing,
+)
 from moe_common.types import Activation
 
 pytestmark = pytest.mark.gpu
@@ -75,31 +77,9 @@ def test_deterministic_bitwise():
 
 
 def test_cuda_graph_replay_matches_eager():
-    from moe_common.workspace import Workspace
     from moe_generic import fused_moe
 
-    w = random_layer(32, 512, 256, weight_format="mxfp4", bias=True)
-    T = 48
-    x = torch.randn(T, 512, device="cuda").bfloat16()
-    tw, ti = random_routing(T, 32, 4)
-    ws = Workspace()
-    out = torch.empty(T, 512, device="cuda", dtype=torch.bfloat16)
-    fused_moe(x, w, tw, ti, activation="swigluoai", out=out, workspace=ws)  # compile + allocate
-    ws.freeze()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fused_moe(x, w, tw, ti, activation="swigluoai", out=out, workspace=ws)
-    for _ in range(2):  # new inputs in the same buffers, then replay
-        x.copy_(torch.randn_like(x))
-        nw, ni = random_routing(T, 32, 4)
-        tw.copy_(nw)
-        ti.copy_(ni)
-        out.fill_(float("nan"))
-        g.replay()
-        torch.cuda.synchronize()
-        eager = fused_moe(x, w, tw, ti, activation="swigluoai")
-        assert torch.equal(out, eager)
+    assert_graph_replay_matches_eager(fused_moe, tokens=48)
 
 
 def test_ids_out_of_range_are_ignored():

@@ -68,3 +68,33 @@ def assert_close(out: torch.Tensor, ref: torch.Tensor, what: str = "") -> dict:
     assert m["nan"] == 0, f"{what}: {m['nan']} NaN in the output (unwritten elements?) {m}"
     assert m["rel_l2"] <= REL_L2_MAX and m["cosine"] >= COSINE_MIN, f"{what}: {m}"
     return m
+
+
+def assert_graph_replay_matches_eager(fused_moe, *, tokens: int, experts: int = 32, hidden: int = 512,
+                                      intermediate: int = 256, top_k: int = 4,
+                                      activation: str = "swigluoai", replays: int = 3):
+    """Capture one call of `fused_moe` (a package's direct entry) with a frozen workspace in a
+    CUDA graph, then replay it on new inputs written into the same buffers: each replay must
+    equal an eager call bitwise (MXFP4 layer with biases)."""
+    from .workspace import Workspace
+
+    w = random_layer(experts, hidden, intermediate, weight_format="mxfp4", bias=True)
+    x = torch.randn(tokens, hidden, device="cuda").bfloat16()
+    tw, ti = random_routing(tokens, experts, top_k)
+    ws = Workspace()
+    out = torch.empty(tokens, hidden, device="cuda", dtype=torch.bfloat16)
+    fused_moe(x, w, tw, ti, activation=activation, out=out, workspace=ws)  # compile + allocate
+    ws.freeze()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fused_moe(x, w, tw, ti, activation=activation, out=out, workspace=ws)
+    for _ in range(replays):
+        x.copy_(torch.randn_like(x))
+        nw, ni = random_routing(tokens, experts, top_k)
+        tw.copy_(nw)
+        ti.copy_(ni)
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, fused_moe(x, w, tw, ti, activation=activation))

@@ -1,9 +1,7 @@
 """What moe-generic supports, as one function every entry point asks (no DSL import here)."""
 from __future__ import annotations
 
-import importlib.util
-
-import torch
+from moe_common.kernel_package import dims_reason, hopper_reason
 
 KERNEL_NAME = "moe-generic"
 MAX_TOP_K = 32
@@ -14,18 +12,12 @@ DIM_MULTIPLE = 32  # H and I: multiples of 128 run natively, other multiples of 
 
 def unsupported_reason(shape, activation):
     """None when the kernel can run this call, else a one-line reason."""
-    if shape.device_capability is None:
-        return "needs a CUDA device (sm_90); inputs are on the CPU"
-    if shape.device_capability[0] != 9:
-        major, minor = shape.device_capability
-        return f"needs sm_90 (Hopper); device is sm_{major}{minor}"
-    if importlib.util.find_spec("cutlass") is None:
-        return "nvidia-cutlass-dsl is not installed"
-    if shape.dtype != torch.bfloat16:
-        return f"needs bf16 activations; got {shape.dtype}"
-    for name, v in (("hidden", shape.hidden), ("intermediate", shape.intermediate)):
-        if v % DIM_MULTIPLE:
-            return f"{name}={v} is not a multiple of {DIM_MULTIPLE}"
+    reason = hopper_reason(shape)
+    if reason is not None:
+        return reason
+    reason = dims_reason(shape, DIM_MULTIPLE)
+    if reason is not None:
+        return reason
     if shape.top_k > MAX_TOP_K:
         return f"top_k={shape.top_k} exceeds the supported maximum {MAX_TOP_K}"
     if shape.num_local_experts > MAX_LOCAL_EXPERTS:

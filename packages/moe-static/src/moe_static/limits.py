@@ -1,10 +1,7 @@
 """What moe-static supports and when it bids (no DSL import here)."""
 from __future__ import annotations
 
-import importlib.util
-
-import torch
-
+from moe_common.kernel_package import dims_reason, hopper_reason
 from moe_common.types import PRIORITY_GENERIC, PRIORITY_STATIC
 
 KERNEL_NAME = "moe-static"
@@ -21,20 +18,14 @@ CUTOVER_PAIRS = 0
 
 def unsupported_reason(shape, activation):
     """None when the kernel can run this call, else a one-line reason."""
-    if shape.device_capability is None:
-        return "needs a CUDA device (sm_90); inputs are on the CPU"
-    if shape.device_capability[0] != 9:
-        major, minor = shape.device_capability
-        return f"needs sm_90 (Hopper); device is sm_{major}{minor}"
-    if importlib.util.find_spec("cutlass") is None:
-        return "nvidia-cutlass-dsl is not installed"
-    if shape.dtype != torch.bfloat16:
-        return f"needs bf16 activations; got {shape.dtype}"
+    reason = hopper_reason(shape)
+    if reason is not None:
+        return reason
     if shape.quant_mode != "w4a16":
         return f"quant_mode={shape.quant_mode!r} is not supported (w4a16 only; moe-generic runs w4a4)"
-    for name, v in (("hidden", shape.hidden), ("intermediate", shape.intermediate)):
-        if v % DIM_MULTIPLE:
-            return f"{name}={v} is not a multiple of {DIM_MULTIPLE}"
+    reason = dims_reason(shape, DIM_MULTIPLE)
+    if reason is not None:
+        return reason
     pairs = shape.tokens * shape.top_k
     if pairs > MAX_PAIRS:
         return f"tokens x top_k = {pairs} routed pairs exceed the supported maximum {MAX_PAIRS}"
