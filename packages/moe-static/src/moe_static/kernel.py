@@ -16,6 +16,10 @@ read once, and the FLOPs are negligible. One launch does it all:
        slice's partial FC2 sums part[pair, s, :] (fp32, unscaled) in a global workspace.
    FC1 K-tiles and FC2 row stages run through one cp.async ring, so FC2's weights are already
    in flight while FC1 finishes (the kernel is memory-bound: nothing may wait on a bubble).
+   (A warp-specialized variant, one producer warp issuing cp.async.bulk copies with an mbarrier
+   per slot and no CTA barrier in the stream, measured 25-45% slower: commits b7ba1a2, bbb57a4,
+   BENCHMARKS.md. ncu of this one: issue-bound on the integer-pipe decode plus the per-stage
+   barrier.)
    An expert with more than BN tokens is done in chunks of BN (weights re-read, from L2).
 3. Grid barrier (cooperative launch: every CTA is resident), then every CTA reduces a share of
    out[t, h] = bf16( sum_j w[t, j] * (alpha2[e] * sum_s part[t*k+j, s, h] + b2[e, h]) ) in a
