@@ -7,16 +7,12 @@ import torch
 
 from moe_common.fragments import _fragment_index, gated_row_order, repack_codes, repack_scales
 from moe_common.formats import pack_e2m1
-from moe_common.types import Activation, MoEShape
+from moe_common.testing import make_shape
+from moe_common.types import Activation
 from moe_generic.limits import unsupported_reason
 
 
-def _shape(**kw):
-    base = dict(tokens=4, hidden=256, intermediate=128, num_experts=8, num_local_experts=8,
-                local_expert_offset=0, top_k=2, weight_format="nvfp4", quant_mode="w4a16",
-                has_bias=False, device_capability=(9, 0), dtype=torch.bfloat16)
-    base.update(kw)
-    return MoEShape(**base)
+_shape = make_shape
 
 
 @pytest.mark.parametrize("wgmma", [False, True], ids=["mma_sync", "wgmma"])

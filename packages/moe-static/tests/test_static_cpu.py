@@ -5,16 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from moe_common.types import PRIORITY_GENERIC, PRIORITY_STATIC, Activation, MoEShape
+from moe_common.testing import make_shape
+from moe_common.types import PRIORITY_GENERIC, PRIORITY_STATIC, Activation
 from moe_static.limits import CUTOVER_PAIRS, priority, unsupported_reason
 
 
-def _shape(**kw):
-    base = dict(tokens=4, hidden=256, intermediate=128, num_experts=8, num_local_experts=8,
-                local_expert_offset=0, top_k=2, weight_format="nvfp4", quant_mode="w4a16",
-                has_bias=False, device_capability=(9, 0), dtype=torch.bfloat16)
-    base.update(kw)
-    return MoEShape(**base)
+_shape = make_shape
 
 
 def test_every_dispatchable_config_compiles_for_sm90a():

@@ -198,6 +198,16 @@ def _check_scales(packed: torch.Tensor, scales: torch.Tensor, block_size: int, d
         )
 
 
+def _scaled_blocks(packed: torch.Tensor, scale_values: torch.Tensor, block: int,
+                   global_scale: GlobalScale) -> torch.Tensor:
+    """e2m1 codes x their fp32 block scale (x the global scale when given), fp32 [..., K]."""
+    q = e2m1_decode(unpack_e2m1(packed))
+    blocks = q.reshape(*scale_values.shape, block) * scale_values.unsqueeze(-1)
+    if global_scale is not None:
+        blocks = blocks * _per_element(_global_scale(global_scale, packed.shape[:-1], packed.device))
+    return blocks.reshape(q.shape)
+
+
 class NVFP4:
     """NVFP4: e2m1 elements, an e4m3 scale per 16 along the last dim, an fp32 global scale.
 
@@ -231,11 +241,7 @@ class NVFP4:
         q * s is exact in fp32 (2 + 4 significant bits), so the only rounding is the final * gs.
         """
         _check_scales(packed, scales, cls.block_size, (torch.float8_e4m3fn,))
-        q = e2m1_decode(unpack_e2m1(packed))
-        blocks = q.reshape(*scales.shape, cls.block_size) * scales.float().unsqueeze(-1)
-        if global_scale is not None:
-            blocks = blocks * _per_element(_global_scale(global_scale, packed.shape[:-1], packed.device))
-        return blocks.reshape(q.shape)
+        return _scaled_blocks(packed, scales.float(), cls.block_size, global_scale)
 
     @classmethod
     def fake_quantize(cls, v: torch.Tensor, global_scale: GlobalScale = None) -> torch.Tensor:
@@ -275,11 +281,7 @@ class MXFP4:
         if scales.dtype != torch.uint8 and str(scales.dtype) == "torch.float8_e8m0fnu":
             scales = scales.view(torch.uint8)
         _check_scales(packed, scales, cls.block_size, (torch.uint8,))
-        q = e2m1_decode(unpack_e2m1(packed))
-        blocks = q.reshape(*scales.shape, cls.block_size) * e8m0_to_float(scales).unsqueeze(-1)
-        if global_scale is not None:
-            blocks = blocks * _per_element(_global_scale(global_scale, packed.shape[:-1], packed.device))
-        return blocks.reshape(q.shape)
+        return _scaled_blocks(packed, e8m0_to_float(scales), cls.block_size, global_scale)
 
     @classmethod
     def fake_quantize(cls, v: torch.Tensor, global_scale: GlobalScale = None) -> torch.Tensor:

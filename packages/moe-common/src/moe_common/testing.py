@@ -10,6 +10,7 @@ from typing import Optional
 
 import torch
 
+from .types import MoEShape
 from .weights import MoEWeights
 
 REL_L2_MAX = 1e-2
@@ -39,6 +40,15 @@ def random_layer(experts: int, hidden: int, intermediate: int, *, weight_format:
         kw["fc2_input_scale"] = (1.0 + torch.rand(experts, generator=g, device=device)) / 2688
     return MoEWeights.quantize(w13, w2, weight_format=weight_format,
                                local_expert_offset=local_expert_offset, num_experts=num_experts, **kw)
+
+
+def make_shape(**overrides) -> MoEShape:
+    """A small bf16 sm_90 call shape for support-check tests; keywords replace its fields."""
+    base = dict(tokens=4, hidden=256, intermediate=128, num_experts=8, num_local_experts=8,
+                local_expert_offset=0, top_k=2, weight_format="nvfp4", quant_mode="w4a16",
+                has_bias=False, device_capability=(9, 0), dtype=torch.bfloat16)
+    base.update(overrides)
+    return MoEShape(**base)
 
 
 def random_routing(tokens: int, num_experts: int, top_k: int, *, device="cuda", skew: float = 0.0,

@@ -65,19 +65,15 @@ def ldmatrix_lane_offset(lane):
     return ((lane // 16) * 8 + lane % 8) * B_ROW_BYTES + ((lane // 8) % 2) * 16
 
 
-def mma_ktile(acc, words, b_lane, nb: int, weight_format: str, slabs=range(8), split: int = 1):
-    """acc[.., g, n, :] += A_g (16 x 128 decoded) @ B (128 x 8 nb tokens) over the given k16 slabs.
+def mma_ktile(acc, words, b_lane, nb: int, weight_format: str):
+    """acc[g, n, :] += A_g (16 x 128 decoded) @ B (128 x 8 nb tokens) over the tile's 8 k16 slabs.
 
-    acc: rmem [split * len(words), nb, 4] fp32; words: per group, load_group_words(...); b_lane:
-    the B tile's shared address plus ldmatrix_lane_offset(lane). With split > 1, slab s adds into
-    accumulator set s % split (index (s % split) * mw + g): independent MMA chains, for warps
-    that hold few groups and tokens (otherwise each MMA waits for the previous one's result);
-    the caller sums the sets (sum_split) in its epilogue.
+    acc: rmem [len(words), nb, 4] fp32; words: per group, load_group_words(...); b_lane: the B
+    tile's shared address plus ldmatrix_lane_offset(lane).
     """
     mw = len(words)
-    for s in slabs:
+    for s in range(8):
         a = [a_fragment(words[g], s, weight_format) for g in range(mw)]
-        base = (s % split) * mw
         slab = b_lane + s * 32
         for pair in range((nb + 1) // 2):
             addr = slab + pair * 16 * B_ROW_BYTES
@@ -85,17 +81,7 @@ def mma_ktile(acc, words, b_lane, nb: int, weight_format: str, slabs=range(8), s
             for half in range(len(bm) // 2):
                 n = 2 * pair + half
                 for g in range(mw):
-                    i = base + g
-                    d = ptx.mma_bf16_16816((acc[i, n, 0], acc[i, n, 1], acc[i, n, 2], acc[i, n, 3]),
+                    d = ptx.mma_bf16_16816((acc[g, n, 0], acc[g, n, 1], acc[g, n, 2], acc[g, n, 3]),
                                            a[g], (bm[2 * half], bm[2 * half + 1]))
                     for c in range(4):
-                        acc[i, n, c] = d[c]
-
-
-def sum_split(acc, mw: int, nb: int, split: int):
-    """Fold accumulator sets 1..split-1 into set 0 (fixed order: deterministic)."""
-    for p in range(1, split):
-        for g in range(mw):
-            for n in range(nb):
-                for c in range(4):
-                    acc[g, n, c] = acc[g, n, c] + acc[p * mw + g, n, c]
+                        acc[g, n, c] = d[c]
