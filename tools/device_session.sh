@@ -2,7 +2,8 @@
 # One GPU-machine session's battery (development tool): each step has its own time limit and
 # its own log under $OUT, so a hang or failure in one step leaves the others' results.
 #   source .device/bin/gpu.sh && bash tools/device_session.sh STEP [STEP ...]
-# Steps: static-quick static-tests generic-tests sanitize-static sanitize-generic
+# Steps: gated-quick gated-tests sanitize-gated bench-gated bench-gated-all
+#        static-quick static-tests generic-tests sanitize-static sanitize-generic
 #        bench-static bench-generic-large profile
 set -u
 OUT=${OUT:-/tmp/out}
@@ -19,6 +20,11 @@ step() {  # name, limit_s, command...
 for s in "$@"; do
   case $s in
     static-quick) step static-quick 150 python3 tools/gpu_check.py --kernel static --sanitize ;;
+    gated-quick) step gated-quick 200 python3 tools/gpu_check.py --kernel gated --sanitize ;;
+    gated-tests) step gated-tests 400 python3 -m pytest packages/moe-gated -m gpu -q -x ;;
+    sanitize-gated) step sanitize-gated 200 compute-sanitizer --tool memcheck --report-api-errors no python3 tools/gpu_check.py --kernel gated --sanitize ;;
+    bench-gated) step bench-gated 500 "${BENCH[@]}" --preset deepseek-v3 qwen3-30b-a3b gpt-oss-120b --tokens 2048 8192 --kernels moe-gated moe-generic --no-check --json "$OUT/bench-gated.json" ;;
+    bench-gated-all) step bench-gated-all 590 "${BENCH[@]}" --preset qwen3-30b-a3b qwen3.5-35b deepseek-v3 gpt-oss-120b --tokens 128 512 2048 8192 16384 --kernels auto moe-gated moe-generic torch-bf16 --json "$OUT/bench-gated-all.json" --plot "$OUT/bench-gated-all.png" ;;
     static-tests) step static-tests 300 python3 -m pytest packages/moe-static -m gpu -q -x ;;
     generic-tests) step generic-tests 400 python3 -m pytest packages/moe-generic tests dispatcher/tests -m gpu -q ;;
     sanitize-static) step sanitize-static 200 compute-sanitizer --tool memcheck --report-api-errors no python3 tools/gpu_check.py --kernel static --sanitize ;;

@@ -1,4 +1,4 @@
-"""Quick GPU correctness sweep of moe-generic and the DSL dequantizer (development tool).
+"""Quick GPU correctness sweep of moe-generic (or --kernel static|gated) and the DSL dequantizer (development tool).
 
     python tools/gpu_check.py [--quick]
 
@@ -97,8 +97,14 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", default=None)
     ap.add_argument("--sanitize", action="store_true", help="one tiny case per format (for compute-sanitizer)")
-    ap.add_argument("--kernel", default="generic", choices=["generic", "static"])
+    ap.add_argument("--kernel", default="generic", choices=["generic", "static", "gated"])
     args = ap.parse_args()
+    if args.sanitize and args.kernel == "gated":
+        # gated activations only; one case spans two 128-token tiles and a half-empty row tile
+        rows = check_generic([(70, 4, 256, 128, 4, "nvfp4", "silu", "w4a4", True, True),
+                              (300, 4, 320, 96, 1, "mxfp4", "swigluoai", "w4a16", True, False)],
+                             args.kernel)
+        sys.exit(0 if all(r["ok"] for r in rows) else 1)
     if args.sanitize:
         mode = "w4a4" if args.kernel == "generic" else "w4a16"
         rows = check_generic([(5, 4, 256, 128, 2, "nvfp4", "silu", mode, True, True),

@@ -35,6 +35,56 @@ def dims_reason(shape, multiple: int) -> Optional[str]:
     return None
 
 
+class Buffers:
+    """A runner's device buffers: named slots of the caller's Workspace (FusedMoE: allocated at
+    warm-up, never during a captured call), or fresh tensors for a direct call."""
+
+    def __init__(self, kernel_name: str, workspace, device):
+        self.prefix, self.ws, self.dev = kernel_name, workspace, device
+
+    def get(self, name, shape, dtype, zeroed: bool = False):
+        if self.ws is not None:
+            return self.ws.get(f"{self.prefix}.{name}", shape, dtype, self.dev, zeroed=zeroed)
+        return (torch.zeros if zeroed else torch.empty)(shape, dtype=dtype, device=self.dev)
+
+
+def quantize_rows(v: torch.Tensor, fmt, gs) -> torch.Tensor:
+    """w4a4: rows of v quantized to 4 bits and returned as q * block_scale in bf16 (exact); the
+    global scale gs (NVFP4) joins the kernels' fp32 epilogue instead."""
+    packed, scales = fmt.quantize(v.float(), gs)
+    return fmt.dequantize(packed, scales).to(torch.bfloat16)
+
+
+def w4a4_fc1_rows(x, weights, topk_ids, out):
+    """w4a4 FC1 input: one quantized row per routed pair (pair t * k + j uses its expert's
+    input_scale) written into out [T * k, H] as q * block scale in bf16."""
+    from .formats import get_format
+
+    k = topk_ids.shape[1]
+    E, off = weights.num_local_experts, weights.local_expert_offset
+    gs = None
+    if weights.weight_format == "nvfp4":
+        local = topk_ids.reshape(-1).long() - off
+        gs = weights.input_scale.float()[local.clamp(0, E - 1)]
+    out.copy_(quantize_rows(x.repeat_interleave(k, dim=0), get_format(weights.weight_format), gs))
+    return out
+
+
+def w4a4_requantize_intermediate(inter, weights, topk_ids, order):
+    """w4a4 FC2 input: the intermediate [P, I] in sorted order (row p is pair order[p]) requantized
+    in place with each row's expert fc2_input_scale."""
+    from .formats import get_format
+
+    E, off = weights.num_local_experts, weights.local_expert_offset
+    P = order.numel()
+    gs = None
+    if weights.weight_format == "nvfp4":
+        # sorted rows past the routed count hold stale order entries: clamp, never read
+        pair = order.long().clamp(0, P - 1)
+        gs = weights.fc2_input_scale.float()[(topk_ids.reshape(-1)[pair].long() - off).clamp(0, E - 1)]
+    inter.copy_(quantize_rows(inter, get_format(weights.weight_format), gs))
+
+
 def direct_call(kernel_name: str, unsupported_reason: Callable, runner_module: str):
     """A package's `fused_moe(...)`: validate, ask the package's own limits, run its runner
     (imported on first use, so importing the package never imports the DSL)."""

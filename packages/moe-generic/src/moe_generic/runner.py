@@ -13,8 +13,8 @@ import math
 import torch
 
 from moe_common.cute import jit
-from moe_common.formats import get_format
 from moe_common.fragments import TILE_K
+from moe_common.kernel_package import Buffers, w4a4_fc1_rows, w4a4_requantize_intermediate
 from moe_common.packed import pack
 from moe_common.types import Activation
 from moe_common.weights import MoEWeights
@@ -44,22 +44,6 @@ def tiles_capacity(pairs: int, local_experts: int) -> int:
     return max_tiles_bound(pairs, local_experts, BN_CHOICES[0])
 
 
-def _quantize_rows(v: torch.Tensor, fmt, gs) -> torch.Tensor:
-    """Rows of v quantized to 4 bits and returned as q * block_scale in bf16 (exact)."""
-    packed, scales = fmt.quantize(v.float(), gs)
-    return fmt.dequantize(packed, scales).to(torch.bfloat16)
-
-
-class _Buffers:
-    def __init__(self, workspace, device):
-        self.ws, self.dev = workspace, device
-
-    def get(self, name, shape, dtype):
-        if self.ws is not None:
-            return self.ws.get(f"{KERNEL_NAME}.{name}", shape, dtype, self.dev)
-        return torch.empty(shape, dtype=dtype, device=self.dev)
-
-
 def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activation,
         quant_mode: str = "w4a16", out=None, workspace=None, deterministic: bool = True):
     """The layer call: 4 launches in w4a16 (routing, FC1, FC2, top-k reduce), all on the
@@ -72,7 +56,7 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     off = weights.local_expert_offset
     dev = x.device
     H, Hp, Ip = prep.hidden, prep.hidden_padded, prep.intermediate_padded
-    bufs = _Buffers(workspace, dev)
+    bufs = Buffers(KERNEL_NAME, workspace, dev)
     stream = jit.current_stream(dev)
     ids = topk_ids.contiguous()
     idb = ids.element_size()
@@ -94,17 +78,9 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     tile_args = (tiles[0].data_ptr(), tiles[1].data_ptr(), tiles[2].data_ptr(), num_tiles.data_ptr())
 
     # 2. FC1 (+ activation) -> intermediate [P, Ip] bf16 in sorted order
-    fmt = get_format(weights.weight_format)
     if quant_mode == "w4a4":
-        # NVFP4/MXFP4 activations, one quantized row per routed pair (each pair uses its expert's
-        # global scale), as q * block scale in bf16; the global scale joins the fp32 epilogue.
-        local = ids.reshape(-1).long() - off
-        gs = None
-        if weights.weight_format == "nvfp4":
-            gs = weights.input_scale.float()[local.clamp(0, E - 1)]
-        src = bufs.get("xq", (P, H), torch.bfloat16)
-        src.copy_(_quantize_rows(x.repeat_interleave(k, dim=0), fmt, gs))
-        row_div = 1
+        # one quantized row per routed pair (each pair uses its expert's global scale)
+        src, row_div = w4a4_fc1_rows(x, weights, ids, bufs.get("xq", (P, H), torch.bfloat16)), 1
     else:
         src, row_div = x, k
     inter = bufs.get("inter", (P, Ip), torch.bfloat16)
@@ -117,12 +93,7 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
         prep.fc1_rows // cfg1.cta_rows, max_tiles, stream)
 
     if quant_mode == "w4a4":
-        gs = None
-        if weights.weight_format == "nvfp4":
-            # sorted rows past the routed count hold garbage order entries: clamp, never read
-            pair = order.long().clamp(0, P - 1)
-            gs = weights.fc2_input_scale.float()[(ids.reshape(-1)[pair].long() - off).clamp(0, E - 1)]
-        inter.copy_(_quantize_rows(inter, fmt, gs))
+        w4a4_requantize_intermediate(inter, weights, ids, order)
 
     # 3. FC2 (+ router weight) -> y [P, H] fp32 in original pair order
     y = bufs.get("y", (P, H), torch.float32)

@@ -216,6 +216,19 @@ def atom_add_shared(addr, v, *, loc=None, ip=None) -> Int32:
 
 
 @dsl_user_op
+def atom_add_global(addr, v, *, loc=None, ip=None) -> Int32:
+    """Relaxed device-scope atomic add on a global int32; returns the old value."""
+    return Int32(_asm(T.i32(), [Int64(addr).ir_value(loc=loc, ip=ip), _i32(v, loc, ip)],
+                      "atom.global.add.u32 $0, [$1], $2;", "=r,l,r", side_effects=True))
+
+
+@dsl_user_op
+def wgmma_wait(n: int, *, loc=None, ip=None):
+    """Wait until at most n committed wgmma groups of this warp are in flight (n: compile-time)."""
+    _stmt([], f"wgmma.wait_group.sync.aligned {int(n)};", "")
+
+
+@dsl_user_op
 def ld_nc_s64_as_s32(addr, *, loc=None, ip=None) -> Int32:
     """Low 32 bits of a read-only int64 (expert ids stored as int64)."""
     return Int32(_asm(T.i32(), [Int64(addr).ir_value(loc=loc, ip=ip)],

@@ -47,8 +47,15 @@ def _slab_ptx(g: int, s: int, code: str, s_r: str, s_r8: str, sel: int) -> list:
 
 
 @dsl_user_op
-def wgmma_decode_k128(accs, codes, scales, weight_format: str, b_smem, n: int, *, loc=None, ip=None):
+def wgmma_decode_k128(accs, codes, scales, weight_format: str, b_smem, n: int, pending=None, *,
+                      loc=None, ip=None):
     """accs[g] (64 x n fp32) += decode(codes[g], scales[g]) (64 x 128) @ B (128 x n).
+
+    pending=None: one commit group for the tile and a wait for all of it before returning.
+    pending=j: one commit group per k16 slab and, after each, a wait down to j groups, so the
+    last j slabs of this tile are still running when the block returns (the caller waits with
+    ptx.wgmma_wait before reading accs or reusing B's shared memory); at most j + 1 slabs' A
+    registers are live.
 
     codes[g]: the 8 fragment-ordered code words of this lane (one per k16 slab); scales[g]: the
     bf16 block-scale words of rows r and r + 8 (NVFP4: 4 + 4 words, slab s in half s % 2 of word
@@ -93,7 +100,11 @@ def wgmma_decode_k128(accs, codes, scales, weight_format: str, b_smem, n: int, *
             d = ", ".join(f"${g * h + i}" for i in range(h))
             av = ", ".join(f"a{g}_{s}{j}" for j in range(4))
             lines.append(f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 {{{d}}}, {{{av}}}, ds, p, 1, 1, 0;")
-    lines += ["wgmma.commit_group.sync.aligned;", "wgmma.wait_group.sync.aligned 0;", "}"]
+        if pending is not None:
+            lines += ["wgmma.commit_group.sync.aligned;", f"wgmma.wait_group.sync.aligned {int(pending)};"]
+    if pending is None:
+        lines += ["wgmma.commit_group.sync.aligned;", "wgmma.wait_group.sync.aligned 0;"]
+    lines.append("}")
     cons = ",".join(["=f"] * (G * h) + [str(i) for i in range(G * h)] + ["r"] * (G * per_g) + ["r", "r"])
     st = llvm.inline_asm(llvm.StructType.get_literal([T.f32()] * (G * h)), ops, "\n".join(lines), cons,
                          has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)

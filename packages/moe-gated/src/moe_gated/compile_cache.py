@@ -1,0 +1,38 @@
+"""moe-gated's compiled kernels, keyed by their static facts (see moe_common.cute.jit)."""
+from __future__ import annotations
+
+from moe_common.cute import jit
+
+from .kernel import GatedConfig, GatedGemm
+
+FORMATS = ("nvfp4", "mxfp4")
+ACTIVATIONS = ("silu", "gelu_tanh", "swigluoai")
+
+
+def config(phase: str, weight_format: str, activation: str) -> GatedConfig:
+    return GatedConfig(phase=phase, weight_format=weight_format,
+                       activation=activation if phase == "fc1" else "none")
+
+
+def compile_config(cfg: GatedConfig):
+    from cutlass import Float32, Int32, Int64
+
+    z = Int64(0)
+    i1 = Int32(1)
+    args = ([z] * 9 + [i1, z, Int32(128), Int32(128), i1, Int32(16), z, Int32(128), Int32(128), z,
+                       Float32(1.0), Float32(1.0), Float32(1.0), z, i1, jit.example_stream()])
+    return jit.compile_kernel(GatedGemm(cfg), *args)
+
+
+def get(phase: str, weight_format: str, activation: str):
+    cfg = config(phase, weight_format, activation)
+    return cfg, jit.compiled(("moe-gated", cfg), lambda: compile_config(cfg))
+
+
+def all_configs():
+    """Every configuration the dispatcher can pick (CPU CI compiles each for sm_90a)."""
+    out = []
+    for fmt in FORMATS:
+        out += [config("fc1", fmt, a) for a in ACTIVATIONS]
+        out.append(config("fc2", fmt, "none"))
+    return out

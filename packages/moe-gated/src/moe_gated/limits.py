@@ -1,0 +1,45 @@
+"""What moe-gated supports and when it bids (no DSL import here)."""
+from __future__ import annotations
+
+from moe_common.kernel_package import dims_reason, hopper_reason
+from moe_common.types import PRIORITY_GATED, PRIORITY_GENERIC
+
+KERNEL_NAME = "moe-gated"
+GATED_ACTIVATIONS = ("silu", "gelu_tanh", "swigluoai")
+MAX_TOP_K = 32
+MAX_LOCAL_EXPERTS = 1024  # the shared routing kernel's limit (one thread per expert)
+MAX_TOKENS = 65536
+DIM_MULTIPLE = 32  # H and I: multiples of 128 run natively, other multiples of 32 are zero-padded
+# Mean routed rows per local expert (T * top_k / E) from which moe-gated bids above moe-generic.
+# Its tiles are 128 tokens wide: below about one full tile per expert the padding costs more
+# than the wider tile saves. Measured on the H200 (BENCHMARKS.md).
+CUTOVER_ROWS_PER_EXPERT = 64
+
+
+def unsupported_reason(shape, activation):
+    """None when the kernel can run this call, else a one-line reason."""
+    reason = hopper_reason(shape)
+    if reason is not None:
+        return reason
+    if activation.name not in GATED_ACTIVATIONS:
+        return (f"activation {activation.name!r} is not gated (moe-gated runs "
+                f"{', '.join(GATED_ACTIVATIONS)}; moe-generic runs relu2)")
+    reason = dims_reason(shape, DIM_MULTIPLE)
+    if reason is not None:
+        return reason
+    if shape.top_k > MAX_TOP_K:
+        return f"top_k={shape.top_k} exceeds the supported maximum {MAX_TOP_K}"
+    if shape.num_local_experts > MAX_LOCAL_EXPERTS:
+        return f"{shape.num_local_experts} local experts exceed the supported maximum {MAX_LOCAL_EXPERTS}"
+    if shape.tokens > MAX_TOKENS:
+        return f"tokens={shape.tokens} exceeds the supported maximum {MAX_TOKENS}"
+    return None
+
+
+def priority(shape) -> int:
+    """Above moe-generic once experts get about a tile of rows each; below it for small batches
+    (moe-static, when it bids high, is above both)."""
+    rows_per_expert = shape.tokens * shape.top_k / max(1, shape.num_local_experts)
+    if rows_per_expert >= CUTOVER_ROWS_PER_EXPERT:
+        return PRIORITY_GATED
+    return PRIORITY_GENERIC - 2

@@ -1,0 +1,101 @@
+"""Host side of moe-gated: routing, the two persistent grouped GEMMs, the top-k reduce.
+
+A call is: routing into 128-pair tiles (moe_common's routing kernel) -> [w4a4: quantized token
+rows] -> FC1 + activation (persistent, queue-driven) -> [w4a4: requantized intermediate] -> FC2
++ router weight into y [T * k, H] fp32 -> fixed-order top-k reduce -> bf16 out. Every step is
+asynchronous on the current stream and nothing syncs with the host, so the call can be captured
+in a CUDA graph once compiled and its workspace allocated. The work queues' counters are zeroed
+once at allocation and left at zero by every launch.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from moe_common.cute import jit
+from moe_common.fragments import TILE_K
+from moe_common.kernel_package import Buffers, w4a4_fc1_rows, w4a4_requantize_intermediate
+from moe_common.packed import pack
+from moe_common.types import Activation
+from moe_common.weights import MoEWeights
+
+from . import compile_cache
+from .kernel import BN, ROW_TILE
+from .limits import KERNEL_NAME
+
+
+def tiles_capacity(pairs: int, local_experts: int) -> int:
+    """Bound on the routing's tile count (sum over experts of ceil(c / BN)); grows with P."""
+    return -(-pairs // BN) + min(pairs, local_experts)
+
+
+def _persistent_grid(device, max_items: int) -> int:
+    # one CTA per SM (each holds ~210 KB of shared memory); never more CTAs than work items
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return max(1, min(sms, max_items))
+
+
+def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activation,
+        quant_mode: str = "w4a16", out=None, workspace=None, deterministic: bool = True):
+    """The layer call: routing, FC1, FC2, top-k reduce on the current stream, no host sync.
+    Always deterministic (each output element has one writer and a fixed summation order)."""
+    prep = pack(weights)
+    T, k = topk_ids.shape
+    P = T * k
+    E = weights.num_local_experts
+    off = weights.local_expert_offset
+    dev = x.device
+    H, Hp, Ip = prep.hidden, prep.hidden_padded, prep.intermediate_padded
+    bufs = Buffers(KERNEL_NAME, workspace, dev)
+    stream = jit.current_stream(dev)
+    ids = topk_ids.contiguous()
+    idb = ids.element_size()
+    cap = tiles_capacity(P, E)
+
+    # 1. routing tables: (expert, up to 128 sorted pairs) tiles
+    order = bufs.get("order", (P,), torch.int32)
+    counts = bufs.get("counts", (E,), torch.int32)
+    tiles = bufs.get("tiles", (3, cap), torch.int32)
+    num_tiles = bufs.get("num_tiles", (1,), torch.int32)
+    queues = bufs.get("queues", (2, 2), torch.int32, zeroed=True)
+    jit.routing(idb)(ids.data_ptr(), P, off, E, BN, order.data_ptr(), counts.data_ptr(),
+                     tiles[0].data_ptr(), tiles[1].data_ptr(), tiles[2].data_ptr(),
+                     num_tiles.data_ptr(), stream)
+    tile_args = (tiles[0].data_ptr(), tiles[1].data_ptr(), tiles[2].data_ptr(), num_tiles.data_ptr())
+
+    # 2. FC1 + activation -> intermediate [P, Ip] bf16 in sorted order
+    if quant_mode == "w4a4":
+        src, row_div = w4a4_fc1_rows(x, weights, ids, bufs.get("xq", (P, H), torch.bfloat16)), 1
+    else:
+        src, row_div = x, k
+    inter = bufs.get("inter", (P, Ip), torch.bfloat16)
+    limit = activation.limit if activation.limit is not None else math.inf
+    _, fc1 = compile_cache.get("fc1", weights.weight_format, activation.name)
+    grid1 = _persistent_grid(dev, cap * -(-prep.fc1_rows // ROW_TILE))
+    fc1(prep.w13.data_ptr(), prep.w13_scale.data_ptr(), prep.fc1_alpha[quant_mode].data_ptr(),
+        prep.w13_bias.data_ptr(), *tile_args, order.data_ptr(), row_div, src.data_ptr(),
+        src.stride(0), H, Hp // TILE_K, prep.fc1_rows // 16,
+        inter.data_ptr(), Ip, Ip, 0, activation.alpha, activation.beta, limit,
+        queues[0].data_ptr(), grid1, stream)
+
+    if quant_mode == "w4a4":
+        w4a4_requantize_intermediate(inter, weights, ids, order)
+
+    # 3. FC2 + router weight -> y [P, H] fp32 in original pair order
+    y = bufs.get("y", (P, H), torch.float32)
+    route_w = topk_weights if topk_weights.dtype == torch.float32 else topk_weights.float()
+    route_w = route_w.contiguous()
+    _, fc2 = compile_cache.get("fc2", weights.weight_format, "none")
+    grid2 = _persistent_grid(dev, cap * -(-prep.fc2_rows // ROW_TILE))
+    fc2(prep.w2.data_ptr(), prep.w2_scale.data_ptr(), prep.fc2_alpha[quant_mode].data_ptr(),
+        prep.w2_bias.data_ptr(), *tile_args, order.data_ptr(), 1, inter.data_ptr(),
+        Ip, Ip, Ip // TILE_K, prep.fc2_rows // 16,
+        y.data_ptr(), H, H, route_w.data_ptr(), 1.0, 1.0, math.inf,
+        queues[1].data_ptr(), grid2, stream)
+
+    # 4. out[t] = sum over the top-k, fixed order, one rounding
+    if out is None:
+        out = torch.empty(T, H, dtype=torch.bfloat16, device=dev)
+    jit.topk_reduce(idb)(y.data_ptr(), ids.data_ptr(), out.data_ptr(), T, k, H, off, E, stream)
+    return out

@@ -1,0 +1,69 @@
+"""moe-gated without a GPU: every configuration compiles for sm_90a; limits and bids."""
+from __future__ import annotations
+
+import pytest
+
+from moe_common.testing import make_shape
+from moe_common.types import PRIORITY_GATED, PRIORITY_GENERIC, Activation
+from moe_gated.limits import CUTOVER_ROWS_PER_EXPERT, priority, unsupported_reason
+
+
+def test_every_dispatchable_config_compiles_for_sm90a():
+    from moe_gated.compile_cache import all_configs, compile_config
+
+    configs = all_configs()
+    assert len(configs) == 8  # 2 formats x (3 gated FC1 activations + FC2)
+    for cfg in configs:
+        assert compile_config(cfg) is not None, cfg
+
+
+@pytest.mark.parametrize("kw,act,needle", [
+    (dict(device_capability=None), "silu", "CUDA device"),
+    (dict(device_capability=(8, 0)), "silu", "sm_90"),
+    (dict(), "relu2", "not gated"),
+    (dict(hidden=2880 + 16), "silu", "multiple of 32"),
+    (dict(top_k=33), "silu", "top_k=33"),
+    (dict(num_local_experts=2048, num_experts=2048), "silu", "local experts"),
+    (dict(tokens=70000), "silu", "tokens=70000"),
+])
+def test_declines_with_reason(kw, act, needle):
+    reason = unsupported_reason(make_shape(**kw), Activation(act))
+    assert reason is not None and needle in reason
+
+
+@pytest.mark.parametrize("act", ["silu", "gelu_tanh", "swigluoai"])
+@pytest.mark.parametrize("fmt,mode", [("nvfp4", "w4a16"), ("mxfp4", "w4a4")])
+def test_offers_gated_activations_both_formats_and_modes(act, fmt, mode):
+    shape = make_shape(hidden=2880, intermediate=704, weight_format=fmt, quant_mode=mode)
+    assert unsupported_reason(shape, Activation(act)) is None
+
+
+def test_bids_above_generic_only_for_large_batches():
+    E, k = 128, 8
+    small = make_shape(tokens=8, num_experts=E, num_local_experts=E, top_k=k)
+    assert priority(small) < PRIORITY_GENERIC
+    t_cut = -(-CUTOVER_ROWS_PER_EXPERT * E // k)
+    large = make_shape(tokens=t_cut, num_experts=E, num_local_experts=E, top_k=k)
+    assert priority(large) == PRIORITY_GATED > PRIORITY_GENERIC
+
+
+def test_plugin_offer_and_decline():
+    from moe_gated import plugin
+
+    assert "not gated" in plugin.can_handle(make_shape(), Activation("relu2")).reason
+    offer = plugin.can_handle(make_shape(tokens=8192), Activation("swigluoai"))
+    assert offer.kernel == "moe-gated" and offer.priority == PRIORITY_GATED
+
+
+def test_direct_call_rejects_relu2_with_value_error():
+    import torch
+
+    from moe_common.testing import random_layer
+    from moe_gated import fused_moe
+
+    w = random_layer(4, 128, 128, gated=False, device="cpu")
+    x = torch.zeros(2, 128, dtype=torch.bfloat16)
+    tw = torch.full((2, 2), 0.5)
+    ti = torch.zeros(2, 2, dtype=torch.int32)
+    with pytest.raises(ValueError, match="moe-gated cannot run"):
+        fused_moe(x, w, tw, ti, activation="relu2")
