@@ -25,6 +25,11 @@ for s in "$@"; do
     sanitize-gated) step sanitize-gated 200 compute-sanitizer --tool memcheck --report-api-errors no python3 tools/gpu_check.py --kernel gated --sanitize ;;
     bench-gated) step bench-gated 500 "${BENCH[@]}" --preset deepseek-v3 qwen3-30b-a3b gpt-oss-120b --tokens 2048 8192 --kernels moe-gated moe-generic --no-check --json "$OUT/bench-gated.json" ;;
     bench-gated-all) step bench-gated-all 590 "${BENCH[@]}" --preset qwen3-30b-a3b qwen3.5-35b deepseek-v3 gpt-oss-120b --tokens 128 512 2048 8192 16384 --kernels auto moe-gated moe-generic torch-bf16 --json "$OUT/bench-gated-all.json" --plot "$OUT/bench-gated-all.png" ;;
+    gated-variants)
+      for v in "MOE_GATED_PENDING=2" "MOE_GATED_PENDING=0" "MOE_GATED_PENDING=4" "MOE_GATED_VARIANT=nodecode" "MOE_GATED_VARIANT=nomma"; do
+        step "gatedvar-${v//=/-}" 200 env $v "${BENCH[@]}" --preset deepseek-v3 --tokens 8192 --kernels moe-gated --no-check
+      done ;;
+    ncu-gated) step ncu-gated 400 ncu --clock-control none --kernel-name regex:GatedGemm --launch-skip 2 -c 1 --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section Occupancy --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active" python3 tools/profile_layer.py --kernel gated --tokens 4096 --experts 32 --calls 1 ;;
     static-tests) step static-tests 300 python3 -m pytest packages/moe-static -m gpu -q -x ;;
     generic-tests) step generic-tests 400 python3 -m pytest packages/moe-generic tests dispatcher/tests -m gpu -q ;;
     sanitize-static) step sanitize-static 200 compute-sanitizer --tool memcheck --report-api-errors no python3 tools/gpu_check.py --kernel static --sanitize ;;
@@ -41,8 +46,8 @@ for s in "$@"; do
         step "gvariant-${v//=/-}" 300 env $v "${BENCH[@]}" --preset deepseek-v3 qwen3-30b-a3b --tokens 2048 8192 --kernels auto --no-check
       done ;;
     bench-large) step bench-large 400 "${BENCH[@]}" --preset deepseek-v3 qwen3-30b-a3b --tokens 512 2048 8192 --kernels auto torch-bf16 --no-check --json "$OUT/bench-large.json" ;;
-    ncu-stalls) step ncu-stalls 300 ncu --clock-control none --kernel-name regex:StaticMoE --launch-skip 1 -c 1 --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__issue_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed,gpu__time_duration.sum" python3 tools/profile_static.py ;;
-    ncu-static) step ncu-static 300 ncu --clock-control none --kernel-name regex:StaticMoE --launch-skip 1 -c 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section Occupancy python3 tools/profile_static.py ;;
+    ncu-stalls) step ncu-stalls 300 ncu --clock-control none --kernel-name regex:StaticMoE --launch-skip 1 -c 1 --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__issue_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed,gpu__time_duration.sum" python3 tools/profile_layer.py ;;
+    ncu-static) step ncu-static 300 ncu --clock-control none --kernel-name regex:StaticMoE --launch-skip 1 -c 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section Occupancy python3 tools/profile_layer.py ;;
     profile) step profile 200 python3 tools/profile_generic.py --preset deepseek-v3 --tokens 8192 ;;
     *) echo "unknown step $s" ;;
   esac

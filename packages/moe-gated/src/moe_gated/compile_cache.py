@@ -1,6 +1,8 @@
 """moe-gated's compiled kernels, keyed by their static facts (see moe_common.cute.jit)."""
 from __future__ import annotations
 
+import os
+
 from moe_common.cute import jit
 
 from .kernel import GatedConfig, GatedGemm
@@ -8,10 +10,18 @@ from .kernel import GatedConfig, GatedGemm
 FORMATS = ("nvfp4", "mxfp4")
 ACTIVATIONS = ("silu", "gelu_tanh", "swigluoai")
 
+# Development knobs for measuring variants (the defaults are the measured best):
+# MOE_GATED_PENDING=j leaves j wgmma slabs in flight across K-tiles;
+# MOE_GATED_VARIANT=nodecode|nomma times the kernel without the decode or without the MMA
+# (wrong output: timing only).
+PENDING = int(os.environ.get("MOE_GATED_PENDING", "2"))
+VARIANT = os.environ.get("MOE_GATED_VARIANT", "full")
+
 
 def config(phase: str, weight_format: str, activation: str) -> GatedConfig:
     return GatedConfig(phase=phase, weight_format=weight_format,
-                       activation=activation if phase == "fc1" else "none")
+                       activation=activation if phase == "fc1" else "none",
+                       pending=PENDING, variant=VARIANT)
 
 
 def compile_config(cfg: GatedConfig):

@@ -51,7 +51,6 @@ GROUPS_PER_WARP = 2  # 16-row weight groups per warp = wgmmas per warpgroup per 
 ROW_TILE = WARPS * GROUPS_PER_WARP * 16  # 256 weight rows per work item
 STAGES = 4  # NVFP4: 4 x 52 KiB of shared memory, one CTA per SM
 LOOK = STAGES - 2  # K-tiles loaded ahead (one stage is still read by in-flight wgmmas)
-PENDING = 2  # wgmma slabs left in flight when a K-tile's block returns
 
 
 @dataclass(frozen=True)
@@ -59,6 +58,9 @@ class GatedConfig:
     phase: str  # "fc1" | "fc2"
     weight_format: str  # "nvfp4" | "mxfp4"
     activation: str = "silu"  # fc1: silu | gelu_tanh | swigluoai (alpha/beta/limit at run time)
+    pending: int = 2  # wgmma slabs left in flight when a K-tile's block returns
+    # timing-only variants (wrong results): "nodecode" feeds raw codes to the MMA, "nomma" skips it
+    variant: str = "full"
 
 
 class GatedGemm:
@@ -199,12 +201,17 @@ class GatedGemm:
                 stage = s_base + (kt % STAGES) * self.stage_bytes
                 words = [fm.load_group_words(stage + a_warp_off + g * self.a_group_bytes, lane,
                                              cfg.weight_format) for g in range(GROUPS_PER_WARP)]
-                accs = [[acc[g, i // 4, i % 4] for i in range(BN // 2)] for g in range(GROUPS_PER_WARP)]
-                res = wgmma_decode_k128(accs, [w[:8] for w in words], [w[8:] for w in words],
-                                        cfg.weight_format, stage, BN, pending=PENDING)
-                for g in cutlass.range_constexpr(GROUPS_PER_WARP):
-                    for i in cutlass.range_constexpr(BN // 2):
-                        acc[g, i // 4, i % 4] = res[g][i]
+                if cutlass.const_expr(cfg.variant == "nomma"):
+                    for g in cutlass.range_constexpr(GROUPS_PER_WARP):
+                        acc[g, 0, 0] = acc[g, 0, 0] + Float32(ptx.f32_bits(words[g][0] ^ words[g][9]))
+                else:
+                    accs = [[acc[g, i // 4, i % 4] for i in range(BN // 2)] for g in range(GROUPS_PER_WARP)]
+                    res = wgmma_decode_k128(accs, [w[:8] for w in words], [w[8:] for w in words],
+                                            cfg.weight_format, stage, BN, pending=cfg.pending,
+                                            decode=cfg.variant != "nodecode")
+                    for g in cutlass.range_constexpr(GROUPS_PER_WARP):
+                        for i in cutlass.range_constexpr(BN // 2):
+                            acc[g, i // 4, i % 4] = res[g][i]
         ptx.cp_async_wait(0)
         ptx.wgmma_wait(0)
 

@@ -47,8 +47,8 @@ def _slab_ptx(g: int, s: int, code: str, s_r: str, s_r8: str, sel: int) -> list:
 
 
 @dsl_user_op
-def wgmma_decode_k128(accs, codes, scales, weight_format: str, b_smem, n: int, pending=None, *,
-                      loc=None, ip=None):
+def wgmma_decode_k128(accs, codes, scales, weight_format: str, b_smem, n: int, pending=None,
+                      decode: bool = True, *, loc=None, ip=None):
     """accs[g] (64 x n fp32) += decode(codes[g], scales[g]) (64 x 128) @ B (128 x n).
 
     pending=None: one commit group for the tile and a wait for all of it before returning.
@@ -56,6 +56,7 @@ def wgmma_decode_k128(accs, codes, scales, weight_format: str, b_smem, n: int, p
     last j slabs of this tile are still running when the block returns (the caller waits with
     ptx.wgmma_wait before reading accs or reusing B's shared memory); at most j + 1 slabs' A
     registers are live.
+    decode=False feeds the raw code words as A (wrong results: for timing the decode's cost only).
 
     codes[g]: the 8 fragment-ordered code words of this lane (one per k16 slab); scales[g]: the
     bf16 block-scale words of rows r and r + 8 (NVFP4: 4 + 4 words, slab s in half s % 2 of word
@@ -93,7 +94,10 @@ def wgmma_decode_k128(accs, codes, scales, weight_format: str, b_smem, n: int, p
             else:
                 wi, half = s // 4, (s // 2) % 2
             s_r, s_r8 = f"${w0 + 8 + wi}", f"${w0 + 8 + nsw + wi}"
-            lines += _slab_ptx(g, s, code, s_r, s_r8, 0x3232 if half else 0x1010)
+            if decode:
+                lines += _slab_ptx(g, s, code, s_r, s_r8, 0x3232 if half else 0x1010)
+            else:
+                lines += [f"mov.b32 a{g}_{s}{j}, {code};" for j in range(4)]
         lines.append(f"add.s64 ds, d0, {s * 2 * n};")
         lines.append("wgmma.fence.sync.aligned;")  # A registers were just written
         for g in range(G):
