@@ -30,6 +30,9 @@ for s in "$@"; do
         step "gatedvar-${v//=/-}" 200 env $v "${BENCH[@]}" --preset deepseek-v3 --tokens 8192 --kernels moe-gated --no-check
       done ;;
     ncu-gated) step ncu-gated 400 ncu --clock-control none --kernel-name regex:GatedGemm --launch-skip 2 -c 1 --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section Occupancy --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active" python3 tools/profile_layer.py --kernel gated --tokens 4096 --experts 32 --calls 1 ;;
+    ncu-gated-src)
+      step ncu-gated-src 400 ncu --clock-control none --kernel-name regex:GatedGemm --launch-skip 2 -c 1 --section WarpStateStats --section SourceCounters -o "$OUT/gated" python3 tools/profile_layer.py --kernel gated --tokens 4096 --experts 32 --calls 1
+      step ncu-gated-sass 200 ncu --import "$OUT/gated.ncu-rep" --page source --csv --print-source sass ;;
     static-tests) step static-tests 300 python3 -m pytest packages/moe-static -m gpu -q -x ;;
     generic-tests) step generic-tests 400 python3 -m pytest packages/moe-generic tests dispatcher/tests -m gpu -q ;;
     sanitize-static) step sanitize-static 200 compute-sanitizer --tool memcheck --report-api-errors no python3 tools/gpu_check.py --kernel static --sanitize ;;
