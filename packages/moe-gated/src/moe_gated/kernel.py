@@ -22,12 +22,19 @@ from shared memory. 128 tokens per tile spend the decode (~20 integer instructio
 weights) on 4x the FLOPs of moe-generic's 32-token tiles, which is what bounds moe-generic's
 prefill (BENCHMARKS.md).
 
-Pipeline: a STAGES-deep cp.async ring per K-tile (token rows gathered by row address, zero-
-filled past the tile and past the real K; each warp's weight tiles); one CTA barrier per K-tile.
-wgmma runs asynchronously: each slab is its own commit group and at most PENDING slabs stay in
-flight across the K-tile boundary, so the tensor cores work while the next tile's barrier,
-shared-memory reads and first decode run. A stage is refilled two K-tiles after its use
-(look-ahead STAGES - 2), when no wgmma can still be reading it.
+Operands arrive by bulk copy (cp.async.bulk, the TMA engine's 1-D copy): B is one 32 KiB copy
+per K-tile from a tile-blocked buffer already in wgmma's core-matrix order (FC1: token rows
+gathered by tile_gather; FC2: the intermediate, which FC1's epilogue writes in that order), and
+each 16-row weight group's codes and scales are two contiguous copies. A CTA-wide per-thread
+cp.async ring measured 21.1 ms at DeepSeek-V3 T=8192 with its issue stalled on the load/store
+unit (ncu: 21% of warp samples on one LDGSTS address register, long scoreboard); the bulk
+copies take one instruction per 1-32 KiB instead of one per 16 bytes per thread.
+A STAGES-deep ring with one full-mbarrier per stage (transaction bytes); one CTA barrier per
+K-tile orders the refill of a stage after every warp's last use of it. wgmma runs
+asynchronously: each slab is its own commit group and at most `pending` slabs stay in flight
+across the K-tile boundary, so the tensor cores work while the next tile's barrier, shared-
+memory reads and first decode run. A stage is refilled two K-tiles after its use (look-ahead
+STAGES - 2), when no wgmma can still be reading it.
 """
 from __future__ import annotations
 
@@ -69,10 +76,14 @@ class GatedGemm:
         assert cfg.phase == "fc2" or cfg.activation in ("silu", "gelu_tanh", "swigluoai")
         self.cfg = cfg
         self.b_bytes = BN * TILE_K * 2
+        self.scale_bytes = 16 * fm.scale_bytes_per_row(cfg.weight_format)  # per group tile
         self.a_group_bytes = fm.group_tile_bytes(cfg.weight_format)
         self.stage_bytes = self.b_bytes + WARPS * GROUPS_PER_WARP * self.a_group_bytes
-        self.smem_bytes = STAGES * self.stage_bytes + 16  # + two ticket slots
-        assert 2 * BN == THREADS  # two threads per token row, 8 chunks each per K-tile
+        # stages, then one 8-byte full-mbarrier per stage, then two ticket slots
+        self.bar_off = STAGES * self.stage_bytes
+        self.slot_off = self.bar_off + 8 * STAGES
+        self.smem_bytes = self.slot_off + 16
+        assert WARPS * GROUPS_PER_WARP * 2 == 32  # one warp issues a K-tile's weight copies
 
     # ------------------------------------------------------------------ host entry
     @cute.jit
@@ -80,15 +91,14 @@ class GatedGemm:
         self,
         wblob: Int64, sblob: Int64, gscale: Int64, bias: Int64,
         tile_expert: Int64, tile_start: Int64, tile_end: Int64, num_tiles: Int64,
-        order: Int64, row_div: Int32, src: Int64, src_stride: Int32, k_real: Int32,
-        k_tiles: Int32, row_groups: Int32,
+        order: Int64, b_blocked: Int64, k_tiles: Int32, row_groups: Int32,
         out: Int64, out_stride: Int32, out_rows: Int32, route_w: Int64,
         act_alpha: Float32, act_beta: Float32, act_limit: Float32,
         queue: Int64, grid: Int32, stream,
     ):
         self.kernel(
             wblob, sblob, gscale, bias, tile_expert, tile_start, tile_end, num_tiles,
-            order, row_div, src, src_stride, k_real, k_tiles, row_groups,
+            order, b_blocked, k_tiles, row_groups,
             out, out_stride, out_rows, route_w, act_alpha, act_beta, act_limit, queue, grid,
         ).launch(grid=[grid, 1, 1], block=[THREADS, 1, 1], smem=self.smem_bytes, stream=stream)
 
@@ -98,8 +108,7 @@ class GatedGemm:
         self,
         wblob: Int64, sblob: Int64, gscale: Int64, bias: Int64,
         tile_expert: Int64, tile_start: Int64, tile_end: Int64, num_tiles: Int64,
-        order: Int64, row_div: Int32, src: Int64, src_stride: Int32, k_real: Int32,
-        k_tiles: Int32, row_groups: Int32,
+        order: Int64, b_blocked: Int64, k_tiles: Int32, row_groups: Int32,
         out: Int64, out_stride: Int32, out_rows: Int32, route_w: Int64,
         act_alpha: Float32, act_beta: Float32, act_limit: Float32,
         queue: Int64, grid: Int32,
@@ -108,7 +117,12 @@ class GatedGemm:
         smem = cutlass.memory.SmemAllocator()
         sbuf = smem.allocate_array(cutlass.Uint8, self.smem_bytes, byte_alignment=128)
         s_base = Int32(sbuf.toint())
-        slots = s_base + STAGES * self.stage_bytes
+        slots = s_base + self.slot_off
+        bars = s_base + self.bar_off
+        if tidx == 0:
+            for st in cutlass.range_constexpr(STAGES):
+                ptx.mbarrier_init(bars + st * 8, 1)
+            ptx.fence_mbarrier_init()
 
         row_tiles = (row_groups + (ROW_TILE // 16 - 1)) // (ROW_TILE // 16)
         total = Int32(ptx.ld_u32(num_tiles)) * row_tiles
@@ -119,11 +133,13 @@ class GatedGemm:
         cute.arch.sync_threads()
         item = ptx.ld_shared_u32(slots)
         it = Int32(0)
+        kbase = Int32(0)  # K-tiles this CTA has consumed: stage and mbarrier phase of the next
         while item < total:
-            self._work_item(item // row_tiles, item % row_tiles, s_base, tidx,
+            self._work_item(item // row_tiles, item % row_tiles, kbase, s_base, bars, tidx,
                             wblob, sblob, gscale, bias, tile_expert, tile_start, tile_end,
-                            order, row_div, src, src_stride, k_real, k_tiles, row_groups,
+                            order, b_blocked, k_tiles, row_groups,
                             out, out_stride, out_rows, route_w, act_alpha, act_beta, act_limit)
+            kbase = kbase + k_tiles
             it = it + 1
             slot = slots + (it % 2) * 4  # two slots: a slot is rewritten two barriers after its read
             if tidx == 0:
@@ -136,9 +152,9 @@ class GatedGemm:
                 ptx.st_u32(queue + 4, 0)
 
     @cute.jit
-    def _work_item(self, tile, rt, s_base, tidx,
+    def _work_item(self, tile, rt, kbase, s_base, bars, tidx,
                    wblob, sblob, gscale, bias, tile_expert, tile_start, tile_end,
-                   order, row_div, src, src_stride, k_real, k_tiles, row_groups,
+                   order, b_blocked, k_tiles, row_groups,
                    out, out_stride, out_rows, route_w, act_alpha, act_beta, act_limit):
         cfg = self.cfg
         e = ptx.ld_u32(tile_expert + Int64(tile) * 4)
@@ -149,56 +165,50 @@ class GatedGemm:
         r = lane // 4
         q = lane % 4
 
-        # ---- this warp's weight groups (a warpgroup past the real rows sits out: rows are
-        # padded to 128 = one warpgroup's share, so the test is warpgroup-uniform)
+        # ---- weight groups: warp w owns groups 2w, 2w + 1 of the row tile. A warpgroup past
+        # the real rows sits out: rows are padded to 128 = one warpgroup's share, so the test
+        # is warpgroup-uniform.
         group0 = rt * (ROW_TILE // 16) + warp * GROUPS_PER_WARP
         active = group0 < row_groups
-        sbpr = fm.scale_bytes_per_row(cfg.weight_format)
-        tile_idx0 = (Int64(e) * Int64(row_groups) + Int64(group0)) * Int64(k_tiles)
-        w_warp = wblob + tile_idx0 * 1024
-        s_warp = sblob + tile_idx0 * (16 * sbpr)
-        group_w_stride = Int64(k_tiles) * 1024
-        group_s_stride = Int64(k_tiles) * (16 * sbpr)
+        # the copy warp (warp 0): lane l copies group l // 2 of the tile, l even: codes, odd: scales
+        cgroup = rt * (ROW_TILE // 16) + lane // 2
+        ctile = (Int64(e) * Int64(row_groups) + Int64(cgroup)) * Int64(k_tiles)
+        csrc = wblob + ctile * 1024
+        cbytes = Int32(1024)
+        cdst = self.b_bytes + (lane // 2) * self.a_group_bytes
+        cstep = Int64(1024)
+        if lane % 2 == 1:
+            csrc = sblob + ctile * self.scale_bytes
+            cbytes = Int32(self.scale_bytes)
+            cdst = cdst + 1024
+            cstep = Int64(self.scale_bytes)
+        copy_ok = cgroup < row_groups
+        groups_here = row_groups - rt * (ROW_TILE // 16)
+        if groups_here > ROW_TILE // 16:
+            groups_here = Int32(ROW_TILE // 16)
+        stage_tx = self.b_bytes + groups_here * self.a_group_bytes
+        b_tile = b_blocked + Int64(tile) * Int64(k_tiles) * self.b_bytes
         a_warp_off = self.b_bytes + warp * GROUPS_PER_WARP * self.a_group_bytes
-
-        # ---- this thread's token row and half: rows n and chunk parity h chosen so each
-        # 8-lane phase of a copy writes 8 distinct 16-byte bank groups and lanes (n, 0), (n, 1)
-        # read one 32-byte sector together
-        j = lane % 16
-        a = j // 4
-        h = (a ^ (a // 2)) % 2
-        n = warp * 16 + (lane // 16) * 8 + (j % 4) + 4 * (a % 2)
-        p = p0 + n
-        row_base = src
-        row_ok = Int32(0)
-        if p < p1:
-            row = p  # FC2 reads the intermediate in sorted order
-            if cutlass.const_expr(cfg.phase == "fc1"):
-                row = ptx.ld_u32(order + Int64(p) * 4) // row_div
-            row_base = src + Int64(row) * Int64(src_stride) * 2
-            row_ok = Int32(1)
 
         acc = cute.make_rmem_tensor(cute.make_layout((GROUPS_PER_WARP, BN // 8, 4)), Float32)
         acc.fill(0.0)
 
-        for st in cutlass.range_constexpr(LOOK):
-            if st < k_tiles:
-                self._issue_stage(Int32(st), s_base + st * self.stage_bytes, lane, n, h, row_base,
-                                  row_ok, src, k_real, active, w_warp, s_warp, group_w_stride,
-                                  group_s_stride, a_warp_off)
-            ptx.cp_async_commit()
+        if warp == 0:
+            for st in cutlass.range_constexpr(LOOK):
+                if st < k_tiles:
+                    self._issue_stage(Int32(st), kbase, s_base, bars, lane, stage_tx, b_tile,
+                                      csrc, cstep, cdst, cbytes, copy_ok)
         for kt in cutlass.range(k_tiles, unroll=1):
-            ptx.cp_async_wait(LOOK - 1)
-            ptx.fence_proxy_async_shared()  # cp.async writes -> wgmma (async proxy) reads
-            cute.arch.sync_threads()  # K-tile kt landed everywhere; K-tile kt-2's wgmmas are done
+            g_kt = kbase + kt
+            ptx.mbarrier_wait(bars + (g_kt % STAGES) * 8, (g_kt // STAGES) % 2)  # K-tile kt landed
+            cute.arch.sync_threads()  # every warp is past K-tile kt-2's wgmmas: its stage is free
             nxt = kt + LOOK
-            if nxt < k_tiles:
-                self._issue_stage(nxt, s_base + (nxt % STAGES) * self.stage_bytes, lane, n, h,
-                                  row_base, row_ok, src, k_real, active, w_warp, s_warp,
-                                  group_w_stride, group_s_stride, a_warp_off)
-            ptx.cp_async_commit()
+            if warp == 0:
+                if nxt < k_tiles:
+                    self._issue_stage(nxt, kbase, s_base, bars, lane, stage_tx, b_tile,
+                                      csrc, cstep, cdst, cbytes, copy_ok)
             if active:
-                stage = s_base + (kt % STAGES) * self.stage_bytes
+                stage = s_base + (g_kt % STAGES) * self.stage_bytes
                 words = [fm.load_group_words(stage + a_warp_off + g * self.a_group_bytes, lane,
                                              cfg.weight_format) for g in range(GROUPS_PER_WARP)]
                 if cutlass.const_expr(cfg.variant == "nomma"):
@@ -212,7 +222,6 @@ class GatedGemm:
                     for g in cutlass.range_constexpr(GROUPS_PER_WARP):
                         for i in cutlass.range_constexpr(BN // 2):
                             acc[g, i // 4, i % 4] = res[g][i]
-        ptx.cp_async_wait(0)
         ptx.wgmma_wait(0)
 
         # ---- epilogue: global scale, bias, then the activation (FC1) or router weight (FC2)
@@ -223,18 +232,23 @@ class GatedGemm:
                 brow = bias + (Int64(e) * Int64(row_groups * 16) + Int64(row0)) * 4
                 b_lo = ptx.ld_nc_f32(brow)
                 b_hi = ptx.ld_nc_f32(brow + 32)
+                if cutlass.const_expr(cfg.phase == "fc1"):
+                    # intermediate column j = 8 * group + r, written straight into FC2's
+                    # tile-blocked B layout: tile, K-tile j // 128, chunk (j % 128) // 8, token n
+                    j = (group0 + g) * 8 + r
+                    col_off = (Int64(tile) * Int64(out_stride) + Int64(j // TILE_K)) * self.b_bytes \
+                        + Int64(((j % TILE_K) // 8) * BN * 16 + (j % 8) * 2)
                 for nb in cutlass.range_constexpr(BN // 8):
                     for c in cutlass.range_constexpr(2):
-                        pp = p0 + nb * 8 + 2 * q + c
-                        if pp < p1:
+                        n = nb * 8 + 2 * q + c
+                        if p0 + n < p1:
                             v_lo = acc[g, nb, c] * gs + b_lo
                             v_hi = acc[g, nb, 2 + c] * gs + b_hi
                             if cutlass.const_expr(cfg.phase == "fc1"):
                                 hv = act.gated(cfg.activation, v_lo, v_hi, act_alpha, act_beta, act_limit)
-                                dst = out + (Int64(pp) * Int64(out_stride) + Int64((group0 + g) * 8 + r)) * 2
-                                ptx.st_u16(dst, ptx.bf16x2_from_f32(hv, hv))
+                                ptx.st_u16(out + col_off + Int64(n * 16), ptx.bf16x2_from_f32(hv, hv))
                             else:
-                                pair = ptx.ld_u32(order + Int64(pp) * 4)
+                                pair = ptx.ld_u32(order + Int64(p0 + n) * 4)
                                 wgt = ptx.ld_nc_f32(route_w + Int64(pair) * 4)
                                 dst = out + (Int64(pair) * Int64(out_stride)) * 4
                                 if row0 < out_rows:
@@ -244,31 +258,16 @@ class GatedGemm:
 
     # ------------------------------------------------------------------ pieces
     @cute.jit
-    def _issue_stage(self, kt, stage, lane, n, h, row_base, row_ok, src, k_real, active,
-                     w_warp, s_warp, group_w_stride, group_s_stride, a_warp_off):
-        """cp.async K-tile kt's token rows (whole CTA) and this warp's weight tiles into a stage.
-
-        B layout: K-major 8 x 16-byte core matrices, chunk ch of token n at (ch * BN + n) * 16,
-        as wgmma_decode_k128 describes it to the tensor cores.
-        """
-        cfg = self.cfg
-        for i in cutlass.range_constexpr(TILE_K // 16):
-            ch = 2 * i + h
-            k0 = kt * TILE_K + ch * 8
-            nbytes = Int32(0)
-            gaddr = src  # any valid address when nothing is read (zero-fill)
-            if row_ok != Int32(0):
-                if k0 < k_real:
-                    gaddr = row_base + Int64(k0) * 2
-                    nbytes = Int32(16)
-            ptx.cp_async_16_zfill(stage + (ch * BN + n) * 16, gaddr, nbytes)
-        if active:
-            scale_chunks = fm.scale_bytes_per_row(cfg.weight_format)  # 16 rows x sbpr bytes
-            for g in cutlass.range_constexpr(GROUPS_PER_WARP):
-                dst = stage + a_warp_off + g * self.a_group_bytes
-                wsrc = w_warp + Int64(g) * group_w_stride + Int64(kt) * 1024 + Int64(lane) * 32
-                ptx.cp_async_16(dst + lane * 32, wsrc)
-                ptx.cp_async_16(dst + lane * 32 + 16, wsrc + 16)
-                if lane < scale_chunks:
-                    ssrc = s_warp + Int64(g) * group_s_stride + Int64(kt) * (16 * scale_chunks)
-                    ptx.cp_async_16(dst + 1024 + lane * 16, ssrc + Int64(lane) * 16)
+    def _issue_stage(self, kt, kbase, s_base, bars, lane, stage_tx, b_tile,
+                     csrc, cstep, cdst, cbytes, copy_ok):
+        """Warp 0: arm K-tile kt's stage mbarrier with the stage's bytes, then bulk-copy the
+        B block (lane 0) and the row tile's weight codes and scales (one piece per lane)."""
+        g_kt = kbase + kt
+        stage = s_base + (g_kt % STAGES) * self.stage_bytes
+        bar = bars + (g_kt % STAGES) * 8
+        if lane == 0:
+            ptx.mbarrier_arrive_expect_tx(bar, stage_tx)
+            ptx.bulk_copy_g2s(stage, b_tile + Int64(kt) * self.b_bytes, self.b_bytes, bar)
+        cute.arch.sync_warp()
+        if copy_ok:
+            ptx.bulk_copy_g2s(stage + cdst, csrc + Int64(kt) * cstep, cbytes, bar)

@@ -1,8 +1,9 @@
 """Host side of moe-gated: routing, the two persistent grouped GEMMs, the top-k reduce.
 
 A call is: routing into 128-pair tiles (moe_common's routing kernel) -> [w4a4: quantized token
-rows] -> FC1 + activation (persistent, queue-driven) -> [w4a4: requantized intermediate] -> FC2
-+ router weight into y [T * k, H] fp32 -> fixed-order top-k reduce -> bf16 out. Every step is
+rows] -> token rows gathered into tile-blocked B -> FC1 + activation (persistent, queue-driven),
+writing the intermediate tile-blocked -> [w4a4: requantized intermediate] -> FC2 + router weight
+into y [T * k, H] fp32 -> fixed-order top-k reduce -> bf16 out. Every step is
 asynchronous on the current stream and nothing syncs with the host, so the call can be captured
 in a CUDA graph once compiled and its workspace allocated. The work queues' counters are zeroed
 once at allocation and left at zero by every launch.
@@ -15,7 +16,7 @@ import torch
 
 from moe_common.cute import jit
 from moe_common.fragments import TILE_K
-from moe_common.kernel_package import Buffers, w4a4_fc1_rows, w4a4_requantize_intermediate
+from moe_common.kernel_package import Buffers, w4a4_fc1_rows
 from moe_common.packed import pack
 from moe_common.types import Activation
 from moe_common.weights import MoEWeights
@@ -64,38 +65,60 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
                      num_tiles.data_ptr(), stream)
     tile_args = (tiles[0].data_ptr(), tiles[1].data_ptr(), tiles[2].data_ptr(), num_tiles.data_ptr())
 
-    # 2. FC1 + activation -> intermediate [P, Ip] bf16 in sorted order
+    # 2. token rows gathered into tile-blocked B (one 32 KiB bulk copy per tile and K-tile)
     if quant_mode == "w4a4":
         src, row_div = w4a4_fc1_rows(x, weights, ids, bufs.get("xq", (P, H), torch.bfloat16)), 1
     else:
         src, row_div = x, k
-    inter = bufs.get("inter", (P, Ip), torch.bfloat16)
+    kt1, kt2 = Hp // TILE_K, Ip // TILE_K
+    x_blocked = bufs.get("x_blocked", (cap, kt1, BN * TILE_K), torch.bfloat16)
+    compile_cache.tile_gather()(src.data_ptr(), src.stride(0), H, order.data_ptr(), row_div,
+                                tiles[1].data_ptr(), tiles[2].data_ptr(), num_tiles.data_ptr(),
+                                x_blocked.data_ptr(), kt1, cap, stream)
+
+    # 3. FC1 + activation -> intermediate, written in FC2's tile-blocked B layout
+    inter = bufs.get("inter_blocked", (cap, kt2, BN * TILE_K), torch.bfloat16)
     limit = activation.limit if activation.limit is not None else math.inf
     _, fc1 = compile_cache.get("fc1", weights.weight_format, activation.name)
     grid1 = _persistent_grid(dev, cap * -(-prep.fc1_rows // ROW_TILE))
     fc1(prep.w13.data_ptr(), prep.w13_scale.data_ptr(), prep.fc1_alpha[quant_mode].data_ptr(),
-        prep.w13_bias.data_ptr(), *tile_args, order.data_ptr(), row_div, src.data_ptr(),
-        src.stride(0), H, Hp // TILE_K, prep.fc1_rows // 16,
-        inter.data_ptr(), Ip, Ip, 0, activation.alpha, activation.beta, limit,
+        prep.w13_bias.data_ptr(), *tile_args, order.data_ptr(), x_blocked.data_ptr(), kt1,
+        prep.fc1_rows // 16, inter.data_ptr(), kt2, Ip, 0, activation.alpha, activation.beta, limit,
         queues[0].data_ptr(), grid1, stream)
 
     if quant_mode == "w4a4":
-        w4a4_requantize_intermediate(inter, weights, ids, order)
+        w4a4_requantize_blocked(inter, weights, tiles[0], BN)
 
-    # 3. FC2 + router weight -> y [P, H] fp32 in original pair order
+    # 4. FC2 + router weight -> y [P, H] fp32 in original pair order
     y = bufs.get("y", (P, H), torch.float32)
     route_w = topk_weights if topk_weights.dtype == torch.float32 else topk_weights.float()
     route_w = route_w.contiguous()
     _, fc2 = compile_cache.get("fc2", weights.weight_format, "none")
     grid2 = _persistent_grid(dev, cap * -(-prep.fc2_rows // ROW_TILE))
     fc2(prep.w2.data_ptr(), prep.w2_scale.data_ptr(), prep.fc2_alpha[quant_mode].data_ptr(),
-        prep.w2_bias.data_ptr(), *tile_args, order.data_ptr(), 1, inter.data_ptr(),
-        Ip, Ip, Ip // TILE_K, prep.fc2_rows // 16,
-        y.data_ptr(), H, H, route_w.data_ptr(), 1.0, 1.0, math.inf,
+        prep.w2_bias.data_ptr(), *tile_args, order.data_ptr(), inter.data_ptr(), kt2,
+        prep.fc2_rows // 16, y.data_ptr(), H, H, route_w.data_ptr(), 1.0, 1.0, math.inf,
         queues[1].data_ptr(), grid2, stream)
 
-    # 4. out[t] = sum over the top-k, fixed order, one rounding
+    # 5. out[t] = sum over the top-k, fixed order, one rounding
     if out is None:
         out = torch.empty(T, H, dtype=torch.bfloat16, device=dev)
     jit.topk_reduce(idb)(y.data_ptr(), ids.data_ptr(), out.data_ptr(), T, k, H, off, E, stream)
     return out
+
+
+def w4a4_requantize_blocked(inter, weights, tile_expert, bn: int):
+    """w4a4 FC2 input: the tile-blocked intermediate [tiles, K-tiles, 16 chunks x bn tokens x 8]
+    requantized in place, row by row, with each tile's expert fc2_input_scale (NVFP4). Token
+    slots a tile does not use hold stale values; their columns are never stored."""
+    from moe_common.formats import get_format
+    from moe_common.kernel_package import quantize_rows
+
+    cap, kt, _ = inter.shape
+    rows = inter.view(cap, kt, TILE_K // 8, bn, 8).permute(0, 3, 1, 2, 4).reshape(cap * bn, kt * TILE_K)
+    gs = None
+    if weights.weight_format == "nvfp4":
+        e = tile_expert.long().clamp(0, weights.num_local_experts - 1)
+        gs = weights.fc2_input_scale.float()[e].repeat_interleave(bn)
+    q = quantize_rows(torch.nan_to_num(rows), get_format(weights.weight_format), gs)
+    inter.copy_(q.view(cap, bn, kt, TILE_K // 8, 8).permute(0, 2, 3, 1, 4).reshape(inter.shape))

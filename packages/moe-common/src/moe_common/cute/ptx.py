@@ -340,3 +340,47 @@ def shfl_bfly_f32(v, lane_mask, member_mask, *, loc=None, ip=None) -> Float32:
     return Float32(_asm(T.f32(), [Float32(v).ir_value(loc=loc, ip=ip), _i32(lane_mask, loc, ip),
                                   _i32(member_mask, loc, ip)],
                         "shfl.sync.bfly.b32 $0, $1, $2, 0x1f, $3;", "=f,f,r,r", side_effects=True))
+# ---------------------------------------------------------------- mbarrier + bulk copy (TMA 1D)
+@dsl_user_op
+def mbarrier_init(addr, count, *, loc=None, ip=None):
+    _stmt([Int32(addr).ir_value(loc=loc, ip=ip), _i32(count, loc, ip)],
+          "mbarrier.init.shared::cta.b64 [$0], $1;", "r,r")
+
+
+@dsl_user_op
+def fence_mbarrier_init(*, loc=None, ip=None):
+    """Make mbarrier.init visible to the async proxy (bulk copies) before first use."""
+    _stmt([], "fence.mbarrier_init.release.cluster;", "")
+
+
+@dsl_user_op
+def mbarrier_arrive(addr, *, loc=None, ip=None):
+    _stmt([Int32(addr).ir_value(loc=loc, ip=ip)],
+          "{ .reg .b64 st; mbarrier.arrive.shared::cta.b64 st, [$0]; }", "r")
+
+
+@dsl_user_op
+def mbarrier_arrive_expect_tx(addr, nbytes, *, loc=None, ip=None):
+    """Arrive once and add nbytes to the phase's expected transaction count."""
+    _stmt([Int32(addr).ir_value(loc=loc, ip=ip), _i32(nbytes, loc, ip)],
+          "{ .reg .b64 st; mbarrier.arrive.expect_tx.shared::cta.b64 st, [$0], $1; }", "r,r")
+
+
+@dsl_user_op
+def mbarrier_wait(addr, parity, *, loc=None, ip=None):
+    """Spin until the phase with this parity (0/1) of the mbarrier has completed."""
+    _stmt([Int32(addr).ir_value(loc=loc, ip=ip), _i32(parity, loc, ip)],
+          "{\n.reg .pred p;\nWAIT_${:uid}:\n"
+          "mbarrier.try_wait.parity.shared::cta.b64 p, [$0], $1;\n"
+          "@!p bra WAIT_${:uid};\n}", "r,r")
+
+
+@dsl_user_op
+def bulk_copy_g2s(smem_addr, gmem_addr, nbytes, mbar, *, loc=None, ip=None):
+    """cp.async.bulk global -> shared (16-byte aligned, nbytes a multiple of 16), completing
+    nbytes of transactions on the mbarrier."""
+    _stmt([Int32(smem_addr).ir_value(loc=loc, ip=ip), Int64(gmem_addr).ir_value(loc=loc, ip=ip),
+           _i32(nbytes, loc, ip), Int32(mbar).ir_value(loc=loc, ip=ip)],
+          "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$0], [$1], $2, [$3];",
+          "r,l,r,r")
+
