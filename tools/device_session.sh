@@ -33,6 +33,10 @@ for s in "$@"; do
     ncu-gated-src)
       step ncu-gated-src 400 ncu --clock-control none --kernel-name regex:GatedGemm --launch-skip 2 -c 1 --section WarpStateStats --section SourceCounters -o "$OUT/gated" python3 tools/profile_layer.py --kernel gated --tokens 4096 --experts 32 --calls 1
       step ncu-gated-sass 200 ncu --import "$OUT/gated.ncu-rep" --page source --csv --print-source sass ;;
+    split-gated)
+      for pr in deepseek-v3 qwen3-30b-a3b gpt-oss-120b; do
+        step "split-gated-$pr" 200 python3 tools/profile_split.py --kernel gated --preset $pr --tokens 8192
+      done ;;
     static-tests) step static-tests 300 python3 -m pytest packages/moe-static -m gpu -q -x ;;
     generic-tests) step generic-tests 400 python3 -m pytest packages/moe-generic tests dispatcher/tests -m gpu -q ;;
     sanitize-static) step sanitize-static 200 compute-sanitizer --tool memcheck --report-api-errors no python3 tools/gpu_check.py --kernel static --sanitize ;;
@@ -51,7 +55,7 @@ for s in "$@"; do
     bench-large) step bench-large 400 "${BENCH[@]}" --preset deepseek-v3 qwen3-30b-a3b --tokens 512 2048 8192 --kernels auto torch-bf16 --no-check --json "$OUT/bench-large.json" ;;
     ncu-stalls) step ncu-stalls 300 ncu --clock-control none --kernel-name regex:StaticMoE --launch-skip 1 -c 1 --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__issue_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed,gpu__time_duration.sum" python3 tools/profile_layer.py ;;
     ncu-static) step ncu-static 300 ncu --clock-control none --kernel-name regex:StaticMoE --launch-skip 1 -c 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section Occupancy python3 tools/profile_layer.py ;;
-    profile) step profile 200 python3 tools/profile_generic.py --preset deepseek-v3 --tokens 8192 ;;
+    profile) step profile 200 python3 tools/profile_split.py --preset deepseek-v3 --tokens 8192 ;;
     *) echo "unknown step $s" ;;
   esac
 done

@@ -1,29 +1,31 @@
-"""Where moe-generic's time goes: per-kernel GPU time of one layer call (development tool).
+"""Where a kernel package's time goes: per-kernel GPU time of one layer call (development tool).
 
-    python tools/profile_generic.py [--preset deepseek-v3] [--tokens 8192] [--calls 5]
+    python tools/profile_split.py [--kernel generic|gated|static] [--preset deepseek-v3] [--tokens 8192]
 
 Runs the call once to compile and allocate, then `--calls` times under torch.profiler, and
 prints each GPU kernel's mean time per call (routing, FC1, FC2, top-k reduce, and any torch
 ops). For hardware counters run the same script under
-`ncu --clock-control none --kernel-name regex:kernel_cutlass -c 4 python3 tools/profile_generic.py`.
+`ncu --clock-control none --kernel-name regex:kernel_cutlass -c 4 python3 tools/profile_split.py`.
 """
 from __future__ import annotations
 
 import argparse
+import importlib
 from collections import defaultdict
 
 import torch
 
 from dispatcher.presets import PRESETS, random_inputs, random_weights
-from moe_generic import fused_moe
 
 
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--kernel", default="generic", choices=["generic", "gated", "static"])
     ap.add_argument("--preset", default="deepseek-v3", choices=sorted(PRESETS))
     ap.add_argument("--tokens", type=int, default=8192)
     ap.add_argument("--calls", type=int, default=5)
     args = ap.parse_args()
+    fused_moe = importlib.import_module(f"moe_{args.kernel}").fused_moe
     p = PRESETS[args.preset]
     w = random_weights(p, device="cuda", seed=1)
     gen = torch.Generator(device="cuda").manual_seed(2)
@@ -40,7 +42,7 @@ def main():
         if ev.device_type == torch.autograd.DeviceType.CUDA:
             per[ev.name[:90]] += ev.device_time_total if hasattr(ev, "device_time_total") else ev.cuda_time_total
     total = sum(per.values()) / args.calls
-    print(f"{p.name} T={args.tokens}: {total:.1f} us of GPU kernels per call")
+    print(f"moe-{args.kernel} {p.name} T={args.tokens}: {total:.1f} us of GPU kernels per call")
     for name, t in sorted(per.items(), key=lambda kv: -kv[1]):
         print(f"{t / args.calls:10.1f} us  {100 * t / args.calls / total:5.1f}%  {name}")
 
