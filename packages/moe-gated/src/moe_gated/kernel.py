@@ -51,13 +51,20 @@ from moe_common.cute.wgmma_decode import wgmma_decode_k128
 
 TILE_K = 128
 BN = 128  # tokens per tile = wgmma N
-WARPGROUPS = 2
-WARPS = 4 * WARPGROUPS
-THREADS = 32 * WARPS
-GROUPS_PER_WARP = 2  # 16-row weight groups per warp = wgmmas per warpgroup per slab
-ROW_TILE = WARPS * GROUPS_PER_WARP * 16  # 256 weight rows per work item
+WARPGROUPS = 2  # consumer warpgroups (warps 0-7)
+CONSUMER_WARPS = 4 * WARPGROUPS
+PRODUCER_WARP = CONSUMER_WARPS  # warp 8 fetches work items and issues the bulk copies
+# A third warpgroup holds the producer warp: warps are spread over the 4 schedulers, each with
+# a quarter of the registers, so a lone 9th warp would cap every thread at 168 registers (3
+# warps on one scheduler). With a whole warpgroup the producer side gives its registers to the
+# consumers (setmaxnreg): 4 x 40 + 8 x 232 per thread-slot fits the 64 K register file.
+THREADS = 32 * (CONSUMER_WARPS + 4)
+PRODUCER_REGS = 40
+CONSUMER_REGS = 232
+GROUPS_PER_WARP = 2  # 16-row weight groups per consumer warp = wgmmas per warpgroup per slab
+ROW_TILE = CONSUMER_WARPS * GROUPS_PER_WARP * 16  # 256 weight rows per work item
 STAGES = 4  # NVFP4: 4 x 52 KiB of shared memory, one CTA per SM
-LOOK = STAGES - 2  # K-tiles loaded ahead (one stage is still read by in-flight wgmmas)
+ITEM_SLOTS = 8  # work-item ring from the producer to the consumers (it leads by <= STAGES items)
 
 
 @dataclass(frozen=True)
@@ -78,12 +85,15 @@ class GatedGemm:
         self.b_bytes = BN * TILE_K * 2
         self.scale_bytes = 16 * fm.scale_bytes_per_row(cfg.weight_format)  # per group tile
         self.a_group_bytes = fm.group_tile_bytes(cfg.weight_format)
-        self.stage_bytes = self.b_bytes + WARPS * GROUPS_PER_WARP * self.a_group_bytes
-        # stages, then one 8-byte full-mbarrier per stage, then two ticket slots
-        self.bar_off = STAGES * self.stage_bytes
-        self.slot_off = self.bar_off + 8 * STAGES
-        self.smem_bytes = self.slot_off + 16
-        assert WARPS * GROUPS_PER_WARP * 2 == 32  # one warp issues a K-tile's weight copies
+        self.stage_bytes = self.b_bytes + CONSUMER_WARPS * GROUPS_PER_WARP * self.a_group_bytes
+        # shared memory: the stages, then 8-byte mbarriers (full[STAGES], empty[STAGES],
+        # item_full[ITEM_SLOTS]), then the work-item ring (4 bytes per slot)
+        self.full_off = STAGES * self.stage_bytes
+        self.empty_off = self.full_off + 8 * STAGES
+        self.item_bar_off = self.empty_off + 8 * STAGES
+        self.item_off = self.item_bar_off + 8 * ITEM_SLOTS
+        self.smem_bytes = self.item_off + 4 * ITEM_SLOTS
+        assert CONSUMER_WARPS * GROUPS_PER_WARP * 2 == 32  # one lane per copy of a K-tile's weights
 
     # ------------------------------------------------------------------ host entry
     @cute.jit
@@ -114,136 +124,197 @@ class GatedGemm:
         queue: Int64, grid: Int32,
     ):
         tidx, _, _ = cute.arch.thread_idx()
+        warp = tidx // 32
+        lane = tidx % 32
         smem = cutlass.memory.SmemAllocator()
         sbuf = smem.allocate_array(cutlass.Uint8, self.smem_bytes, byte_alignment=128)
         s_base = Int32(sbuf.toint())
-        slots = s_base + self.slot_off
-        bars = s_base + self.bar_off
         if tidx == 0:
             for st in cutlass.range_constexpr(STAGES):
-                ptx.mbarrier_init(bars + st * 8, 1)
+                ptx.mbarrier_init(s_base + self.full_off + st * 8, 1)  # the producer's expect_tx
+                ptx.mbarrier_init(s_base + self.empty_off + st * 8, CONSUMER_WARPS)
+            for i in cutlass.range_constexpr(ITEM_SLOTS):
+                ptx.mbarrier_init(s_base + self.item_bar_off + i * 8, 1)
             ptx.fence_mbarrier_init()
+        cute.arch.sync_threads()  # the only CTA-wide barrier
 
         row_tiles = (row_groups + (ROW_TILE // 16 - 1)) // (ROW_TILE // 16)
         total = Int32(ptx.ld_u32(num_tiles)) * row_tiles
+        if warp >= PRODUCER_WARP:
+            cute.arch.warpgroup_reg_dealloc(PRODUCER_REGS)
+            if warp == PRODUCER_WARP:
+                self._producer(s_base, lane, total, row_tiles, wblob, sblob, tile_expert, b_blocked,
+                               k_tiles, row_groups, queue, grid)
+        else:
+            cute.arch.warpgroup_reg_alloc(CONSUMER_REGS)
+            self._consumer(s_base, warp, lane, total, row_tiles, wblob, gscale, bias, tile_expert,
+                           tile_start, tile_end, order, k_tiles, row_groups, out, out_stride,
+                           out_rows, route_w, act_alpha, act_beta, act_limit)
+
+    # ------------------------------------------------------------------ producer warp
+    @cute.jit
+    def _producer(self, s_base, lane, total, row_tiles, wblob, sblob, tile_expert, b_blocked,
+                  k_tiles, row_groups, queue, grid):
+        """Takes tickets from the device queue, hands each to the consumers through the item
+        ring, and streams the item's K-tiles into the stages as the consumers free them."""
+        i = Int32(0)  # items handed out
+        g = Int32(0)  # K-tiles issued
+        item = Int32(0)
+        if lane == 0:
+            item = ptx.atom_add_global(queue, 1)
+        item = cute.arch.shuffle_sync(item, 0)
+        while item < total:
+            self._post_item(s_base, lane, i, item)
+            tile = item // row_tiles
+            rt = item % row_tiles
+            e = ptx.ld_u32(tile_expert + Int64(tile) * 4)
+            # lane l copies group l // 2 of the row tile: l even its codes, l odd its scales
+            cgroup = rt * (ROW_TILE // 16) + lane // 2
+            ctile = (Int64(e) * Int64(row_groups) + Int64(cgroup)) * Int64(k_tiles)
+            csrc = wblob + ctile * 1024
+            cbytes = Int32(1024)
+            cdst = self.b_bytes + (lane // 2) * self.a_group_bytes
+            cstep = Int64(1024)
+            if lane % 2 == 1:
+                csrc = sblob + ctile * self.scale_bytes
+                cbytes = Int32(self.scale_bytes)
+                cdst = cdst + 1024
+                cstep = Int64(self.scale_bytes)
+            copy_ok = cgroup < row_groups
+            groups_here = row_groups - rt * (ROW_TILE // 16)
+            if groups_here > ROW_TILE // 16:
+                groups_here = Int32(ROW_TILE // 16)
+            stage_tx = self.b_bytes + groups_here * self.a_group_bytes
+            b_tile = b_blocked + Int64(tile) * Int64(k_tiles) * self.b_bytes
+            for kt in cutlass.range(k_tiles, unroll=1):
+                s = g % STAGES
+                # the stage's previous use released by every consumer warp (the first use of
+                # each stage passes at once: parity of the phase before a fresh barrier's first)
+                ptx.mbarrier_wait(s_base + self.empty_off + s * 8, ((g // STAGES) % 2) ^ 1)
+                stage = s_base + s * self.stage_bytes
+                bar = s_base + self.full_off + s * 8
+                if lane == 0:
+                    ptx.mbarrier_arrive_expect_tx(bar, stage_tx)
+                    ptx.bulk_copy_g2s(stage, b_tile + Int64(kt) * self.b_bytes, self.b_bytes, bar)
+                cute.arch.sync_warp()
+                if copy_ok:
+                    ptx.bulk_copy_g2s(stage + cdst, csrc + Int64(kt) * cstep, cbytes, bar)
+                g = g + 1
+            i = i + 1
+            if lane == 0:
+                item = ptx.atom_add_global(queue, 1)
+            item = cute.arch.shuffle_sync(item, 0)
+        self._post_item(s_base, lane, i, item)  # past the end: the consumers stop
         # queue[0]: next ticket; queue[1]: CTAs finished. The last CTA to finish sets both back
         # to 0, so the next launch (or CUDA-graph replay) starts from a clean queue.
-        if tidx == 0:
-            ptx.st_shared_u32(slots, ptx.atom_add_global(queue, 1))
-        cute.arch.sync_threads()
-        item = ptx.ld_shared_u32(slots)
-        it = Int32(0)
-        kbase = Int32(0)  # K-tiles this CTA has consumed: stage and mbarrier phase of the next
-        while item < total:
-            self._work_item(item // row_tiles, item % row_tiles, kbase, s_base, bars, tidx,
-                            wblob, sblob, gscale, bias, tile_expert, tile_start, tile_end,
-                            order, b_blocked, k_tiles, row_groups,
-                            out, out_stride, out_rows, route_w, act_alpha, act_beta, act_limit)
-            kbase = kbase + k_tiles
-            it = it + 1
-            slot = slots + (it % 2) * 4  # two slots: a slot is rewritten two barriers after its read
-            if tidx == 0:
-                ptx.st_shared_u32(slot, ptx.atom_add_global(queue, 1))
-            cute.arch.sync_threads()
-            item = ptx.ld_shared_u32(slot)
-        if tidx == 0:
+        if lane == 0:
             if ptx.atom_add_global(queue + 4, 1) == grid - 1:
                 ptx.st_u32(queue, 0)
                 ptx.st_u32(queue + 4, 0)
 
     @cute.jit
-    def _work_item(self, tile, rt, kbase, s_base, bars, tidx,
-                   wblob, sblob, gscale, bias, tile_expert, tile_start, tile_end,
-                   order, b_blocked, k_tiles, row_groups,
+    def _post_item(self, s_base, lane, i, item):
+        """Write item number i into its ring slot and complete the slot's mbarrier phase. The
+        producer leads by at most STAGES items (each has >= 1 K-tile), so a slot is never
+        rewritten before every consumer has read it."""
+        if lane == 0:
+            slot = i % ITEM_SLOTS
+            ptx.st_shared_u32(s_base + self.item_off + slot * 4, item)
+            ptx.mbarrier_arrive(s_base + self.item_bar_off + slot * 8)
+
+    # ------------------------------------------------------------------ consumer warps
+    @cute.jit
+    def _consumer(self, s_base, warp, lane, total, row_tiles, wblob, gscale, bias, tile_expert,
+                  tile_start, tile_end, order, k_tiles, row_groups, out, out_stride, out_rows,
+                  route_w, act_alpha, act_beta, act_limit):
+        i = Int32(0)
+        g = Int32(0)  # K-tiles consumed
+        item = self._next_item(s_base, i)
+        while item < total:
+            self._work_item(item // row_tiles, item % row_tiles, g, s_base, warp, lane,
+                            gscale, bias, tile_expert, tile_start, tile_end, order, k_tiles,
+                            row_groups, out, out_stride, out_rows, route_w, act_alpha, act_beta,
+                            act_limit)
+            g = g + k_tiles
+            i = i + 1
+            item = self._next_item(s_base, i)
+
+    @cute.jit
+    def _next_item(self, s_base, i):
+        slot = i % ITEM_SLOTS
+        ptx.mbarrier_wait(s_base + self.item_bar_off + slot * 8, (i // ITEM_SLOTS) % 2)
+        return ptx.ld_shared_u32(s_base + self.item_off + slot * 4)
+
+    @cute.jit
+    def _release(self, s_base, lane, g):
+        """This warp is done with K-tile g's stage (its wgmmas on it have completed)."""
+        if lane == 0:
+            ptx.mbarrier_arrive(s_base + self.empty_off + (g % STAGES) * 8)
+
+    @cute.jit
+    def _work_item(self, tile, rt, g0, s_base, warp, lane,
+                   gscale, bias, tile_expert, tile_start, tile_end, order, k_tiles, row_groups,
                    out, out_stride, out_rows, route_w, act_alpha, act_beta, act_limit):
         cfg = self.cfg
         e = ptx.ld_u32(tile_expert + Int64(tile) * 4)
         p0 = ptx.ld_u32(tile_start + Int64(tile) * 4)
         p1 = ptx.ld_u32(tile_end + Int64(tile) * 4)
-        warp = tidx // 32
-        lane = tidx % 32
         r = lane // 4
         q = lane % 4
-
-        # ---- weight groups: warp w owns groups 2w, 2w + 1 of the row tile. A warpgroup past
-        # the real rows sits out: rows are padded to 128 = one warpgroup's share, so the test
-        # is warpgroup-uniform.
+        # warp w owns groups 2w, 2w + 1 of the row tile. A warpgroup past the real rows sits
+        # out (rows are padded to 128 = one warpgroup's share, so this is warpgroup-uniform)
+        # but still waits for and releases every stage, which keeps the barrier phases in step.
         group0 = rt * (ROW_TILE // 16) + warp * GROUPS_PER_WARP
         active = group0 < row_groups
-        # the copy warp (warp 0): lane l copies group l // 2 of the tile, l even: codes, odd: scales
-        cgroup = rt * (ROW_TILE // 16) + lane // 2
-        ctile = (Int64(e) * Int64(row_groups) + Int64(cgroup)) * Int64(k_tiles)
-        csrc = wblob + ctile * 1024
-        cbytes = Int32(1024)
-        cdst = self.b_bytes + (lane // 2) * self.a_group_bytes
-        cstep = Int64(1024)
-        if lane % 2 == 1:
-            csrc = sblob + ctile * self.scale_bytes
-            cbytes = Int32(self.scale_bytes)
-            cdst = cdst + 1024
-            cstep = Int64(self.scale_bytes)
-        copy_ok = cgroup < row_groups
-        groups_here = row_groups - rt * (ROW_TILE // 16)
-        if groups_here > ROW_TILE // 16:
-            groups_here = Int32(ROW_TILE // 16)
-        stage_tx = self.b_bytes + groups_here * self.a_group_bytes
-        b_tile = b_blocked + Int64(tile) * Int64(k_tiles) * self.b_bytes
         a_warp_off = self.b_bytes + warp * GROUPS_PER_WARP * self.a_group_bytes
 
         acc = cute.make_rmem_tensor(cute.make_layout((GROUPS_PER_WARP, BN // 8, 4)), Float32)
         acc.fill(0.0)
-
-        if warp == 0:
-            for st in cutlass.range_constexpr(LOOK):
-                if st < k_tiles:
-                    self._issue_stage(Int32(st), kbase, s_base, bars, lane, stage_tx, b_tile,
-                                      csrc, cstep, cdst, cbytes, copy_ok)
         for kt in cutlass.range(k_tiles, unroll=1):
-            g_kt = kbase + kt
-            ptx.mbarrier_wait(bars + (g_kt % STAGES) * 8, (g_kt // STAGES) % 2)  # K-tile kt landed
-            cute.arch.sync_threads()  # every warp is past K-tile kt-2's wgmmas: its stage is free
-            nxt = kt + LOOK
-            if warp == 0:
-                if nxt < k_tiles:
-                    self._issue_stage(nxt, kbase, s_base, bars, lane, stage_tx, b_tile,
-                                      csrc, cstep, cdst, cbytes, copy_ok)
+            g = g0 + kt
+            ptx.mbarrier_wait(s_base + self.full_off + (g % STAGES) * 8, (g // STAGES) % 2)
             if active:
-                stage = s_base + (g_kt % STAGES) * self.stage_bytes
-                words = [fm.load_group_words(stage + a_warp_off + g * self.a_group_bytes, lane,
-                                             cfg.weight_format) for g in range(GROUPS_PER_WARP)]
+                stage = s_base + (g % STAGES) * self.stage_bytes
+                words = [fm.load_group_words(stage + a_warp_off + gi * self.a_group_bytes, lane,
+                                             cfg.weight_format) for gi in range(GROUPS_PER_WARP)]
                 if cutlass.const_expr(cfg.variant == "nomma"):
-                    for g in cutlass.range_constexpr(GROUPS_PER_WARP):
-                        acc[g, 0, 0] = acc[g, 0, 0] + Float32(ptx.f32_bits(words[g][0] ^ words[g][9]))
+                    for gi in cutlass.range_constexpr(GROUPS_PER_WARP):
+                        acc[gi, 0, 0] = acc[gi, 0, 0] + Float32(ptx.f32_bits(words[gi][0] ^ words[gi][9]))
                 else:
-                    accs = [[acc[g, i // 4, i % 4] for i in range(BN // 2)] for g in range(GROUPS_PER_WARP)]
+                    accs = [[acc[gi, j // 4, j % 4] for j in range(BN // 2)] for gi in range(GROUPS_PER_WARP)]
                     res = wgmma_decode_k128(accs, [w[:8] for w in words], [w[8:] for w in words],
                                             cfg.weight_format, stage, BN, pending=cfg.pending,
                                             decode=cfg.variant != "nodecode")
-                    for g in cutlass.range_constexpr(GROUPS_PER_WARP):
-                        for i in cutlass.range_constexpr(BN // 2):
-                            acc[g, i // 4, i % 4] = res[g][i]
+                    for gi in cutlass.range_constexpr(GROUPS_PER_WARP):
+                        for j in cutlass.range_constexpr(BN // 2):
+                            acc[gi, j // 4, j % 4] = res[gi][j]
+            # at most `pending` slabs of K-tile g are in flight: K-tile g - 1 is finished
+            if kt > 0:
+                self._release(s_base, lane, g - 1)
         ptx.wgmma_wait(0)
+        self._release(s_base, lane, g0 + k_tiles - 1)
 
-        # ---- epilogue: global scale, bias, then the activation (FC1) or router weight (FC2)
+        # ---- epilogue (overlaps the producer's loads of the next item): global scale, bias,
+        # then the activation (FC1) or the router weight (FC2)
         if active:
             gs = ptx.ld_nc_f32(gscale + Int64(e) * 4)
-            for g in cutlass.range_constexpr(GROUPS_PER_WARP):
-                row0 = (group0 + g) * 16 + r  # blob row of acc[g, ., 0/1]; + 8 for acc[g, ., 2/3]
+            for gi in cutlass.range_constexpr(GROUPS_PER_WARP):
+                row0 = (group0 + gi) * 16 + r  # blob row of acc[gi, ., 0/1]; + 8 for acc[gi, ., 2/3]
                 brow = bias + (Int64(e) * Int64(row_groups * 16) + Int64(row0)) * 4
                 b_lo = ptx.ld_nc_f32(brow)
                 b_hi = ptx.ld_nc_f32(brow + 32)
                 if cutlass.const_expr(cfg.phase == "fc1"):
                     # intermediate column j = 8 * group + r, written straight into FC2's
                     # tile-blocked B layout: tile, K-tile j // 128, chunk (j % 128) // 8, token n
-                    j = (group0 + g) * 8 + r
+                    j = (group0 + gi) * 8 + r
                     col_off = (Int64(tile) * Int64(out_stride) + Int64(j // TILE_K)) * self.b_bytes \
                         + Int64(((j % TILE_K) // 8) * BN * 16 + (j % 8) * 2)
                 for nb in cutlass.range_constexpr(BN // 8):
                     for c in cutlass.range_constexpr(2):
                         n = nb * 8 + 2 * q + c
                         if p0 + n < p1:
-                            v_lo = acc[g, nb, c] * gs + b_lo
-                            v_hi = acc[g, nb, 2 + c] * gs + b_hi
+                            v_lo = acc[gi, nb, c] * gs + b_lo
+                            v_hi = acc[gi, nb, 2 + c] * gs + b_hi
                             if cutlass.const_expr(cfg.phase == "fc1"):
                                 hv = act.gated(cfg.activation, v_lo, v_hi, act_alpha, act_beta, act_limit)
                                 ptx.st_u16(out + col_off + Int64(n * 16), ptx.bf16x2_from_f32(hv, hv))
@@ -255,19 +326,3 @@ class GatedGemm:
                                     ptx.st_f32(dst + Int64(row0) * 4, v_lo * wgt)
                                 if row0 + 8 < out_rows:
                                     ptx.st_f32(dst + Int64(row0 + 8) * 4, v_hi * wgt)
-
-    # ------------------------------------------------------------------ pieces
-    @cute.jit
-    def _issue_stage(self, kt, kbase, s_base, bars, lane, stage_tx, b_tile,
-                     csrc, cstep, cdst, cbytes, copy_ok):
-        """Warp 0: arm K-tile kt's stage mbarrier with the stage's bytes, then bulk-copy the
-        B block (lane 0) and the row tile's weight codes and scales (one piece per lane)."""
-        g_kt = kbase + kt
-        stage = s_base + (g_kt % STAGES) * self.stage_bytes
-        bar = bars + (g_kt % STAGES) * 8
-        if lane == 0:
-            ptx.mbarrier_arrive_expect_tx(bar, stage_tx)
-            ptx.bulk_copy_g2s(stage, b_tile + Int64(kt) * self.b_bytes, self.b_bytes, bar)
-        cute.arch.sync_warp()
-        if copy_ok:
-            ptx.bulk_copy_g2s(stage + cdst, csrc + Int64(kt) * cstep, cbytes, bar)
