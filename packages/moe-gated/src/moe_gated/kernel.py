@@ -141,12 +141,12 @@ class GatedGemm:
         row_tiles = (row_groups + (ROW_TILE // 16 - 1)) // (ROW_TILE // 16)
         total = Int32(ptx.ld_u32(num_tiles)) * row_tiles
         if warp >= PRODUCER_WARP:
-            cute.arch.warpgroup_reg_dealloc(PRODUCER_REGS)
+            cute.arch.setmaxregister_decrease(PRODUCER_REGS)
             if warp == PRODUCER_WARP:
                 self._producer(s_base, lane, total, row_tiles, wblob, sblob, tile_expert, b_blocked,
                                k_tiles, row_groups, queue, grid)
         else:
-            cute.arch.warpgroup_reg_alloc(CONSUMER_REGS)
+            cute.arch.setmaxregister_increase(CONSUMER_REGS)
             self._consumer(s_base, warp, lane, total, row_tiles, wblob, gscale, bias, tile_expert,
                            tile_start, tile_end, order, k_tiles, row_groups, out, out_stride,
                            out_rows, route_w, act_alpha, act_beta, act_limit)
