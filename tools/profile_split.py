@@ -37,10 +37,20 @@ def main():
         for _ in range(args.calls):
             fused_moe(x, w, tw, ids, activation=p.activation, out=out)
         torch.cuda.synchronize()
+    # a kernel launched m times per call (moe-gated's FC1 and FC2 share one name) is listed
+    # as name [0] .. name [m-1], in launch order
+    evs = sorted((ev for ev in prof.events() if ev.device_type == torch.autograd.DeviceType.CUDA),
+                 key=lambda ev: ev.time_range.start)
+    count = defaultdict(int)
+    for ev in evs:
+        count[ev.name] += 1
+    seen = defaultdict(int)
     per = defaultdict(float)
-    for ev in prof.events():
-        if ev.device_type == torch.autograd.DeviceType.CUDA:
-            per[ev.name[:90]] += ev.device_time_total if hasattr(ev, "device_time_total") else ev.cuda_time_total
+    for ev in evs:
+        m = max(1, count[ev.name] // args.calls)
+        label = ev.name[:80] + (f" [{seen[ev.name] % m}]" if m > 1 else "")
+        seen[ev.name] += 1
+        per[label] += ev.device_time_total if hasattr(ev, "device_time_total") else ev.cuda_time_total
     total = sum(per.values()) / args.calls
     print(f"moe-{args.kernel} {p.name} T={args.tokens}: {total:.1f} us of GPU kernels per call")
     for name, t in sorted(per.items(), key=lambda kv: -kv[1]):

@@ -224,6 +224,36 @@ class GatedGemm:
 
     # ------------------------------------------------------------------ consumer warps
     @cute.jit
+    def _mainloop(self, n_tok: cutlass.Constexpr, acc, active, g0, s_base, lane, a_warp_off, k_tiles):
+        """acc[:, :n_tok / 8] += this warp's weight groups x the first n_tok tokens, over every
+        K-tile of the item; each stage is released as soon as this warp's wgmmas on it are done."""
+        cfg = self.cfg
+        for kt in cutlass.range(k_tiles, unroll=1):
+            g = g0 + kt
+            ptx.mbarrier_wait(s_base + self.full_off + (g % STAGES) * 8, (g // STAGES) % 2)
+            if active:
+                stage = s_base + (g % STAGES) * self.stage_bytes
+                words = [fm.load_group_words(stage + a_warp_off + gi * self.a_group_bytes, lane,
+                                             cfg.weight_format) for gi in range(GROUPS_PER_WARP)]
+                if cutlass.const_expr(cfg.variant == "nomma"):
+                    for gi in cutlass.range_constexpr(GROUPS_PER_WARP):
+                        acc[gi, 0, 0] = acc[gi, 0, 0] + Float32(ptx.f32_bits(words[gi][0] ^ words[gi][9]))
+                else:
+                    accs = [[acc[gi, j // 4, j % 4] for j in range(n_tok // 2)]
+                            for gi in range(GROUPS_PER_WARP)]
+                    res = wgmma_decode_k128(accs, [w[:8] for w in words], [w[8:] for w in words],
+                                            cfg.weight_format, stage, n_tok, pending=cfg.pending,
+                                            decode=cfg.variant != "nodecode", b_rows=BN)
+                    for gi in cutlass.range_constexpr(GROUPS_PER_WARP):
+                        for j in cutlass.range_constexpr(n_tok // 2):
+                            acc[gi, j // 4, j % 4] = res[gi][j]
+            # at most `pending` slabs of K-tile g are in flight: K-tile g - 1 is finished
+            if kt > 0:
+                self._release(s_base, lane, g - 1)
+        ptx.wgmma_wait(0)
+        self._release(s_base, lane, g0 + k_tiles - 1)
+
+    @cute.jit
     def _consumer(self, s_base, warp, lane, total, row_tiles, wblob, gscale, bias, tile_expert,
                   tile_start, tile_end, order, k_tiles, row_groups, out, out_stride, out_rows,
                   route_w, act_alpha, act_beta, act_limit):
@@ -270,29 +300,17 @@ class GatedGemm:
 
         acc = cute.make_rmem_tensor(cute.make_layout((GROUPS_PER_WARP, BN // 8, 4)), Float32)
         acc.fill(0.0)
-        for kt in cutlass.range(k_tiles, unroll=1):
-            g = g0 + kt
-            ptx.mbarrier_wait(s_base + self.full_off + (g % STAGES) * 8, (g // STAGES) % 2)
-            if active:
-                stage = s_base + (g % STAGES) * self.stage_bytes
-                words = [fm.load_group_words(stage + a_warp_off + gi * self.a_group_bytes, lane,
-                                             cfg.weight_format) for gi in range(GROUPS_PER_WARP)]
-                if cutlass.const_expr(cfg.variant == "nomma"):
-                    for gi in cutlass.range_constexpr(GROUPS_PER_WARP):
-                        acc[gi, 0, 0] = acc[gi, 0, 0] + Float32(ptx.f32_bits(words[gi][0] ^ words[gi][9]))
-                else:
-                    accs = [[acc[gi, j // 4, j % 4] for j in range(BN // 2)] for gi in range(GROUPS_PER_WARP)]
-                    res = wgmma_decode_k128(accs, [w[:8] for w in words], [w[8:] for w in words],
-                                            cfg.weight_format, stage, BN, pending=cfg.pending,
-                                            decode=cfg.variant != "nodecode")
-                    for gi in cutlass.range_constexpr(GROUPS_PER_WARP):
-                        for j in cutlass.range_constexpr(BN // 2):
-                            acc[gi, j // 4, j % 4] = res[gi][j]
-            # at most `pending` slabs of K-tile g are in flight: K-tile g - 1 is finished
-            if kt > 0:
-                self._release(s_base, lane, g - 1)
-        ptx.wgmma_wait(0)
-        self._release(s_base, lane, g0 + k_tiles - 1)
+        # An expert's last tile is usually partly filled (DeepSeek-V3 at T=2048: ~64 of 128
+        # tokens): the MMA runs only as wide as the tile's tokens, rounded up to 32.
+        cnt = p1 - p0
+        if cnt > 96:
+            self._mainloop(BN, acc, active, g0, s_base, lane, a_warp_off, k_tiles)
+        elif cnt > 64:
+            self._mainloop(96, acc, active, g0, s_base, lane, a_warp_off, k_tiles)
+        elif cnt > 32:
+            self._mainloop(64, acc, active, g0, s_base, lane, a_warp_off, k_tiles)
+        else:
+            self._mainloop(32, acc, active, g0, s_base, lane, a_warp_off, k_tiles)
 
         # ---- epilogue (overlaps the producer's loads of the next item): global scale, bias,
         # then the activation (FC1) or the router weight (FC2)

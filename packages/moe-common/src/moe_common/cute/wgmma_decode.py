@@ -48,7 +48,7 @@ def _slab_ptx(g: int, s: int, code: str, s_r: str, s_r8: str, sel: int) -> list:
 
 @dsl_user_op
 def wgmma_decode_k128(accs, codes, scales, weight_format: str, b_smem, n: int, pending=None,
-                      decode: bool = True, *, loc=None, ip=None):
+                      decode: bool = True, b_rows=None, *, loc=None, ip=None):
     """accs[g] (64 x n fp32) += decode(codes[g], scales[g]) (64 x 128) @ B (128 x n).
 
     pending=None: one commit group for the tile and a wait for all of it before returning.
@@ -56,6 +56,8 @@ def wgmma_decode_k128(accs, codes, scales, weight_format: str, b_smem, n: int, p
     last j slabs of this tile are still running when the block returns (the caller waits with
     ptx.wgmma_wait before reading accs or reusing B's shared memory); at most j + 1 slabs' A
     registers are live.
+    b_rows: tokens per 16-byte K-chunk of the B layout (its row count, default n), so an
+    n-token MMA can read the first n tokens of a wider B tile.
     decode=False feeds the raw code words as A (wrong results: for timing the decode's cost only).
 
     codes[g]: the 8 fragment-ordered code words of this lane (one per k16 slab); scales[g]: the
@@ -63,6 +65,7 @@ def wgmma_decode_k128(accs, codes, scales, weight_format: str, b_smem, n: int, p
     s // 2; MXFP4: 2 + 2 words, block s // 2 in half (s // 2) % 2 of word s // 4).
     """
     h = n // 2
+    b_rows = n if b_rows is None else b_rows
     G = len(accs)
     nsw = 4 if weight_format == "nvfp4" else 2
     ops = [Float32(x).ir_value(loc=loc, ip=ip) for acc in accs for x in acc]
@@ -84,7 +87,7 @@ def wgmma_decode_k128(accs, codes, scales, weight_format: str, b_smem, n: int, p
              f"mov.b32 HA, {_HI_BYTES_0_3:#x};", f"mov.b32 HB, {_HI_BYTES_4_7:#x};",
              f"setp.ne.b32 p, ${one}, 0;",
              f"cvt.u64.u32 d0, ${addr};", "shr.u64 d0, d0, 4;", "and.b64 d0, d0, 16383;",
-             f"or.b64 d0, d0, {(n << 16) | (8 << 32)};"]
+             f"or.b64 d0, d0, {(b_rows << 16) | (8 << 32)};"]
     for s in range(8):
         for g in range(G):
             w0 = base + g * per_g
@@ -98,7 +101,7 @@ def wgmma_decode_k128(accs, codes, scales, weight_format: str, b_smem, n: int, p
                 lines += _slab_ptx(g, s, code, s_r, s_r8, 0x3232 if half else 0x1010)
             else:
                 lines += [f"mov.b32 a{g}_{s}{j}, {code};" for j in range(4)]
-        lines.append(f"add.s64 ds, d0, {s * 2 * n};")
+        lines.append(f"add.s64 ds, d0, {s * 2 * b_rows};")
         lines.append("wgmma.fence.sync.aligned;")  # A registers were just written
         for g in range(G):
             d = ", ".join(f"${g * h + i}" for i in range(h))
