@@ -87,12 +87,14 @@ class GatedGemm:
         self.a_group_bytes = fm.group_tile_bytes(cfg.weight_format)
         self.stage_bytes = self.b_bytes + CONSUMER_WARPS * GROUPS_PER_WARP * self.a_group_bytes
         # shared memory: the stages, then 8-byte mbarriers (full[STAGES], empty[STAGES],
-        # item_full[ITEM_SLOTS]), then the work-item ring (4 bytes per slot)
+        # item_full[ITEM_SLOTS]), the work-item ring (4 bytes per slot), the FC2 token table
         self.full_off = STAGES * self.stage_bytes
         self.empty_off = self.full_off + 8 * STAGES
         self.item_bar_off = self.empty_off + 8 * STAGES
         self.item_off = self.item_bar_off + 8 * ITEM_SLOTS
-        self.smem_bytes = self.item_off + 4 * ITEM_SLOTS
+        # FC2: each consumer warp's copy of its tile's (pair, router weight), 8 bytes per token
+        self.tok_off = self.item_off + 4 * ITEM_SLOTS
+        self.smem_bytes = self.tok_off + (CONSUMER_WARPS * BN * 8 if cfg.phase == "fc2" else 0)
         assert CONSUMER_WARPS * GROUPS_PER_WARP * 2 == 32  # one lane per copy of a K-tile's weights
 
     # ------------------------------------------------------------------ host entry
@@ -298,6 +300,19 @@ class GatedGemm:
         active = group0 < row_groups
         a_warp_off = self.b_bytes + warp * GROUPS_PER_WARP * self.a_group_bytes
 
+        tok = s_base + self.tok_off + warp * (BN * 8)
+        if cutlass.const_expr(cfg.phase == "fc2"):
+            # The epilogue's per-token (pair, weight) lookups, loaded now so their latency hides
+            # behind the mainloop (in the epilogue they stalled on two dependent global loads
+            # per token, with the tensor cores idle).
+            for i in cutlass.range_constexpr(BN // 32):
+                n = lane + 32 * i
+                if p0 + n < p1:
+                    pair = ptx.ld_u32(order + Int64(p0 + n) * 4)
+                    ptx.st_shared_u32(tok + n * 8, pair)
+                    ptx.st_shared_u32(tok + n * 8 + 4, ptx.ld_nc_u32(route_w + Int64(pair) * 4))
+            cute.arch.sync_warp()
+
         acc = cute.make_rmem_tensor(cute.make_layout((GROUPS_PER_WARP, BN // 8, 4)), Float32)
         acc.fill(0.0)
         # An expert's last tile is usually partly filled (DeepSeek-V3 at T=2048: ~64 of 128
@@ -337,8 +352,8 @@ class GatedGemm:
                                 hv = act.gated(cfg.activation, v_lo, v_hi, act_alpha, act_beta, act_limit)
                                 ptx.st_u16(out + col_off + Int64(n * 16), ptx.bf16x2_from_f32(hv, hv))
                             else:
-                                pair = ptx.ld_u32(order + Int64(p0 + n) * 4)
-                                wgt = ptx.ld_nc_f32(route_w + Int64(pair) * 4)
+                                pair = ptx.ld_shared_u32(tok + n * 8)
+                                wgt = ptx.f32_bits(ptx.ld_shared_u32(tok + n * 8 + 4))
                                 dst = out + (Int64(pair) * Int64(out_stride)) * 4
                                 if row0 < out_rows:
                                     ptx.st_f32(dst + Int64(row0) * 4, v_lo * wgt)
