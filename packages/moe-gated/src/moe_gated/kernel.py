@@ -306,11 +306,11 @@ class GatedGemm:
             # behind the mainloop (in the epilogue they stalled on two dependent global loads
             # per token, with the tensor cores idle).
             for i in cutlass.range_constexpr(BN // 32):
-                n = lane + 32 * i
-                if p0 + n < p1:
-                    pair = ptx.ld_u32(order + Int64(p0 + n) * 4)
-                    ptx.st_shared_u32(tok + n * 8, pair)
-                    ptx.st_shared_u32(tok + n * 8 + 4, ptx.ld_nc_u32(route_w + Int64(pair) * 4))
+                slot = lane + 32 * i
+                if p0 + slot < p1:
+                    pair_i = ptx.ld_u32(order + Int64(p0 + slot) * 4)
+                    ptx.st_shared_u32(tok + slot * 8, pair_i)
+                    ptx.st_shared_u32(tok + slot * 8 + 4, ptx.ld_nc_u32(route_w + Int64(pair_i) * 4))
             cute.arch.sync_warp()
 
         acc = cute.make_rmem_tensor(cute.make_layout((GROUPS_PER_WARP, BN // 8, 4)), Float32)
