@@ -34,7 +34,7 @@ for s in "$@"; do
       step ncu-gated-src 400 ncu --clock-control none --kernel-name regex:GatedGemm --launch-skip 2 -c 1 --section WarpStateStats --section SourceCounters -o "$OUT/gated" python3 tools/profile_layer.py --kernel gated --tokens 4096 --experts 32 --calls 1
       step ncu-gated-sass 200 ncu --import "$OUT/gated.ncu-rep" --page source --csv --print-source sass ;;
     split-gated)
-      for pr in deepseek-v3 qwen3-30b-a3b gpt-oss-120b; do
+      for pr in ${SPLIT_PRESETS:-deepseek-v3 qwen3-30b-a3b gpt-oss-120b}; do
         step "split-gated-$pr" 200 python3 tools/profile_split.py --kernel gated --preset $pr --tokens 8192
       done ;;
     static-tests) step static-tests 300 python3 -m pytest packages/moe-static -m gpu -q -x ;;
