@@ -22,9 +22,10 @@ for s in "$@"; do
     static-quick) step static-quick 150 python3 tools/gpu_check.py --kernel static --sanitize ;;
     gated-quick) step gated-quick 200 python3 tools/gpu_check.py --kernel gated --sanitize ;;
     gated-tests) step gated-tests 400 python3 -m pytest packages/moe-gated -m gpu -q -x ;;
+    all-tests) step all-tests 400 python3 -m pytest packages tests dispatcher/tests -m gpu -q ;;
     sanitize-gated) step sanitize-gated 200 compute-sanitizer --tool memcheck --report-api-errors no python3 tools/gpu_check.py --kernel gated --sanitize ;;
     bench-gated) step bench-gated 500 "${BENCH[@]}" --preset deepseek-v3 qwen3-30b-a3b gpt-oss-120b --tokens 2048 8192 --kernels moe-gated moe-generic --no-check --json "$OUT/bench-gated.json" ;;
-    bench-gated-all) step bench-gated-all 590 "${BENCH[@]}" --preset qwen3-30b-a3b qwen3.5-35b deepseek-v3 gpt-oss-120b --tokens 128 512 2048 8192 16384 --kernels auto moe-gated moe-generic torch-bf16 --json "$OUT/bench-gated-all.json" --plot "$OUT/bench-gated-all.png" ;;
+    bench-gated-all) step bench-gated-all 400 "${BENCH[@]}" --preset qwen3-30b-a3b qwen3.5-35b deepseek-v3 gpt-oss-120b --tokens 128 512 2048 8192 16384 --kernels auto moe-gated moe-generic --no-check --json "$OUT/bench-gated-all.json" --plot "$OUT/bench-gated-all.png" ;;
     gated-variants)
       for v in "MOE_GATED_PENDING=2" "MOE_GATED_PENDING=0" "MOE_GATED_PENDING=4" "MOE_GATED_VARIANT=nodecode" "MOE_GATED_VARIANT=nomma"; do
         step "gatedvar-${v//=/-}" 200 env $v "${BENCH[@]}" --preset deepseek-v3 --tokens 8192 --kernels moe-gated --no-check

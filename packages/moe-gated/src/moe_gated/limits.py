@@ -13,7 +13,7 @@ DIM_MULTIPLE = 32  # H and I: multiples of 128 run natively, other multiples of 
 # Mean routed rows per local expert (T * top_k / E) from which moe-gated bids above moe-generic.
 # Its tiles are 128 tokens wide: below about one full tile per expert the padding costs more
 # than the wider tile saves. Measured on the H200 (BENCHMARKS.md).
-CUTOVER_ROWS_PER_EXPERT = 64
+CUTOVER_ROWS_PER_EXPERT = 16
 
 
 def unsupported_reason(shape, activation):
