@@ -26,6 +26,11 @@ for s in "$@"; do
     sanitize-gated) step sanitize-gated 200 compute-sanitizer --tool memcheck --report-api-errors no python3 tools/gpu_check.py --kernel gated --sanitize ;;
     bench-gated) step bench-gated 500 "${BENCH[@]}" --preset deepseek-v3 qwen3-30b-a3b gpt-oss-120b --tokens 2048 8192 --kernels moe-gated moe-generic --no-check --json "$OUT/bench-gated.json" ;;
     bench-gated-all) step bench-gated-all 400 "${BENCH[@]}" --preset qwen3-30b-a3b qwen3.5-35b deepseek-v3 gpt-oss-120b --tokens 128 512 2048 8192 16384 --kernels auto moe-gated moe-generic --no-check --json "$OUT/bench-gated-all.json" --plot "$OUT/bench-gated-all.png" ;;
+    auto-512) step auto-512 200 "${BENCH[@]}" --preset qwen3-30b-a3b qwen3.5-35b deepseek-v3 gpt-oss-120b --tokens 512 --kernels auto --no-check --json "$OUT/auto-512.json" ;;
+    gated-pending)
+      for v in "MOE_GATED_PENDING=1" "MOE_GATED_PENDING=4"; do
+        step "gatedvar-${v//=/-}" 120 env $v "${BENCH[@]}" --preset deepseek-v3 --tokens 8192 --kernels moe-gated --no-check
+      done ;;
     gated-variants)
       for v in "MOE_GATED_PENDING=2" "MOE_GATED_PENDING=0" "MOE_GATED_PENDING=4" "MOE_GATED_VARIANT=nodecode" "MOE_GATED_VARIANT=nomma"; do
         step "gatedvar-${v//=/-}" 200 env $v "${BENCH[@]}" --preset deepseek-v3 --tokens 8192 --kernels moe-gated --no-check
