@@ -56,7 +56,7 @@ def test_plugin_offer_and_decline():
     assert offer.kernel == "moe-gated" and offer.priority == PRIORITY_GATED
 
 
-def test_direct_call_rejects_relu2_with_value_error():
+def test_direct_call_raises_value_error_with_the_reason():
     import torch
 
     from moe_common.testing import random_layer

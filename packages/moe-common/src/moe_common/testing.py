@@ -108,3 +108,62 @@ def assert_graph_replay_matches_eager(fused_moe, *, tokens: int, experts: int = 
         g.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, fused_moe(x, w, tw, ti, activation=activation))
+
+
+_WHEEL_ALONE_PROBE = r"""
+import json, sys
+target, purelib, dist, module = sys.argv[1:5]
+sys.path[:0] = [target]
+sys.path.append(purelib)
+import importlib, importlib_metadata as md
+import torch
+eps = [ep for ep in md.entry_points(group="fused_moe.kernels") if ep.name == dist]
+plugin = eps[0].load()
+from moe_common.types import Activation, MoEShape
+from moe_common.testing import random_layer, random_routing
+pkg = importlib.import_module(module)
+shape = MoEShape(tokens=1, hidden=64, intermediate=64, num_experts=4, num_local_experts=4,
+                 local_expert_offset=0, top_k=2, weight_format="nvfp4", quant_mode="w4a16",
+                 has_bias=False, device_capability=None, dtype=torch.bfloat16)
+answer = plugin.can_handle(shape=shape, activation=Activation("silu"))
+w = random_layer(4, 64, 32, device="cpu")
+tw, ti = random_routing(2, 4, 2, device="cpu")
+try:
+    pkg.fused_moe(torch.randn(2, 64).bfloat16(), w, tw, ti)
+    err = None
+except ValueError as e:
+    err = str(e)
+print(json.dumps({"eps": [ep.value for ep in eps], "file": pkg.__file__,
+                  "answer": getattr(answer, "reason", None), "error": err,
+                  "dispatcher_imported": "dispatcher" in sys.modules}))
+"""
+
+
+def probe_wheel_alone(root, tmp_path, dist: str) -> dict:
+    """Build the wheels of moe-common and kernel package `dist` (under root/packages), unpack
+    only those two into a fresh directory and, in a Python without site-packages on the path
+    (torch and friends appended after), load the package's entry point, ask its plugin about a
+    CPU call and call its direct fused_moe. Returns what the probe saw (see the keys above)."""
+    import json
+    import subprocess
+    import sys
+    import sysconfig
+    import zipfile
+    from pathlib import Path
+
+    target = Path(tmp_path) / "target"
+    for name in ("moe-common", dist):
+        out = Path(tmp_path) / name
+        r = subprocess.run([sys.executable, "-m", "hatchling", "build", "-t", "wheel", "-d", str(out)],
+                           cwd=Path(root) / "packages" / name, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+        with zipfile.ZipFile(next(out.glob(name.replace("-", "_") + "-*.whl"))) as z:
+            z.extractall(target)
+    module = dist.replace("-", "_")
+    r = subprocess.run([sys.executable, "-S", "-c", _WHEEL_ALONE_PROBE, str(target),
+                        sysconfig.get_paths()["purelib"], dist, module],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    got["target"] = str(target)
+    return got
