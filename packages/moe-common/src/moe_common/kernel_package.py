@@ -35,6 +35,17 @@ def dims_reason(shape, multiple: int) -> Optional[str]:
     return None
 
 
+def size_reason(shape, *, max_top_k: int, max_local_experts: int, max_tokens: int) -> Optional[str]:
+    """The common size limits (routing and tile tables), each with its own message."""
+    if shape.top_k > max_top_k:
+        return f"top_k={shape.top_k} exceeds the supported maximum {max_top_k}"
+    if shape.num_local_experts > max_local_experts:
+        return f"{shape.num_local_experts} local experts exceed the supported maximum {max_local_experts}"
+    if shape.tokens > max_tokens:
+        return f"tokens={shape.tokens} exceeds the supported maximum {max_tokens}"
+    return None
+
+
 class Buffers:
     """A runner's device buffers: named slots of the caller's Workspace (FusedMoE: allocated at
     warm-up, never during a captured call), or fresh tensors for a direct call."""

@@ -1,7 +1,7 @@
 """What moe-gated supports and when it bids (no DSL import here)."""
 from __future__ import annotations
 
-from moe_common.kernel_package import dims_reason, hopper_reason
+from moe_common.kernel_package import dims_reason, hopper_reason, size_reason
 from moe_common.types import PRIORITY_GATED, PRIORITY_GENERIC
 
 KERNEL_NAME = "moe-gated"
@@ -29,13 +29,8 @@ def unsupported_reason(shape, activation):
     reason = dims_reason(shape, DIM_MULTIPLE)
     if reason is not None:
         return reason
-    if shape.top_k > MAX_TOP_K:
-        return f"top_k={shape.top_k} exceeds the supported maximum {MAX_TOP_K}"
-    if shape.num_local_experts > MAX_LOCAL_EXPERTS:
-        return f"{shape.num_local_experts} local experts exceed the supported maximum {MAX_LOCAL_EXPERTS}"
-    if shape.tokens > MAX_TOKENS:
-        return f"tokens={shape.tokens} exceeds the supported maximum {MAX_TOKENS}"
-    return None
+    return size_reason(shape, max_top_k=MAX_TOP_K, max_local_experts=MAX_LOCAL_EXPERTS,
+                       max_tokens=MAX_TOKENS)
 
 
 def priority(shape) -> int:

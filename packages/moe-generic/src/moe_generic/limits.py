@@ -1,7 +1,7 @@
 """What moe-generic supports, as one function every entry point asks (no DSL import here)."""
 from __future__ import annotations
 
-from moe_common.kernel_package import dims_reason, hopper_reason
+from moe_common.kernel_package import dims_reason, hopper_reason, size_reason
 
 KERNEL_NAME = "moe-generic"
 MAX_TOP_K = 32
@@ -18,10 +18,5 @@ def unsupported_reason(shape, activation):
     reason = dims_reason(shape, DIM_MULTIPLE)
     if reason is not None:
         return reason
-    if shape.top_k > MAX_TOP_K:
-        return f"top_k={shape.top_k} exceeds the supported maximum {MAX_TOP_K}"
-    if shape.num_local_experts > MAX_LOCAL_EXPERTS:
-        return f"{shape.num_local_experts} local experts exceed the supported maximum {MAX_LOCAL_EXPERTS}"
-    if shape.tokens > MAX_TOKENS:
-        return f"tokens={shape.tokens} exceeds the supported maximum {MAX_TOKENS}"
-    return None
+    return size_reason(shape, max_top_k=MAX_TOP_K, max_local_experts=MAX_LOCAL_EXPERTS,
+                       max_tokens=MAX_TOKENS)
