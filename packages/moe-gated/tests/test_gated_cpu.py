@@ -68,3 +68,39 @@ def test_direct_call_raises_value_error_with_the_reason():
     ti = torch.zeros(2, 2, dtype=torch.int32)
     with pytest.raises(ValueError, match="moe-gated cannot run"):
         fused_moe(x, w, tw, ti, activation="relu2")
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_shared_memory_fits_one_cta_per_sm(fmt):
+    from moe_gated.compile_cache import config
+    from moe_gated.kernel import GatedGemm
+
+    for phase, act in (("fc1", "silu"), ("fc2", "none")):
+        k = GatedGemm(config(phase, fmt, act))
+        assert k.smem_bytes <= 227 * 1024, (phase, fmt, k.smem_bytes)
+        assert k.stage_bytes % 128 == 0  # bulk-copy and wgmma descriptor alignment of every stage
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_w4a4_requantize_of_the_tile_blocked_intermediate_matches_row_quantization(fmt):
+    """The blocked [tile, K-tile, chunk, token, 8] intermediate requantizes each (tile, token) row
+    with the tile's expert scale, exactly as quantizing the rows themselves would."""
+    import torch
+
+    from moe_common.formats import get_format
+    from moe_common.kernel_package import quantize_rows
+    from moe_common.testing import random_layer
+    from moe_gated.runner import w4a4_requantize_blocked
+
+    bn, kt, tiles = 16, 2, 3
+    w = random_layer(4, 128, 64, weight_format=fmt, w4a4=True, device="cpu")
+    rows = torch.randn(tiles * bn, kt * 128).bfloat16()
+    blocked = rows.view(tiles, bn, kt, 16, 8).permute(0, 2, 3, 1, 4).contiguous()
+    tile_expert = torch.tensor([2, 0, 3], dtype=torch.int32)
+    w4a4_requantize_blocked(blocked.view(tiles, kt, bn * 128), w, tile_expert, bn)
+    gs = None
+    if fmt == "nvfp4":
+        gs = w.fc2_input_scale.float()[tile_expert.long()].repeat_interleave(bn)
+    want = quantize_rows(rows, get_format(fmt), gs)
+    got = blocked.permute(0, 3, 1, 2, 4).reshape(tiles * bn, kt * 128)
+    assert torch.equal(got, want)
