@@ -100,7 +100,8 @@ def main():
     ap.add_argument("--kernel", default="generic", choices=["generic", "static", "gated"])
     args = ap.parse_args()
     if args.sanitize and args.kernel == "gated":
-        # gated activations only; one case spans two 128-token tiles and a half-empty row tile
+        # gated activations only; the second case's FC2 (H=320, rows padded to 384) ends on a
+        # half-empty 256-row tile
         rows = check_generic([(70, 4, 256, 128, 4, "nvfp4", "silu", "w4a4", True, True),
                               (300, 4, 320, 96, 1, "mxfp4", "swigluoai", "w4a16", True, False)],
                              args.kernel)

@@ -15,12 +15,13 @@ persistent CTAs (one per SM), so an expert with many tokens is spread over every
 routing stays balanced. Consecutive tickets are the row tiles of one token tile, so the
 concurrently running CTAs share that tile's token rows in L2.
 
-Per CTA: 2 warpgroups; warp w owns weight groups (16 rows each) 2w and 2w + 1 of the row tile.
-Per 128-deep K-tile each warpgroup issues, per k16 slab, two wgmma m64n128k16 with A (the
-weights, decoded e2m1 -> bf16 and scaled in registers) from registers and B (the 128 tokens)
-from shared memory. 128 tokens per tile spend the decode (~20 integer instructions per 8
-weights) on 4x the FLOPs of moe-generic's 32-token tiles, which is what bounds moe-generic's
-prefill (BENCHMARKS.md).
+Per CTA: a producer warp (in a third warpgroup, see THREADS) and 2 consumer warpgroups; consumer
+warp w owns weight groups (16 rows each) 2w and 2w + 1 of the row tile. Per 128-deep K-tile each
+consumer warpgroup issues, per k16 slab, two wgmma m64nNk16 with A (the weights, decoded
+e2m1 -> bf16 and scaled in registers) from registers and B (the tokens) from shared memory; N is
+the tile's token count rounded up to 32 (at most 128). 128 tokens per tile spend the decode
+(~20 integer instructions per 8 weights) on 4x the FLOPs of moe-generic's 32-token tiles, which
+is what bounds moe-generic's prefill (BENCHMARKS.md).
 
 Operands arrive by bulk copy (cp.async.bulk, the TMA engine's 1-D copy): B is one 32 KiB copy
 per K-tile from a tile-blocked buffer already in wgmma's core-matrix order (FC1: token rows
@@ -29,12 +30,14 @@ each 16-row weight group's codes and scales are two contiguous copies. A CTA-wid
 cp.async ring measured 21.1 ms at DeepSeek-V3 T=8192 with its issue stalled on the load/store
 unit (ncu: 21% of warp samples on one LDGSTS address register, long scoreboard); the bulk
 copies take one instruction per 1-32 KiB instead of one per 16 bytes per thread.
-A STAGES-deep ring with one full-mbarrier per stage (transaction bytes); one CTA barrier per
-K-tile orders the refill of a stage after every warp's last use of it. wgmma runs
+
+Pipeline: a STAGES-deep ring with a full mbarrier (the producer's transaction bytes) and an
+empty mbarrier (one arrival per consumer warp) per stage; there is no CTA barrier in the
+mainloop. The producer takes tickets itself and hands items to the consumers through a small
+ring, so it loads the next item's K-tiles while the consumers run the epilogue. wgmma runs
 asynchronously: each slab is its own commit group and at most `pending` slabs stay in flight
-across the K-tile boundary, so the tensor cores work while the next tile's barrier, shared-
-memory reads and first decode run. A stage is refilled two K-tiles after its use (look-ahead
-STAGES - 2), when no wgmma can still be reading it.
+across the K-tile boundary; a warp releases K-tile g - 1's stage once K-tile g's wgmmas are
+issued, when none of g - 1's can still be reading it.
 """
 from __future__ import annotations
 
@@ -149,7 +152,7 @@ class GatedGemm:
                                k_tiles, row_groups, queue, grid)
         else:
             cute.arch.setmaxregister_increase(CONSUMER_REGS)
-            self._consumer(s_base, warp, lane, total, row_tiles, wblob, gscale, bias, tile_expert,
+            self._consumer(s_base, warp, lane, total, row_tiles, gscale, bias, tile_expert,
                            tile_start, tile_end, order, k_tiles, row_groups, out, out_stride,
                            out_rows, route_w, act_alpha, act_beta, act_limit)
 
@@ -256,7 +259,7 @@ class GatedGemm:
         self._release(s_base, lane, g0 + k_tiles - 1)
 
     @cute.jit
-    def _consumer(self, s_base, warp, lane, total, row_tiles, wblob, gscale, bias, tile_expert,
+    def _consumer(self, s_base, warp, lane, total, row_tiles, gscale, bias, tile_expert,
                   tile_start, tile_end, order, k_tiles, row_groups, out, out_stride, out_rows,
                   route_w, act_alpha, act_beta, act_limit):
         i = Int32(0)

@@ -16,7 +16,8 @@ import torch
 
 from moe_common.cute import jit
 from moe_common.fragments import TILE_K
-from moe_common.kernel_package import Buffers, w4a4_fc1_rows
+from moe_common.formats import get_format
+from moe_common.kernel_package import Buffers, quantize_rows, w4a4_fc1_rows
 from moe_common.packed import pack
 from moe_common.types import Activation
 from moe_common.weights import MoEWeights
@@ -111,9 +112,6 @@ def w4a4_requantize_blocked(inter, weights, tile_expert, bn: int):
     """w4a4 FC2 input: the tile-blocked intermediate [tiles, K-tiles, 16 chunks x bn tokens x 8]
     requantized in place, row by row, with each tile's expert fc2_input_scale (NVFP4). Token
     slots a tile does not use hold stale values; their columns are never stored."""
-    from moe_common.formats import get_format
-    from moe_common.kernel_package import quantize_rows
-
     cap, kt, _ = inter.shape
     rows = inter.view(cap, kt, TILE_K // 8, bn, 8).permute(0, 3, 1, 2, 4).reshape(cap * bn, kt * TILE_K)
     gs = None
