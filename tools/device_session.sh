@@ -2,7 +2,7 @@
 # One GPU-machine session's battery (development tool): each step has its own time limit and
 # its own log under $OUT, so a hang or failure in one step leaves the others' results.
 #   source .device/bin/gpu.sh && bash tools/device_session.sh STEP [STEP ...]
-# Steps: gated-quick gated-tests sanitize-gated bench-gated bench-gated-all
+# Steps: gated-quick gated-tests sanitize-gated bench-gated bench-gated-q bench-gated-all
 #        static-quick static-tests generic-tests sanitize-static sanitize-generic
 #        bench-static bench-generic-large profile
 set -u
@@ -26,6 +26,7 @@ for s in "$@"; do
     sanitize-gated) step sanitize-gated 200 compute-sanitizer --tool memcheck --report-api-errors no python3 tools/gpu_check.py --kernel gated --sanitize ;;
     bench-gated) step bench-gated 500 "${BENCH[@]}" --preset deepseek-v3 qwen3-30b-a3b gpt-oss-120b --tokens 2048 8192 --kernels moe-gated moe-generic --no-check --json "$OUT/bench-gated.json" ;;
     bench-gated-all) step bench-gated-all 400 "${BENCH[@]}" --preset qwen3-30b-a3b qwen3.5-35b deepseek-v3 gpt-oss-120b --tokens 128 512 2048 8192 16384 --kernels auto moe-gated moe-generic --no-check --json "$OUT/bench-gated-all.json" --plot "$OUT/bench-gated-all.png" ;;
+    bench-gated-q) step bench-gated-q 400 "${BENCH[@]}" --preset deepseek-v3 qwen3-30b-a3b gpt-oss-120b qwen3.5-35b --tokens 2048 8192 --kernels moe-gated --no-check --json "$OUT/bench-gated-q.json" ;;
     auto-512) step auto-512 200 "${BENCH[@]}" --preset qwen3-30b-a3b qwen3.5-35b deepseek-v3 gpt-oss-120b --tokens 512 --kernels auto --no-check --json "$OUT/auto-512.json" ;;
     gated-pending)
       for v in "MOE_GATED_PENDING=1" "MOE_GATED_PENDING=4"; do

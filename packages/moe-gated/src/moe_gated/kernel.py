@@ -67,6 +67,8 @@ CONSUMER_REGS = 232
 GROUPS_PER_WARP = 2  # 16-row weight groups per consumer warp = wgmmas per warpgroup per slab
 ROW_TILE = CONSUMER_WARPS * GROUPS_PER_WARP * 16  # 256 weight rows per work item
 STAGES = 4  # NVFP4: 4 x 52 KiB of shared memory, one CTA per SM
+STG_PITCH = 36  # FC2 staging row: 32 fp32 + 4 pad, so both the fragment writes and the
+# 16-byte read-back hit 32 distinct banks
 ITEM_SLOTS = 8  # work-item ring from the producer to the consumers (it leads by <= STAGES items)
 
 
@@ -90,14 +92,18 @@ class GatedGemm:
         self.a_group_bytes = fm.group_tile_bytes(cfg.weight_format)
         self.stage_bytes = self.b_bytes + CONSUMER_WARPS * GROUPS_PER_WARP * self.a_group_bytes
         # shared memory: the stages, then 8-byte mbarriers (full[STAGES], empty[STAGES],
-        # item_full[ITEM_SLOTS]), the work-item ring (4 bytes per slot), the FC2 token table
+        # item_full[ITEM_SLOTS]), the work-item ring (4 bytes per slot), the FC2 token table, the
+        # epilogue staging
         self.full_off = STAGES * self.stage_bytes
         self.empty_off = self.full_off + 8 * STAGES
         self.item_bar_off = self.empty_off + 8 * STAGES
         self.item_off = self.item_bar_off + 8 * ITEM_SLOTS
         # FC2: each consumer warp's copy of its tile's (pair, router weight), 8 bytes per token
         self.tok_off = self.item_off + 4 * ITEM_SLOTS
-        self.smem_bytes = self.tok_off + (CONSUMER_WARPS * BN * 8 if cfg.phase == "fc2" else 0)
+        self.stg_off = self.tok_off + (CONSUMER_WARPS * BN * 8 if cfg.phase == "fc2" else 0)
+        # per-warp epilogue staging: FC1 one group's 2 KiB chunk, FC2 an [8][STG_PITCH] fp32 tile
+        self.stg_warp_bytes = BN * 16 if cfg.phase == "fc1" else 8 * STG_PITCH * 4
+        self.smem_bytes = self.stg_off + CONSUMER_WARPS * self.stg_warp_bytes
         assert CONSUMER_WARPS * GROUPS_PER_WARP * 2 == 32  # one lane per copy of a K-tile's weights
 
     # ------------------------------------------------------------------ host entry
@@ -294,8 +300,6 @@ class GatedGemm:
         e = ptx.ld_u32(tile_expert + Int64(tile) * 4)
         p0 = ptx.ld_u32(tile_start + Int64(tile) * 4)
         p1 = ptx.ld_u32(tile_end + Int64(tile) * 4)
-        r = lane // 4
-        q = lane % 4
         # warp w owns groups 2w, 2w + 1 of the row tile. A warpgroup past the real rows sits
         # out (rows are padded to 128 = one warpgroup's share, so this is warpgroup-uniform)
         # but still waits for and releases every stage, which keeps the barrier phases in step.
@@ -331,34 +335,86 @@ class GatedGemm:
             self._mainloop(32, acc, active, g0, s_base, lane, a_warp_off, k_tiles)
 
         # ---- epilogue (overlaps the producer's loads of the next item): global scale, bias,
-        # then the activation (FC1) or the router weight (FC2)
+        # then the activation (FC1) or the router weight (FC2). Results go out through a
+        # per-warp shared-memory staging buffer as 16-byte stores of whole token rows, instead
+        # of one 2-byte (FC1) or 4-byte (FC2) store per value from the MMA fragment.
         if active:
             gs = ptx.ld_nc_f32(gscale + Int64(e) * 4)
-            for gi in cutlass.range_constexpr(GROUPS_PER_WARP):
-                row0 = (group0 + gi) * 16 + r  # blob row of acc[gi, ., 0/1]; + 8 for acc[gi, ., 2/3]
-                brow = bias + (Int64(e) * Int64(row_groups * 16) + Int64(row0)) * 4
-                b_lo = ptx.ld_nc_f32(brow)
-                b_hi = ptx.ld_nc_f32(brow + 32)
-                if cutlass.const_expr(cfg.phase == "fc1"):
-                    # intermediate column j = 8 * group + r, written straight into FC2's
-                    # tile-blocked B layout: tile, K-tile j // 128, chunk (j % 128) // 8, token n
-                    j = (group0 + gi) * 8 + r
-                    col_off = (Int64(tile) * Int64(out_stride) + Int64(j // TILE_K)) * self.b_bytes \
-                        + Int64(((j % TILE_K) // 8) * BN * 16 + (j % 8) * 2)
-                for nb in cutlass.range_constexpr(BN // 8):
+            stg = s_base + self.stg_off + warp * self.stg_warp_bytes
+            if cutlass.const_expr(cfg.phase == "fc1"):
+                self._epilogue_fc1(acc, tile, e, p0, p1, group0, gs, stg, lane, bias, row_groups,
+                                   out, out_stride, act_alpha, act_beta, act_limit)
+            else:
+                self._epilogue_fc2(acc, e, p0, p1, group0, gs, stg, tok, lane, bias, row_groups,
+                                   out, out_stride, out_rows)
+
+    @cute.jit
+    def _epilogue_fc1(self, acc, tile, e, p0, p1, group0, gs, stg, lane, bias, row_groups,
+                      out, out_stride, act_alpha, act_beta, act_limit):
+        """Group g's 8 intermediate columns j = 8g .. 8g + 7 for the tile's tokens are one
+        contiguous 2 KiB chunk of FC2's tile-blocked B (K-tile g // 16, chunk g % 16, token n at
+        n * 16 bytes). stmatrix.trans turns the fragment (thread: column r, tokens 2q, 2q + 1)
+        into that token-major order in shared memory; the warp then copies it out 16 bytes per
+        lane. Token slots past the tile's pairs get act(bias) values, which FC2 never reads
+        into a stored result."""
+        cfg = self.cfg
+        r = lane // 4
+        for gi in cutlass.range_constexpr(GROUPS_PER_WARP):
+            g = group0 + gi
+            brow = bias + (Int64(e) * Int64(row_groups * 16) + Int64(g * 16 + r)) * 4
+            b_lo = ptx.ld_nc_f32(brow)  # gate row r
+            b_hi = ptx.ld_nc_f32(brow + 32)  # up row r + 8
+            chunk = out + (Int64(tile) * Int64(out_stride) + Int64(g // 16)) * self.b_bytes \
+                + Int64((g % 16) * BN * 16)
+            for m in cutlass.range_constexpr(BN // 32):
+                if p0 + m * 32 < p1:
+                    regs = []
+                    for i in cutlass.range_constexpr(4):
+                        nb = 4 * m + i
+                        hv = [act.gated(cfg.activation, acc[gi, nb, c] * gs + b_lo,
+                                        acc[gi, nb, 2 + c] * gs + b_hi, act_alpha, act_beta, act_limit)
+                              for c in range(2)]
+                        regs.append(ptx.bf16x2_from_f32(hv[0], hv[1]))
+                    ptx.stmatrix_x4_trans(stg + (m * 32 + lane) * 16, regs[0], regs[1], regs[2], regs[3])
+            cute.arch.sync_warp()
+            for m in cutlass.range_constexpr(BN // 32):
+                if p0 + m * 32 < p1:
+                    v = ptx.ld_shared_v4(stg + (m * 32 + lane) * 16)
+                    ptx.st_v4(chunk + Int64((m * 32 + lane) * 16), v[0], v[1], v[2], v[3])
+            cute.arch.sync_warp()  # the staging buffer is rewritten by the next group
+
+    @cute.jit
+    def _epilogue_fc2(self, acc, e, p0, p1, group0, gs, stg, tok, lane, bias, row_groups,
+                      out, out_stride, out_rows):
+        """The warp's 32 output rows (groups group0, group0 + 1) for 8 tokens at a time go
+        through a [8 tokens][32 + 4 pad] fp32 staging tile (conflict-free both ways); then lane
+        (token lane // 4, rows 8 (lane % 4) .. + 7) stores 2 x 16 bytes of y[pair] = w * (acc *
+        scale + bias). y's rows are 4-byte aligned and H is a multiple of 32, so a warp's rows
+        are all below out_rows or all past it."""
+        r = lane // 4  # fragment: rows r, r + 8 of each group; read-back: token r of the 8
+        q = lane % 4
+        row = group0 * 16 + q * 8  # this lane's first output row in the read-back layout
+        brow = bias + (Int64(e) * Int64(row_groups * 16) + Int64(row)) * 4
+        b0 = ptx.ld_nc_v4(brow)
+        b1 = ptx.ld_nc_v4(brow + 16)
+        bv = [ptx.f32_bits(x) for x in list(b0) + list(b1)]
+        for nb in cutlass.range_constexpr(BN // 8):
+            if p0 + nb * 8 < p1:
+                for gi in cutlass.range_constexpr(GROUPS_PER_WARP):
                     for c in cutlass.range_constexpr(2):
-                        n = nb * 8 + 2 * q + c
-                        if p0 + n < p1:
-                            v_lo = acc[gi, nb, c] * gs + b_lo
-                            v_hi = acc[gi, nb, 2 + c] * gs + b_hi
-                            if cutlass.const_expr(cfg.phase == "fc1"):
-                                hv = act.gated(cfg.activation, v_lo, v_hi, act_alpha, act_beta, act_limit)
-                                ptx.st_u16(out + col_off + Int64(n * 16), ptx.bf16x2_from_f32(hv, hv))
-                            else:
-                                pair = ptx.ld_shared_u32(tok + n * 8)
-                                wgt = ptx.f32_bits(ptx.ld_shared_u32(tok + n * 8 + 4))
-                                dst = out + (Int64(pair) * Int64(out_stride)) * 4
-                                if row0 < out_rows:
-                                    ptx.st_f32(dst + Int64(row0) * 4, v_lo * wgt)
-                                if row0 + 8 < out_rows:
-                                    ptx.st_f32(dst + Int64(row0 + 8) * 4, v_hi * wgt)
+                        for h in cutlass.range_constexpr(2):
+                            ptx.st_shared_f32(stg + ((2 * q + c) * STG_PITCH + gi * 16 + 8 * h + r) * 4,
+                                              acc[gi, nb, 2 * h + c])
+                cute.arch.sync_warp()
+                v = ptx.ld_shared_v4(stg + (r * STG_PITCH + q * 8) * 4) \
+                    + ptx.ld_shared_v4(stg + (r * STG_PITCH + q * 8 + 4) * 4)
+                n = nb * 8 + r
+                if p0 + n < p1:
+                    if row < out_rows:
+                        pw = ptx.ld_shared_v2(tok + n * 8)
+                        wgt = ptx.f32_bits(pw[1])
+                        o = [(ptx.f32_bits(v[i]) * gs + bv[i]) * wgt for i in range(8)]
+                        dst = out + (Int64(pw[0]) * Int64(out_stride) + Int64(row)) * 4
+                        ptx.st_v4_f32(dst, o[0], o[1], o[2], o[3])
+                        ptx.st_v4_f32(dst + 16, o[4], o[5], o[6], o[7])
+                cute.arch.sync_warp()  # the staging tile is rewritten for the next 8 tokens

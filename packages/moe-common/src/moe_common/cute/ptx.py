@@ -138,6 +138,27 @@ def st_f32(addr, a, *, loc=None, ip=None):
 
 
 @dsl_user_op
+def st_v4_f32(addr, a, b, c, d, *, loc=None, ip=None):
+    _stmt([Int64(addr).ir_value(loc=loc, ip=ip)] + [Float32(x).ir_value(loc=loc, ip=ip) for x in (a, b, c, d)],
+          "st.global.v4.f32 [$0], {$1, $2, $3, $4};", "l,f,f,f,f")
+
+
+@dsl_user_op
+def st_shared_f32(addr, v, *, loc=None, ip=None):
+    _stmt([Int32(addr).ir_value(loc=loc, ip=ip), Float32(v).ir_value(loc=loc, ip=ip)],
+          "st.shared.f32 [$0], $1;", "r,f")
+
+
+@dsl_user_op
+def stmatrix_x4_trans(addr, r0, r1, r2, r3, *, loc=None, ip=None):
+    """Store four 8x8 bf16 matrices transposed: lanes 8m..8m+7 give the row addresses of
+    matrix m; register m of the thread (row t // 4, columns 2 (t % 4), +1) lands in memory row
+    2 (t % 4) (+1), position t // 4."""
+    _stmt([Int32(addr).ir_value(loc=loc, ip=ip)] + [_i32(x, loc, ip) for x in (r0, r1, r2, r3)],
+          "stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [$0], {$1, $2, $3, $4};", "r,r,r,r,r")
+
+
+@dsl_user_op
 def ld_shared_u32(addr, *, loc=None, ip=None) -> Int32:
     return Int32(_asm(T.i32(), [Int32(addr).ir_value(loc=loc, ip=ip)],
                       "ld.shared.u32 $0, [$1];", "=r,r", side_effects=True))

@@ -23,6 +23,9 @@ from . import ptx
 
 THREADS = 1024
 MAX_EXPERTS = THREADS
+# ids loaded per thread before the first is used: one load in flight per warp made each pass
+# latency-bound (88 us for 65536 pairs, Qwen3-30B-A3B at T=8192, tools/profile_split.py)
+BATCH = 8
 
 
 class RoutingKernel:
@@ -46,6 +49,15 @@ class RoutingKernel:
             e = ptx.ld_nc_s64_as_s32(ids + Int64(p) * 8)
         return e - expert_offset  # local id; valid iff 0 <= e < experts (unsigned compare)
 
+    @cute.jit
+    def _experts(self, ids, p0, pairs, expert_offset, experts):
+        """Local ids of pairs p0 + u * THREADS, u < BATCH, all loads issued before any is used;
+        pairs past the end read pair 0 and come back as -1 (invalid)."""
+        ps = [p0 + u * THREADS for u in range(BATCH)]
+        raw = [self._expert(ids, cutlass.select_(p < pairs, p, Int32(0)), expert_offset, experts)
+               for p in ps]
+        return [cutlass.select_(p < pairs, e, Int32(-1)) for p, e in zip(ps, raw)]
+
     @cute.kernel
     def kernel(self, ids: Int64, pairs: Int32, expert_offset: Int32, experts: Int32, bn: Int32,
                order: Int64, counts_out: Int64, tile_expert: Int64, tile_start: Int64,
@@ -58,10 +70,11 @@ class RoutingKernel:
         s_cur = s_cnt + 2 * THREADS * 4      # per-expert cursor for the position pass
         ptx.st_shared_u32(s_cnt + tid * 4, 0)
         cute.arch.sync_threads()
-        for p in cutlass.range(tid, pairs, THREADS, unroll=1):
-            e = self._expert(ids, p, expert_offset, experts)
-            if cutlass.Uint32(e) < cutlass.Uint32(experts):
-                ptx.atom_add_shared(s_cnt + e * 4, 1)
+        for base in cutlass.range(0, pairs, THREADS * BATCH, unroll=1):
+            es = self._experts(ids, base + tid, pairs, expert_offset, experts)
+            for u in cutlass.range_constexpr(BATCH):
+                if cutlass.Uint32(es[u]) < cutlass.Uint32(experts):
+                    ptx.atom_add_shared(s_cnt + es[u] * 4, 1)
         cute.arch.sync_threads()
         cnt = ptx.ld_shared_u32(s_cnt + tid * 4)
         tiles = (cnt + bn - 1) // bn
@@ -94,8 +107,9 @@ class RoutingKernel:
         if tid == experts - 1:
             ptx.st_u32(num_tiles, first_tile + tiles)
         cute.arch.sync_threads()
-        for p in cutlass.range(tid, pairs, THREADS, unroll=1):
-            e = self._expert(ids, p, expert_offset, experts)
-            if cutlass.Uint32(e) < cutlass.Uint32(experts):
-                pos = ptx.atom_add_shared(s_cur + e * 4, 1)
-                ptx.st_u32(order + Int64(pos) * 4, p)
+        for base in cutlass.range(0, pairs, THREADS * BATCH, unroll=1):
+            es = self._experts(ids, base + tid, pairs, expert_offset, experts)
+            for u in cutlass.range_constexpr(BATCH):
+                if cutlass.Uint32(es[u]) < cutlass.Uint32(experts):
+                    pos = ptx.atom_add_shared(s_cur + es[u] * 4, 1)
+                    ptx.st_u32(order + Int64(pos) * 4, base + tid + u * THREADS)
