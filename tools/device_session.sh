@@ -29,7 +29,7 @@ for s in "$@"; do
     bench-gated-q) step bench-gated-q 400 "${BENCH[@]}" --preset deepseek-v3 qwen3-30b-a3b gpt-oss-120b qwen3.5-35b --tokens 2048 8192 --kernels moe-gated --no-check --json "$OUT/bench-gated-q.json" ;;
     auto-512) step auto-512 200 "${BENCH[@]}" --preset qwen3-30b-a3b qwen3.5-35b deepseek-v3 gpt-oss-120b --tokens 512 --kernels auto --no-check --json "$OUT/auto-512.json" ;;
     gated-pending)
-      for v in "MOE_GATED_PENDING=1" "MOE_GATED_PENDING=4"; do
+      for v in "MOE_GATED_PENDING=2" "MOE_GATED_PENDING=1"; do
         step "gatedvar-${v//=/-}" 120 env $v "${BENCH[@]}" --preset deepseek-v3 --tokens 8192 --kernels moe-gated --no-check
       done ;;
     gated-variants)
