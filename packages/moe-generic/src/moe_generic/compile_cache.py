@@ -8,10 +8,7 @@ from moe_common.cute import jit
 
 from .grouped_gemm import GemmConfig, GroupedGemm
 
-# MOE_GENERIC_BN128=1 adds 128-token tiles (8 warps x 1 group, one CTA per SM) for prefill
-# (a measurement knob until the bench decides).
-BN128 = os.environ.get("MOE_GENERIC_BN128", "0") == "1"
-BN_CHOICES = (8, 16, 32, 64, 128) if BN128 else (8, 16, 32, 64)
+BN_CHOICES = (8, 16, 32, 64)
 
 
 # The mainloop's MMA. mma.sync measured faster than the synchronous-per-K-tile wgmma mainloop at
@@ -25,8 +22,8 @@ WARPS64 = int(os.environ.get("MOE_GENERIC_WARPS64", "8"))
 
 
 def config(phase: str, weight_format: str, activation: str, bn: int) -> GemmConfig:
-    warps = 8 if bn == 128 else WARPS64 if bn == 64 and not USE_WGMMA else 4
-    mw = 1 if bn <= 16 or bn == 128 else 8 // warps
+    warps = WARPS64 if bn == 64 and not USE_WGMMA else 4
+    mw = 1 if bn <= 16 else 8 // warps
     return GemmConfig(phase=phase, weight_format=weight_format,
                       activation=activation if phase == "fc1" else "none", bn=bn,
                       mw=mw, wgmma=USE_WGMMA, warps=warps)
