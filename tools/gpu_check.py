@@ -62,7 +62,7 @@ def check_dequant():
     return rows
 
 
-def check_generic(cases, kernel="generic", deterministic=True):
+def check_generic(cases, kernel="generic"):
     import importlib
 
     fused_moe = importlib.import_module(f"moe_{kernel}").fused_moe
@@ -80,14 +80,14 @@ def check_generic(cases, kernel="generic", deterministic=True):
         a = Activation(act, 1.702, 1.0, None if act == "swigluoai" and bias else 7.0)
         out = torch.full((T, H), float("nan"), device="cuda", dtype=torch.bfloat16)
         t0 = time.time()
-        fused_moe(x, w, tw, ti, activation=a, quant_mode=mode, out=out, deterministic=deterministic)
+        fused_moe(x, w, tw, ti, activation=a, quant_mode=mode, out=out)
         torch.cuda.synchronize()
         dt = time.time() - t0
         ref = reference_moe(x, w, tw, ti, activation=a, quant_mode=mode)
         rel, cos, nan = metrics(out, ref)
         ok = rel <= 1e-2 and cos >= 0.9999 and not nan
         rows.append({"T": T, "E": E, "H": H, "I": I, "k": k, "fmt": fmt, "act": act, "mode": mode,
-                     "bias": bias, "ep": ep, "deterministic": deterministic, "rel": rel, "cos": cos, "nan": nan, "ok": ok, "first_s": dt})
+                     "bias": bias, "ep": ep, "rel": rel, "cos": cos, "nan": nan, "ok": ok, "first_s": dt})
         print(json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -101,10 +101,10 @@ def main():
     args = ap.parse_args()
     if args.sanitize and args.kernel == "gated":
         # gated activations only; the second case's FC2 (H=320, rows padded to 384) ends on a
-        # half-empty 256-row tile; both FC2 outputs: y + top-k reduce, and atomics into out32
-        cases = [(70, 4, 256, 128, 4, "nvfp4", "silu", "w4a4", True, True),
-                 (300, 4, 320, 96, 1, "mxfp4", "swigluoai", "w4a16", True, False)]
-        rows = check_generic(cases, args.kernel) + check_generic(cases, args.kernel, deterministic=False)
+        # half-empty 256-row tile
+        rows = check_generic([(70, 4, 256, 128, 4, "nvfp4", "silu", "w4a4", True, True),
+                              (300, 4, 320, 96, 1, "mxfp4", "swigluoai", "w4a16", True, False)],
+                             args.kernel)
         sys.exit(0 if all(r["ok"] for r in rows) else 1)
     if args.sanitize:
         mode = "w4a4" if args.kernel == "generic" else "w4a16"

@@ -270,7 +270,7 @@ def eager_time_us(calls: Sequence[Callable[[], object]], *, repeats: int = 3) ->
 
 def bench_preset(p: Preset, tokens: Sequence[int], *, kernels: Optional[Sequence[str]] = None,
                  quant_mode: str = "w4a16", seed: int = 0, check: bool = True,
-                 deterministic: bool = False, log: Callable[[str], None] = print, device=None,
+                 log: Callable[[str], None] = print, device=None,
                  timer: Callable[..., dict] = graph_time_us, rotate: bool = True) -> list:
     """Rows for one shape over ``tokens``. ``kernels`` None = dispatcher's choice ("auto"),
     every capable kernel forced (the reference excluded) and both baselines.
@@ -362,8 +362,8 @@ def bench_preset(p: Preset, tokens: Sequence[int], *, kernels: Optional[Sequence
                                        w2_bias=wcopies[0].w2_bias)
                 else:
                     forced = None if name == "auto" else name
-                    layers = [FusedMoE(w, t, p.top_k, activation=act, quant_mode=quant_mode, kernel=forced,
-                                       deterministic=deterministic) for w in wcopies]
+                    layers = [FusedMoE(w, t, p.top_k, activation=act, quant_mode=quant_mode, kernel=forced)
+                              for w in wcopies]
                     row["runs"] = layers[0].choice(t).kernel
                     if name == "auto":
                         row["kernel"] = f"auto({row['runs']})"
@@ -456,8 +456,7 @@ def plot(result: dict, path: str) -> bool:
 
 def run(presets: Sequence[Preset], tokens: Sequence[int] = DEFAULT_TOKENS, *, kernels=None,
         quant_mode: str = "w4a16", seed: Optional[int] = None, check: bool = True,
-        deterministic: bool = False, json_path: Optional[str] = None, plot_path: Optional[str] = None,
-        argv=None) -> dict:
+        json_path: Optional[str] = None, plot_path: Optional[str] = None, argv=None) -> dict:
     """The whole `fused-moe bench`; returns the result dict (also written as JSON)."""
     if seed is None:
         seed = int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
@@ -466,8 +465,7 @@ def run(presets: Sequence[Preset], tokens: Sequence[int] = DEFAULT_TOKENS, *, ke
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv)),
         "commit": git_commit(), "torch": torch.__version__, "python": platform.python_version(),
-        "seed": seed, "tokens": list(tokens), "quant_mode": quant_mode,
-        "deterministic": deterministic, "rows": [],
+        "seed": seed, "tokens": list(tokens), "quant_mode": quant_mode, "rows": [],
     }
     if not ok:
         print(f"fused-moe bench: {why}; the benchmark needs an H100/H200 (sm_90). Nothing was benchmarked.")
@@ -477,12 +475,11 @@ def run(presets: Sequence[Preset], tokens: Sequence[int] = DEFAULT_TOKENS, *, ke
         result["l2_bytes"] = l2_bytes()
         result["copy_ceiling"] = copy_ceiling()
         print(f"fused-moe bench on {result['gpu']} (torch {torch.__version__}, commit {result['commit']}, "
-              f"seed {seed}{', deterministic' if deterministic else ''}); device copy ceiling "
-              f"{result['copy_ceiling']['GBps']:.0f} GB/s (read+write)")
+              f"seed {seed}); device copy ceiling {result['copy_ceiling']['GBps']:.0f} GB/s (read+write)")
         print(HEADER)
         for p in presets:
             result["rows"] += bench_preset(p, tokens, kernels=kernels, quant_mode=quant_mode, seed=seed,
-                                           check=check, deterministic=deterministic)
+                                           check=check)
         print()
         print("summary (x bf16 = torch-bf16 time / time):")
         print(HEADER)

@@ -129,8 +129,7 @@ def cmd_bench(args) -> int:
     else:
         presets = list(PRESETS.values())
     _bench.run(presets, args.tokens, kernels=args.kernels, quant_mode=args.quant_mode, seed=args.seed,
-               check=args.check, deterministic=args.deterministic, json_path=args.json,
-               plot_path=args.plot, argv=["fused-moe"] + list(args.argv))
+               check=args.check, json_path=args.json, plot_path=args.plot, argv=["fused-moe"] + list(args.argv))
     return 0
 
 
@@ -179,8 +178,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, help="random seed (default: fresh each run; recorded in the JSON)")
     p.add_argument("--check", action=argparse.BooleanOptionalAction, default=True,
                    help="check each row's output against the reference (default on)")
-    p.add_argument("--deterministic", action="store_true",
-                   help="time the kernels' bitwise-reproducible mode (default: fused_moe's default, off)")
     p.add_argument("--json", help="write the results as JSON to this path")
     p.add_argument("--plot", help="write a PNG plot to this path (needs matplotlib)")
     p.set_defaults(func=cmd_bench)

@@ -13,7 +13,7 @@ def test_every_dispatchable_config_compiles_for_sm90a():
 
     assert tile_gather() is not None
     configs = all_configs()
-    assert len(configs) == 10  # 2 formats x (3 gated FC1 activations + FC2 with y or scatter)
+    assert len(configs) == 8  # 2 formats x (3 gated FC1 activations + FC2)
     for cfg in configs:
         assert compile_config(cfg) is not None, cfg
 
@@ -40,7 +40,7 @@ def _ptxas():
     return shutil.which("ptxas")
 
 
-@pytest.mark.parametrize("index", [0, 9])  # FC1 NVFP4 silu, FC2 MXFP4 scatter
+@pytest.mark.parametrize("index", [0, 7])  # FC1 NVFP4 silu, FC2 MXFP4
 def test_wgmma_runs_asynchronously(index, tmp_path):
     """ptxas serializes every wgmma (a wait for completion after each, C7512) when the consumer
     warps' live registers do not fit; with pending=2 slabs in flight that happened and the

@@ -18,10 +18,10 @@ PENDING = int(os.environ.get("MOE_GATED_PENDING", "1"))
 VARIANT = os.environ.get("MOE_GATED_VARIANT", "full")
 
 
-def config(phase: str, weight_format: str, activation: str, scatter: bool = False) -> GatedConfig:
+def config(phase: str, weight_format: str, activation: str) -> GatedConfig:
     return GatedConfig(phase=phase, weight_format=weight_format,
                        activation=activation if phase == "fc1" else "none",
-                       pending=PENDING, scatter=scatter, variant=VARIANT)
+                       pending=PENDING, variant=VARIANT)
 
 
 def compile_config(cfg: GatedConfig):
@@ -29,7 +29,7 @@ def compile_config(cfg: GatedConfig):
 
     z = Int64(0)
     i1 = Int32(1)
-    args = ([z] * 10 + [i1, Int32(16), z, Int32(128), Int32(128), i1, z,
+    args = ([z] * 10 + [i1, Int32(16), z, Int32(128), Int32(128), z,
                         Float32(1.0), Float32(1.0), Float32(1.0), z, i1, jit.example_stream()])
     return jit.compile_kernel(GatedGemm(cfg), *args)
 
@@ -45,8 +45,8 @@ def tile_gather():
         TileGather(), z, Int32(128), Int32(128), z, i1, z, z, z, z, i1, i1, jit.example_stream()))
 
 
-def get(phase: str, weight_format: str, activation: str, scatter: bool = False):
-    cfg = config(phase, weight_format, activation, scatter)
+def get(phase: str, weight_format: str, activation: str):
+    cfg = config(phase, weight_format, activation)
     return cfg, jit.compiled(("moe-gated", cfg), lambda: compile_config(cfg))
 
 
@@ -55,5 +55,5 @@ def all_configs():
     out = []
     for fmt in FORMATS:
         out += [config("fc1", fmt, a) for a in ACTIVATIONS]
-        out += [config("fc2", fmt, "none", scatter) for scatter in (False, True)]
+        out.append(config("fc2", fmt, "none"))
     return out

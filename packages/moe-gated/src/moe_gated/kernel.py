@@ -2,7 +2,6 @@
 
     FC1: inter[p, j]  = act(scale_2[e] * (src[order[p] // row_div] @ w13[e]^T) + b13[e])  (bf16)
     FC2: y[order[p], h] = w[order[p]] * (scale_2[e] * (inter[p] @ w2[e]^T) + b2[e])      (fp32)
-         or, scatter: out32[order[p] // k, h] += the same, by fp32 reductions
 
 p runs over routed pairs sorted by expert (moe_common.cute.routing, 128-pair tiles).
 
@@ -81,10 +80,6 @@ class GatedConfig:
     # wgmma slabs left in flight when a K-tile's block returns. 2 needs more live registers than
     # the consumers have and ptxas then serializes every wgmma (C7512, tests/test_gated_cpu.py)
     pending: int = 1
-    # FC2 output: False writes y[pair] (each element once; the top-k reduce sums them in a fixed
-    # order: deterministic); True adds w * result into out32[pair // top_k] with fp32 vector
-    # reductions (red.global.add.v4.f32), so no y round trip, in a run-to-run varying order
-    scatter: bool = False
     # timing-only variants (wrong results): "nodecode" feeds raw codes to the MMA, "nomma" skips it
     variant: str = "full"
 
@@ -93,7 +88,6 @@ class GatedGemm:
     def __init__(self, cfg: GatedConfig):
         assert cfg.phase in ("fc1", "fc2")
         assert cfg.phase == "fc2" or cfg.activation in ("silu", "gelu_tanh", "swigluoai")
-        assert cfg.phase == "fc2" or not cfg.scatter
         self.cfg = cfg
         self.b_bytes = BN * TILE_K * 2
         self.scale_bytes = 16 * fm.scale_bytes_per_row(cfg.weight_format)  # per group tile
@@ -121,14 +115,14 @@ class GatedGemm:
         wblob: Int64, sblob: Int64, gscale: Int64, bias: Int64,
         tile_expert: Int64, tile_start: Int64, tile_end: Int64, num_tiles: Int64,
         order: Int64, b_blocked: Int64, k_tiles: Int32, row_groups: Int32,
-        out: Int64, out_stride: Int32, out_rows: Int32, out_row_div: Int32, route_w: Int64,
+        out: Int64, out_stride: Int32, out_rows: Int32, route_w: Int64,
         act_alpha: Float32, act_beta: Float32, act_limit: Float32,
         queue: Int64, grid: Int32, stream,
     ):
         self.kernel(
             wblob, sblob, gscale, bias, tile_expert, tile_start, tile_end, num_tiles,
             order, b_blocked, k_tiles, row_groups,
-            out, out_stride, out_rows, out_row_div, route_w, act_alpha, act_beta, act_limit, queue, grid,
+            out, out_stride, out_rows, route_w, act_alpha, act_beta, act_limit, queue, grid,
         ).launch(grid=[grid, 1, 1], block=[THREADS, 1, 1], smem=self.smem_bytes, stream=stream)
 
     # ------------------------------------------------------------------ device
@@ -138,7 +132,7 @@ class GatedGemm:
         wblob: Int64, sblob: Int64, gscale: Int64, bias: Int64,
         tile_expert: Int64, tile_start: Int64, tile_end: Int64, num_tiles: Int64,
         order: Int64, b_blocked: Int64, k_tiles: Int32, row_groups: Int32,
-        out: Int64, out_stride: Int32, out_rows: Int32, out_row_div: Int32, route_w: Int64,
+        out: Int64, out_stride: Int32, out_rows: Int32, route_w: Int64,
         act_alpha: Float32, act_beta: Float32, act_limit: Float32,
         queue: Int64, grid: Int32,
     ):
@@ -168,7 +162,7 @@ class GatedGemm:
             cute.arch.setmaxregister_increase(CONSUMER_REGS)
             self._consumer(s_base, warp, lane, total, row_tiles, gscale, bias, tile_expert,
                            tile_start, tile_end, order, k_tiles, row_groups, out, out_stride,
-                           out_rows, out_row_div, route_w, act_alpha, act_beta, act_limit)
+                           out_rows, route_w, act_alpha, act_beta, act_limit)
 
     # ------------------------------------------------------------------ producer warp
     @cute.jit
@@ -275,14 +269,14 @@ class GatedGemm:
     @cute.jit
     def _consumer(self, s_base, warp, lane, total, row_tiles, gscale, bias, tile_expert,
                   tile_start, tile_end, order, k_tiles, row_groups, out, out_stride, out_rows,
-                  out_row_div, route_w, act_alpha, act_beta, act_limit):
+                  route_w, act_alpha, act_beta, act_limit):
         i = Int32(0)
         g = Int32(0)  # K-tiles consumed
         item = self._next_item(s_base, i)
         while item < total:
             self._work_item(item // row_tiles, item % row_tiles, g, s_base, warp, lane,
                             gscale, bias, tile_expert, tile_start, tile_end, order, k_tiles,
-                            row_groups, out, out_stride, out_rows, out_row_div, route_w, act_alpha, act_beta,
+                            row_groups, out, out_stride, out_rows, route_w, act_alpha, act_beta,
                             act_limit)
             g = g + k_tiles
             i = i + 1
@@ -303,7 +297,7 @@ class GatedGemm:
     @cute.jit
     def _work_item(self, tile, rt, g0, s_base, warp, lane,
                    gscale, bias, tile_expert, tile_start, tile_end, order, k_tiles, row_groups,
-                   out, out_stride, out_rows, out_row_div, route_w, act_alpha, act_beta, act_limit):
+                   out, out_stride, out_rows, route_w, act_alpha, act_beta, act_limit):
         cfg = self.cfg
         e = ptx.ld_u32(tile_expert + Int64(tile) * 4)
         p0 = ptx.ld_u32(tile_start + Int64(tile) * 4)
@@ -324,7 +318,7 @@ class GatedGemm:
                 slot = lane + 32 * i
                 if p0 + slot < p1:
                     pair_i = ptx.ld_u32(order + Int64(p0 + slot) * 4)
-                    ptx.st_shared_u32(tok + slot * 8, pair_i // out_row_div)  # y row or token
+                    ptx.st_shared_u32(tok + slot * 8, pair_i)
                     ptx.st_shared_u32(tok + slot * 8 + 4, ptx.ld_nc_u32(route_w + Int64(pair_i) * 4))
             cute.arch.sync_warp()
 
@@ -423,10 +417,6 @@ class GatedGemm:
                         wgt = ptx.f32_bits(pw[1])
                         o = [(ptx.f32_bits(v[i]) * gs + bv[i]) * wgt for i in range(8)]
                         dst = out + (Int64(pw[0]) * Int64(out_stride) + Int64(row)) * 4
-                        if cutlass.const_expr(self.cfg.scatter):
-                            ptx.red_add_v4_f32(dst, o[0], o[1], o[2], o[3])
-                            ptx.red_add_v4_f32(dst + 16, o[4], o[5], o[6], o[7])
-                        else:
-                            ptx.st_v4_f32(dst, o[0], o[1], o[2], o[3])
-                            ptx.st_v4_f32(dst + 16, o[4], o[5], o[6], o[7])
+                        ptx.st_v4_f32(dst, o[0], o[1], o[2], o[3])
+                        ptx.st_v4_f32(dst + 16, o[4], o[5], o[6], o[7])
                 cute.arch.sync_warp()  # the staging tile is rewritten for the next 8 tokens

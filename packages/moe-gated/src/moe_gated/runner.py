@@ -3,8 +3,7 @@
 A call is: routing into 128-pair tiles (moe_common's routing kernel) -> [w4a4: quantized token
 rows] -> token rows gathered into tile-blocked B -> FC1 + activation (persistent, queue-driven),
 writing the intermediate tile-blocked -> [w4a4: requantized intermediate] -> FC2 + router weight
-into y [T * k, H] fp32 -> fixed-order top-k reduce -> bf16 out (deterministic), or FC2 reducing
-into an fp32 [T, H] output with atomics -> bf16 out. Every step is
+into y [T * k, H] fp32 -> fixed-order top-k reduce -> bf16 out. Every step is
 asynchronous on the current stream and nothing syncs with the host, so the call can be captured
 in a CUDA graph once compiled and its workspace allocated. The work queues' counters are zeroed
 once at allocation and left at zero by every launch.
@@ -42,9 +41,7 @@ def _persistent_grid(device, max_items: int) -> int:
 def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activation,
         quant_mode: str = "w4a16", out=None, workspace=None, deterministic: bool = True):
     """The layer call: routing, FC1, FC2, top-k reduce on the current stream, no host sync.
-    deterministic=True: bitwise reproducible (each y element has one writer, the top-k sum a
-    fixed order); False: FC2 reduces into the output with fp32 atomics (order varies, so the
-    last bits can; faster, no y buffer)."""
+    Always deterministic (each output element has one writer and a fixed summation order)."""
     prep = pack(weights)
     T, k = topk_ids.shape
     P = T * k
@@ -87,37 +84,27 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     grid1 = _persistent_grid(dev, cap * -(-prep.fc1_rows // ROW_TILE))
     fc1(prep.w13.data_ptr(), prep.w13_scale.data_ptr(), prep.fc1_alpha[quant_mode].data_ptr(),
         prep.w13_bias.data_ptr(), *tile_args, order.data_ptr(), x_blocked.data_ptr(), kt1,
-        prep.fc1_rows // 16, inter.data_ptr(), kt2, Ip, 1, 0, activation.alpha, activation.beta, limit,
+        prep.fc1_rows // 16, inter.data_ptr(), kt2, Ip, 0, activation.alpha, activation.beta, limit,
         queues[0].data_ptr(), grid1, stream)
 
     if quant_mode == "w4a4":
         w4a4_requantize_blocked(inter, weights, tiles[0], BN)
 
-    # 4. FC2 + router weight. deterministic: y [P, H] fp32 in original pair order, then the
-    # top-k sum in a fixed order (5). Otherwise FC2 adds straight into an fp32 [T, H] output
-    # (vector fp32 reductions), which skips writing and re-reading y (P x H x 4 bytes).
+    # 4. FC2 + router weight -> y [P, H] fp32 in original pair order
+    y = bufs.get("y", (P, H), torch.float32)
     route_w = topk_weights if topk_weights.dtype == torch.float32 else topk_weights.float()
     route_w = route_w.contiguous()
-    scatter = not deterministic
-    if scatter:
-        dst = bufs.get("out32", (T, H), torch.float32)
-        dst.zero_()
-    else:
-        dst = bufs.get("y", (P, H), torch.float32)
-    _, fc2 = compile_cache.get("fc2", weights.weight_format, "none", scatter)
+    _, fc2 = compile_cache.get("fc2", weights.weight_format, "none")
     grid2 = _persistent_grid(dev, cap * -(-prep.fc2_rows // ROW_TILE))
     fc2(prep.w2.data_ptr(), prep.w2_scale.data_ptr(), prep.fc2_alpha[quant_mode].data_ptr(),
         prep.w2_bias.data_ptr(), *tile_args, order.data_ptr(), inter.data_ptr(), kt2,
-        prep.fc2_rows // 16, dst.data_ptr(), H, H, k if scatter else 1, route_w.data_ptr(),
-        1.0, 1.0, math.inf, queues[1].data_ptr(), grid2, stream)
+        prep.fc2_rows // 16, y.data_ptr(), H, H, route_w.data_ptr(), 1.0, 1.0, math.inf,
+        queues[1].data_ptr(), grid2, stream)
 
-    # 5. out[t] = sum over the top-k, one rounding
+    # 5. out[t] = sum over the top-k, fixed order, one rounding
     if out is None:
         out = torch.empty(T, H, dtype=torch.bfloat16, device=dev)
-    if scatter:
-        out.copy_(dst)
-    else:
-        jit.topk_reduce(idb)(dst.data_ptr(), ids.data_ptr(), out.data_ptr(), T, k, H, off, E, stream)
+    jit.topk_reduce(idb)(y.data_ptr(), ids.data_ptr(), out.data_ptr(), T, k, H, off, E, stream)
     return out
 
 

@@ -144,13 +144,6 @@ def st_v4_f32(addr, a, b, c, d, *, loc=None, ip=None):
 
 
 @dsl_user_op
-def red_add_v4_f32(addr, a, b, c, d, *, loc=None, ip=None):
-    """Four fp32 atomic adds to 16 aligned bytes of global memory, no result (sm_90)."""
-    _stmt([Int64(addr).ir_value(loc=loc, ip=ip)] + [Float32(x).ir_value(loc=loc, ip=ip) for x in (a, b, c, d)],
-          "red.global.add.v4.f32 [$0], {$1, $2, $3, $4};", "l,f,f,f,f")
-
-
-@dsl_user_op
 def st_shared_f32(addr, v, *, loc=None, ip=None):
     _stmt([Int32(addr).ir_value(loc=loc, ip=ip), Float32(v).ir_value(loc=loc, ip=ip)],
           "st.shared.f32 [$0], $1;", "r,f")
