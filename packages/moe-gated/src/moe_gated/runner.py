@@ -15,6 +15,7 @@ import math
 import torch
 
 from moe_common.cute import jit
+from moe_common.cute.routing import MAX_SPLIT_CTAS
 from moe_common.fragments import TILE_K
 from moe_common.formats import get_format
 from moe_common.kernel_package import Buffers, quantize_rows, w4a4_fc1_rows
@@ -61,9 +62,8 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     tiles = bufs.get("tiles", (3, cap), torch.int32)
     num_tiles = bufs.get("num_tiles", (1,), torch.int32)
     queues = bufs.get("queues", (2, 2), torch.int32, zeroed=True)
-    jit.routing(idb)(ids.data_ptr(), P, off, E, BN, order.data_ptr(), counts.data_ptr(),
-                     tiles[0].data_ptr(), tiles[1].data_ptr(), tiles[2].data_ptr(),
-                     num_tiles.data_ptr(), stream)
+    hist = bufs.get("route_hist", (MAX_SPLIT_CTAS, E), torch.int32)
+    jit.route(ids, P, off, E, BN, order, counts, tiles, num_tiles, hist, stream)
     tile_args = (tiles[0].data_ptr(), tiles[1].data_ptr(), tiles[2].data_ptr(), num_tiles.data_ptr())
 
     # 2. token rows gathered into tile-blocked B (one 32 KiB bulk copy per tile and K-tile)

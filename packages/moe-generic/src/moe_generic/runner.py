@@ -13,6 +13,7 @@ import math
 import torch
 
 from moe_common.cute import jit
+from moe_common.cute.routing import MAX_SPLIT_CTAS
 from moe_common.fragments import TILE_K
 from moe_common.kernel_package import Buffers, w4a4_fc1_rows, w4a4_requantize_intermediate
 from moe_common.packed import pack
@@ -72,9 +73,8 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     # drops where a larger bn starts), and a workspace warmed at one T must hold every smaller T.
     tiles = bufs.get("tiles", (3, tiles_capacity(P, E)), torch.int32)
     num_tiles = bufs.get("num_tiles", (1,), torch.int32)
-    jit.routing(idb)(ids.data_ptr(), P, off, E, bn, order.data_ptr(), counts.data_ptr(),
-                     tiles[0].data_ptr(), tiles[1].data_ptr(), tiles[2].data_ptr(),
-                     num_tiles.data_ptr(), stream)
+    hist = bufs.get("route_hist", (MAX_SPLIT_CTAS, E), torch.int32)
+    jit.route(ids, P, off, E, bn, order, counts, tiles, num_tiles, hist, stream)
     tile_args = (tiles[0].data_ptr(), tiles[1].data_ptr(), tiles[2].data_ptr(), num_tiles.data_ptr())
 
     # 2. FC1 (+ activation) -> intermediate [P, Ip] bf16 in sorted order

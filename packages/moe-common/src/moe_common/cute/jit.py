@@ -61,6 +61,45 @@ def routing(ids_nbytes: int):
         example_stream()))
 
 
+def routing_split(ids_nbytes: int):
+    """The split routing path's (histogram, scan, scatter) kernels (see routing.py)."""
+    from cutlass import Int32, Int64
+
+    from .routing import RoutingHistogram, RoutingScan, RoutingScatter
+
+    z = Int64(0)
+    one = Int32(1)
+    passes = [compiled(("routing_split", cls.__name__, ids_nbytes), lambda cls=cls: compile_kernel(
+        cls(ids_nbytes), z, one, Int32(0), one, one, z, z, example_stream()))
+        for cls in (RoutingHistogram, RoutingScatter)]
+    scan = compiled(("routing_split", "scan"), lambda: compile_kernel(
+        RoutingScan(), z, one, one, Int32(8), z, z, z, z, z, example_stream()))
+    return passes[0], scan, passes[1]
+
+
+def route(ids, pairs: int, expert_offset: int, experts: int, bn: int, order, counts, tiles,
+          num_tiles, hist, stream):
+    """Routing tables (see routing.py) on `stream`: the one-CTA kernel for small batches, the
+    split path over routing.split_ctas(pairs) CTAs otherwise. ids: topk_ids (contiguous);
+    order/counts/num_tiles: int32 tensors; tiles: int32 [3, capacity]; hist: int32
+    [routing.MAX_SPLIT_CTAS, experts] scratch."""
+    from .routing import split_ctas
+
+    idb = ids.element_size()
+    tile_ptrs = (tiles[0].data_ptr(), tiles[1].data_ptr(), tiles[2].data_ptr())
+    ctas = split_ctas(pairs)
+    if ctas == 0:
+        routing(idb)(ids.data_ptr(), pairs, expert_offset, experts, bn, order.data_ptr(),
+                     counts.data_ptr(), *tile_ptrs, num_tiles.data_ptr(), stream)
+        return
+    histogram, scan, scatter = routing_split(idb)
+    histogram(ids.data_ptr(), pairs, expert_offset, experts, ctas, hist.data_ptr(), 0, stream)
+    scan(hist.data_ptr(), ctas, experts, bn, counts.data_ptr(), *tile_ptrs, num_tiles.data_ptr(),
+         stream)
+    scatter(ids.data_ptr(), pairs, expert_offset, experts, ctas, hist.data_ptr(),
+            order.data_ptr(), stream)
+
+
 def topk_reduce(ids_nbytes: int):
     from cutlass import Int32, Int64
 
