@@ -28,7 +28,8 @@ for s in "$@"; do
     bench-gated-all) step bench-gated-all 400 "${BENCH[@]}" --preset qwen3-30b-a3b qwen3.5-35b deepseek-v3 gpt-oss-120b --tokens 128 512 2048 8192 16384 --kernels auto moe-gated moe-generic --no-check --json "$OUT/bench-gated-all.json" --plot "$OUT/bench-gated-all.png" ;;
     bench-gated-q) step bench-gated-q 400 "${BENCH[@]}" --preset deepseek-v3 qwen3-30b-a3b gpt-oss-120b qwen3.5-35b --tokens 2048 8192 --kernels moe-gated --no-check --json "$OUT/bench-gated-q.json" ;;
     routing) step routing 200 python3 tools/routing_bench.py
-      step routing-tests 200 python3 -m pytest packages/moe-common -m gpu -q ;;
+      step routing-tests 200 python3 -m pytest packages/moe-common -m gpu -q
+      step sanitize-routing 300 compute-sanitizer --tool memcheck --report-api-errors no python3 -m pytest packages/moe-common/tests/test_routing_gpu.py -q ;;
     auto-512) step auto-512 200 "${BENCH[@]}" --preset qwen3-30b-a3b qwen3.5-35b deepseek-v3 gpt-oss-120b --tokens 512 --kernels auto --no-check --json "$OUT/auto-512.json" ;;
     gated-pending)
       for v in "MOE_GATED_PENDING=2" "MOE_GATED_PENDING=1"; do

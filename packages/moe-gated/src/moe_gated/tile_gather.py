@@ -6,7 +6,9 @@
     chunk ch (8 columns) of token n at byte (ch * BN + n) * 16: wgmma's K-major core matrices.
 
 Columns past the real K are written as zeros (they meet zero-padded weights, and 0 x garbage
-could be NaN); token slots past a tile's pairs are zeros too. One CTA per (tile, K-tile); CTAs of
+could be NaN). Token slots past a tile's pairs are not written: a token slot is one MMA column,
+so whatever they hold reaches only output columns that FC1 and FC2 never store (in an expert's
+last tile often half the block: DeepSeek-V3 at T=2048 has ~64 pairs per expert). One CTA per (tile, K-tile); CTAs of
 tiles past the device-side tile count return at once.
 """
 from __future__ import annotations
@@ -56,4 +58,4 @@ class TileGather:
                         row = ptx.ld_u32(order + Int64(p) * 4) // row_div
                         v = ptx.ld_nc_v4(src + (Int64(row) * Int64(src_stride) + Int64(k0)) * 2)
                         v0, v1, v2, v3 = v[0], v[1], v[2], v[3]
-                ptx.st_v4(dst_block + Int64((ch * BN + n) * 16), v0, v1, v2, v3)
+                    ptx.st_v4(dst_block + Int64((ch * BN + n) * 16), v0, v1, v2, v3)
