@@ -36,17 +36,19 @@ def main():
             tiles = torch.empty(3, pairs // 8 + experts, dtype=torch.int32, device=dev)
             num_tiles = torch.empty(1, dtype=torch.int32, device=dev)
             hist = torch.empty(MAX_SPLIT_CTAS, experts, dtype=torch.int32, device=dev)
-            stream = jit.current_stream(dev)
             tp = (tiles[0].data_ptr(), tiles[1].data_ptr(), tiles[2].data_ptr())
             one = jit.routing(4)
             histogram, scan, scatter = jit.routing_split(4)
             ctas = max(1, min(MAX_SPLIT_CTAS, -(-pairs // PAIRS_PER_SPLIT_CTA)))
 
+            # the stream is looked up at call time: graph capture runs on a side stream
             def single():
+                stream = jit.current_stream(dev)
                 one(ids.data_ptr(), pairs, 0, experts, 128, order.data_ptr(), counts.data_ptr(), *tp,
                     num_tiles.data_ptr(), stream)
 
             def split():
+                stream = jit.current_stream(dev)
                 histogram(ids.data_ptr(), pairs, 0, experts, ctas, hist.data_ptr(), 0, stream)
                 scan(hist.data_ptr(), ctas, experts, 128, counts.data_ptr(), *tp, num_tiles.data_ptr(), stream)
                 scatter(ids.data_ptr(), pairs, 0, experts, ctas, hist.data_ptr(), order.data_ptr(), stream)
