@@ -12,10 +12,12 @@ MAX_TOKENS = 65536
 DIM_MULTIPLE = 32  # H and I: multiples of 128 run natively, other multiples of 32 are zero-padded
 # Mean routed rows per local expert (T * top_k / E) from which moe-gated bids above moe-generic.
 # Its tiles are 128 tokens wide (MMA 32..128 wide); below a tile or so per expert moe-generic's
-# narrow tiles win. Measured on the H200 (BENCHMARKS.md, 2026-11-30, commit 05b2530): at 16 rows
-# moe-gated is 2% faster (DeepSeek-V3 T=512) to 31% slower (Qwen3.5 T=512), at 32 rows 4% slower
-# (Qwen3-30B-A3B T=512), at 64 rows and above 21-41% faster (every gated preset at T=2048).
-CUTOVER_ROWS_PER_EXPERT = 48
+# narrow tiles win. Measured on the H200 (BENCHMARKS.md, 2026-11-30, commit 49e7d0d), moe-gated
+# against moe-generic: at 4-8 rows 25-65% slower (every gated preset at T=128); at 16 rows from
+# 3% slower (Qwen3.5 T=512) to 6% faster (DeepSeek-V3 T=512); at 32 rows 10% faster (Qwen3-30B-A3B
+# T=512); at 64 rows and more 29-46% faster (T=2048). 05b2530 had it 4% slower at 32 rows, and
+# the cutover was 48 rows then.
+CUTOVER_ROWS_PER_EXPERT = 32
 
 
 def unsupported_reason(shape, activation):
