@@ -65,13 +65,13 @@ def routing_split(ids_nbytes: int):
     """The split routing path's (histogram, scan, scatter) kernels (see routing.py)."""
     from cutlass import Int32, Int64
 
-    from .routing import RoutingHistogram, RoutingScan, RoutingScatter
+    from .routing import RoutingScan, RoutingSlices
 
     z = Int64(0)
     one = Int32(1)
-    passes = [compiled(("routing_split", cls.__name__, ids_nbytes), lambda cls=cls: compile_kernel(
-        cls(ids_nbytes), z, one, Int32(0), one, one, z, z, example_stream()))
-        for cls in (RoutingHistogram, RoutingScatter)]
+    passes = [compiled(("routing_split", scatter, ids_nbytes), lambda scatter=scatter: compile_kernel(
+        RoutingSlices(ids_nbytes, scatter), z, one, Int32(0), one, one, z, z, example_stream()))
+        for scatter in (False, True)]
     scan = compiled(("routing_split", "scan"), lambda: compile_kernel(
         RoutingScan(), z, one, one, Int32(8), z, z, z, z, z, example_stream()))
     return passes[0], scan, passes[1]

@@ -12,10 +12,10 @@ Two ways, the same tables:
   with shared-memory atomics, a Hillis-Steele scan over the experts (one thread per expert,
   E <= 1024) for the pair and tile offsets, the tile table, then positions by a second pass of
   atomics. Each pass loads BATCH ids per thread before using any, so the loads overlap.
-- Split over G CTAs (large batches, `split_ctas`): RoutingHistogram counts each CTA's slice of
+- Split over G CTAs (large batches, `split_ctas`): RoutingSlices counts each CTA's slice of
   the pairs into hist[g][e]; RoutingScan (one CTA) turns hist into each (CTA, expert)'s first
-  position and writes the tile table; RoutingScatter places each slice's pairs from those
-  bases. One CTA was bound by issuing every pair's shared atomic and scattered 4-byte `order`
+  position and writes the tile table; RoutingSlices(scatter=True) places each slice's pairs
+  from those bases. One CTA was bound by issuing every pair's shared atomic and scattered 4-byte `order`
   store from a single SM: 71 us for 65536 pairs (Qwen3-30B-A3B at T=8192).
 The order of pairs inside one expert varies from run to run either way; results do not,
 because every routed pair's output is computed on its own (its own MMA column, its own output
@@ -150,15 +150,15 @@ class RoutingKernel(_PairIds):
 
 
 # ---------------------------------------------------------------- split path (G CTAs)
-class _SplitPass(_PairIds):
-    """Shared by the histogram and scatter kernels: CTA g of `ctas` owns pairs
-    [g * chunk, min(pairs, (g + 1) * chunk)) with chunk = ceil(pairs / ctas)."""
+class RoutingSlices(_PairIds):
+    """CTA g of `ctas` takes pairs [g * chunk, min(pairs, (g + 1) * chunk)), chunk =
+    ceil(pairs / ctas). scatter=False (the histogram pass): hist[g][e] = its pairs routed to
+    local expert e. scatter=True (after RoutingScan turned hist into each (CTA, expert)'s first
+    sorted position): order[hist[g][e] + rank] = p for its pairs p."""
 
-    @cute.jit
-    def _slice(self, g, pairs, ctas):
-        chunk = (pairs + ctas - 1) // ctas
-        p0 = g * chunk
-        return p0, cutlass.min(p0 + chunk, pairs)
+    def __init__(self, ids_bytes: int, scatter: bool):
+        super().__init__(ids_bytes)
+        self.scatter = scatter
 
     @cute.jit
     def __call__(self, ids: Int64, pairs: Int32, expert_offset: Int32, experts: Int32,
@@ -166,10 +166,6 @@ class _SplitPass(_PairIds):
         self.kernel(ids, pairs, expert_offset, experts, ctas, hist, order).launch(
             grid=[ctas, 1, 1], block=[SPLIT_THREADS, 1, 1], stream=stream)
 
-
-class RoutingHistogram(_SplitPass):
-    """hist[g][e] = pairs of CTA g's slice routed to local expert e (order is not written)."""
-
     @cute.kernel
     def kernel(self, ids: Int64, pairs: Int32, expert_offset: Int32, experts: Int32,
                ctas: Int32, hist: Int64, order: Int64):
@@ -177,45 +173,27 @@ class RoutingHistogram(_SplitPass):
         g, _, _ = cute.arch.block_idx()
         smem = cutlass.memory.SmemAllocator()
         buf = smem.allocate_array(cutlass.Int32, MAX_EXPERTS, byte_alignment=16)
-        s_cnt = Int32(buf.toint())
+        s_cnt = Int32(buf.toint())  # per-expert counter: from 0, or from the CTA's bases
+        row = hist + Int64(g) * Int64(experts) * 4
         for e in cutlass.range(tid, experts, SPLIT_THREADS, unroll=1):
-            ptx.st_shared_u32(s_cnt + e * 4, 0)
+            first = Int32(0)
+            if cutlass.const_expr(self.scatter):
+                first = ptx.ld_u32(row + Int64(e) * 4)
+            ptx.st_shared_u32(s_cnt + e * 4, first)
         cute.arch.sync_threads()
-        p0, p1 = self._slice(g, pairs, ctas)
-        for base in cutlass.range(p0, p1, SPLIT_THREADS * BATCH, unroll=1):
+        chunk = (pairs + ctas - 1) // ctas
+        p1 = cutlass.min(g * chunk + chunk, pairs)
+        for base in cutlass.range(g * chunk, p1, SPLIT_THREADS * BATCH, unroll=1):
             es = self._experts(ids, base + tid, SPLIT_THREADS, p1, expert_offset, experts)
             for u in cutlass.range_constexpr(BATCH):
                 if cutlass.Uint32(es[u]) < cutlass.Uint32(experts):
-                    ptx.atom_add_shared(s_cnt + es[u] * 4, 1)
-        cute.arch.sync_threads()
-        row = hist + Int64(g) * Int64(experts) * 4
-        for e in cutlass.range(tid, experts, SPLIT_THREADS, unroll=1):
-            ptx.st_u32(row + Int64(e) * 4, ptx.ld_shared_u32(s_cnt + e * 4))
-
-
-class RoutingScatter(_SplitPass):
-    """order[hist[g][e] + rank] = p for CTA g's pairs p (hist holds each (CTA, expert)'s first
-    sorted position, from RoutingScan)."""
-
-    @cute.kernel
-    def kernel(self, ids: Int64, pairs: Int32, expert_offset: Int32, experts: Int32,
-               ctas: Int32, hist: Int64, order: Int64):
-        tid, _, _ = cute.arch.thread_idx()
-        g, _, _ = cute.arch.block_idx()
-        smem = cutlass.memory.SmemAllocator()
-        buf = smem.allocate_array(cutlass.Int32, MAX_EXPERTS, byte_alignment=16)
-        s_cur = Int32(buf.toint())
-        row = hist + Int64(g) * Int64(experts) * 4
-        for e in cutlass.range(tid, experts, SPLIT_THREADS, unroll=1):
-            ptx.st_shared_u32(s_cur + e * 4, ptx.ld_u32(row + Int64(e) * 4))
-        cute.arch.sync_threads()
-        p0, p1 = self._slice(g, pairs, ctas)
-        for base in cutlass.range(p0, p1, SPLIT_THREADS * BATCH, unroll=1):
-            es = self._experts(ids, base + tid, SPLIT_THREADS, p1, expert_offset, experts)
-            for u in cutlass.range_constexpr(BATCH):
-                if cutlass.Uint32(es[u]) < cutlass.Uint32(experts):
-                    pos = ptx.atom_add_shared(s_cur + es[u] * 4, 1)
-                    ptx.st_u32(order + Int64(pos) * 4, base + tid + u * SPLIT_THREADS)
+                    pos = ptx.atom_add_shared(s_cnt + es[u] * 4, 1)
+                    if cutlass.const_expr(self.scatter):
+                        ptx.st_u32(order + Int64(pos) * 4, base + tid + u * SPLIT_THREADS)
+        if cutlass.const_expr(not self.scatter):
+            cute.arch.sync_threads()
+            for e in cutlass.range(tid, experts, SPLIT_THREADS, unroll=1):
+                ptx.st_u32(row + Int64(e) * 4, ptx.ld_shared_u32(s_cnt + e * 4))
 
 
 class RoutingScan:
