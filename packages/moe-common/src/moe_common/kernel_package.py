@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 import torch
 
@@ -57,6 +57,36 @@ class Buffers:
         if self.ws is not None:
             return self.ws.get(f"{self.prefix}.{name}", shape, dtype, self.dev, zeroed=zeroed)
         return (torch.zeros if zeroed else torch.empty)(shape, dtype=dtype, device=self.dev)
+
+
+class RoutedPairs(NamedTuple):
+    order: torch.Tensor  # [P] int32: sorted position -> pair index t * k + j
+    tiles: torch.Tensor  # [3, capacity] int32: tile expert, start, end
+    num_tiles: torch.Tensor  # [1] int32
+
+    @property
+    def tile_args(self) -> tuple:
+        """The tile table as the grouped GEMMs take it: expert, start, end, count pointers."""
+        return (self.tiles[0].data_ptr(), self.tiles[1].data_ptr(), self.tiles[2].data_ptr(),
+                self.num_tiles.data_ptr())
+
+
+def route_pairs(bufs: Buffers, topk_ids, expert_offset: int, experts: int, bn: int,
+                capacity: int, stream) -> RoutedPairs:
+    """The routing step every grouped-GEMM runner starts with: (expert, up to bn sorted pairs)
+    tiles built on the device in the runner's buffers (moe_common.cute.routing)."""
+    from .cute import jit
+    from .cute.routing import MAX_SPLIT_CTAS
+
+    pairs = topk_ids.numel()
+    order = bufs.get("order", (pairs,), torch.int32)
+    counts = bufs.get("counts", (experts,), torch.int32)
+    tiles = bufs.get("tiles", (3, capacity), torch.int32)
+    num_tiles = bufs.get("num_tiles", (1,), torch.int32)
+    hist = bufs.get("route_hist", (MAX_SPLIT_CTAS, experts), torch.int32)  # split-path scratch
+    jit.route(topk_ids, pairs, expert_offset, experts, bn, order, counts, tiles, num_tiles, hist,
+              stream)
+    return RoutedPairs(order, tiles, num_tiles)
 
 
 def quantize_rows(v: torch.Tensor, fmt, gs) -> torch.Tensor:

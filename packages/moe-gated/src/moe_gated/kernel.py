@@ -357,8 +357,8 @@ class GatedGemm:
         contiguous 2 KiB chunk of FC2's tile-blocked B (K-tile g // 16, chunk g % 16, token n at
         n * 16 bytes). stmatrix.trans turns the fragment (thread: column r, tokens 2q, 2q + 1)
         into that token-major order in shared memory; the warp then copies it out 16 bytes per
-        lane. Token slots past the tile's pairs get act(bias) values, which FC2 never reads
-        into a stored result."""
+        lane. Token slots past the tile's pairs (in the last 32-token block) get act() of
+        whatever their B columns held; FC2 never stores a result from those columns."""
         cfg = self.cfg
         r = lane // 4
         for gi in cutlass.range_constexpr(GROUPS_PER_WARP):
@@ -391,8 +391,8 @@ class GatedGemm:
         """The warp's 32 output rows (groups group0, group0 + 1) for 8 tokens at a time go
         through a [8 tokens][32 + 4 pad] fp32 staging tile (conflict-free both ways); then lane
         (token lane // 4, rows 8 (lane % 4) .. + 7) stores 2 x 16 bytes of y[pair] = w * (acc *
-        scale + bias). y's rows are 4-byte aligned and H is a multiple of 32, so a warp's rows
-        are all below out_rows or all past it."""
+        scale + bias). H and the lane's first row are multiples of 8, so the stores are 16-byte
+        aligned; H is a multiple of 32, so a warp's rows are all below out_rows or all past it."""
         r = lane // 4  # fragment: rows r, r + 8 of each group; read-back: token r of the 8
         q = lane % 4
         row = group0 * 16 + q * 8  # this lane's first output row in the read-back layout

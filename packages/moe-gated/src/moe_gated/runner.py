@@ -15,10 +15,9 @@ import math
 import torch
 
 from moe_common.cute import jit
-from moe_common.cute.routing import MAX_SPLIT_CTAS
 from moe_common.fragments import TILE_K
 from moe_common.formats import get_format
-from moe_common.kernel_package import Buffers, quantize_rows, w4a4_fc1_rows
+from moe_common.kernel_package import Buffers, quantize_rows, route_pairs, w4a4_fc1_rows
 from moe_common.packed import pack
 from moe_common.types import Activation
 from moe_common.weights import MoEWeights
@@ -57,14 +56,10 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     cap = tiles_capacity(P, E)
 
     # 1. routing tables: (expert, up to 128 sorted pairs) tiles
-    order = bufs.get("order", (P,), torch.int32)
-    counts = bufs.get("counts", (E,), torch.int32)
-    tiles = bufs.get("tiles", (3, cap), torch.int32)
-    num_tiles = bufs.get("num_tiles", (1,), torch.int32)
+    routed = route_pairs(bufs, ids, off, E, BN, cap, stream)
+    order, tiles, num_tiles = routed
+    tile_args = routed.tile_args
     queues = bufs.get("queues", (2, 2), torch.int32, zeroed=True)
-    hist = bufs.get("route_hist", (MAX_SPLIT_CTAS, E), torch.int32)
-    jit.route(ids, P, off, E, BN, order, counts, tiles, num_tiles, hist, stream)
-    tile_args = (tiles[0].data_ptr(), tiles[1].data_ptr(), tiles[2].data_ptr(), num_tiles.data_ptr())
 
     # 2. token rows gathered into tile-blocked B (one 32 KiB bulk copy per tile and K-tile)
     if quant_mode == "w4a4":

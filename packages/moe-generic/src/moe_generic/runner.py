@@ -13,9 +13,8 @@ import math
 import torch
 
 from moe_common.cute import jit
-from moe_common.cute.routing import MAX_SPLIT_CTAS
 from moe_common.fragments import TILE_K
-from moe_common.kernel_package import Buffers, w4a4_fc1_rows, w4a4_requantize_intermediate
+from moe_common.kernel_package import Buffers, route_pairs, w4a4_fc1_rows, w4a4_requantize_intermediate
 from moe_common.packed import pack
 from moe_common.types import Activation
 from moe_common.weights import MoEWeights
@@ -67,15 +66,11 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
         raise ValueError(f"topk_ids: {max_tiles} tiles exceed the grid limit 65535")
 
     # 1. routing tables on the device
-    order = bufs.get("order", (P,), torch.int32)
-    counts = bufs.get("counts", (E,), torch.int32)
-    # Sized by the smallest tile width, not this call's: max_tiles is not monotone in P (it
-    # drops where a larger bn starts), and a workspace warmed at one T must hold every smaller T.
-    tiles = bufs.get("tiles", (3, tiles_capacity(P, E)), torch.int32)
-    num_tiles = bufs.get("num_tiles", (1,), torch.int32)
-    hist = bufs.get("route_hist", (MAX_SPLIT_CTAS, E), torch.int32)
-    jit.route(ids, P, off, E, bn, order, counts, tiles, num_tiles, hist, stream)
-    tile_args = (tiles[0].data_ptr(), tiles[1].data_ptr(), tiles[2].data_ptr(), num_tiles.data_ptr())
+    # The tile table is sized by the smallest tile width, not this call's: max_tiles is not
+    # monotone in P (it drops where a larger bn starts), and a workspace warmed at one T must
+    # hold every smaller T.
+    routed = route_pairs(bufs, ids, off, E, bn, tiles_capacity(P, E), stream)
+    order, tile_args = routed.order, routed.tile_args
 
     # 2. FC1 (+ activation) -> intermediate [P, Ip] bf16 in sorted order
     if quant_mode == "w4a4":
