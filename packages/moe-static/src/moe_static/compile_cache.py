@@ -12,15 +12,17 @@ ACTIVATIONS = ("silu", "gelu_tanh", "swigluoai", "relu2")
 
 
 # Development knobs for measuring variants (the defaults are the measured best):
-# MOE_STATIC_BN=8|16 sets the tokens per chunk.
-BN = int(os.environ.get("MOE_STATIC_BN", "8"))
+# MOE_STATIC_TEAMS=a,b sets the warps per FC1 and per FC2 unit; MOE_STATIC_DEPTH the ring slots.
+TEAMS = tuple(int(v) for v in os.environ.get("MOE_STATIC_TEAMS", "2,2").split(","))
+DEPTH = int(os.environ.get("MOE_STATIC_DEPTH", "5"))
 # MOE_STATIC_SKIP_TASKS=1 times routing + grid barrier + reduce alone (wrong output: timing only)
 RUN_TASKS = os.environ.get("MOE_STATIC_SKIP_TASKS", "0") != "1"
 
 
 def config(weight_format: str, activation: str, ids_bytes: int = 4) -> StaticConfig:
     return StaticConfig(weight_format=weight_format, activation=activation, ids_bytes=ids_bytes,
-                        bn=BN, run_tasks=RUN_TASKS)
+                        team_fc1=TEAMS[0], team_fc2=TEAMS[1], depth=DEPTH,
+                        run_tasks=RUN_TASKS)
 
 
 def compile_config(cfg: StaticConfig):
@@ -29,7 +31,7 @@ def compile_config(cfg: StaticConfig):
     z = Int64(0)
     i1 = Int32(1)
     args = ([z] * 11 + [Int32(128)] + [i1, i1, Int32(0), i1, Int32(128), i1, Int32(16), Int32(8), i1]
-            + [z, z, z, Float32(1.0), Float32(1.0), Float32(1.0), i1, jit.example_stream()])
+            + [z, z, z, z, Float32(1.0), Float32(1.0), Float32(1.0), i1, jit.example_stream()])
     return jit.compile_kernel(StaticMoE(cfg), *args)
 
 

@@ -1,8 +1,9 @@
 """Host side of moe-static: one cooperative launch per layer call.
 
 Weights are the shared fragment repack (moe_common.packed, cached per layer and shared with the
-other kernels). Workspace: the fp32 per-slice FC2 partials [T * k, I/128, H] and the grid
-barrier's two counters (zeroed once, left zero by every launch). Nothing syncs with the host.
+other kernels). Workspace: the bf16 intermediate [T * k, Ip], the fp32 routed FC2 outputs
+[T * k, H] and the grid barrier's two counters (zeroed once, left zero by every launch).
+Nothing syncs with the host.
 """
 from __future__ import annotations
 
@@ -21,16 +22,15 @@ from .limits import KERNEL_NAME
 
 
 def _grid(device) -> int:
-    # One CTA per SM: ~170 KB of shared memory allows no second one, and a cooperative launch
-    # needs every CTA resident. (Two CTAs of 3 stages with a 64-register cap measured slower:
-    # DeepSeek-V3 T=1 213 us vs 110 us.)
+    # One CTA of 16 warps per SM (its per-warp rings take ~200 KB of shared memory); a
+    # cooperative launch needs every CTA resident.
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def workspace_bytes(tokens: int, top_k: int, hidden: int, intermediate: int) -> int:
-    """Bytes of fp32 FC2 partials a call at T = tokens needs (the dominant workspace)."""
-    slices = -(-intermediate // TILE_K)
-    return tokens * top_k * slices * hidden * 4
+    """Bytes of workspace a call at T = tokens needs (intermediate and routed outputs)."""
+    ip = -(-intermediate // TILE_K) * TILE_K
+    return tokens * top_k * (ip * 2 + hidden * 4)
 
 
 def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activation,
@@ -44,14 +44,15 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     P = T * k
     H = prep.hidden
     dev = x.device
-    slices = prep.intermediate_padded // TILE_K
+    ip = prep.intermediate_padded
 
     def buf(name, shape, dtype, zeroed=False):
         if workspace is not None:
             return workspace.get(f"{KERNEL_NAME}.{name}", shape, dtype, dev, zeroed=zeroed)
         return (torch.zeros if zeroed else torch.empty)(shape, dtype=dtype, device=dev)
 
-    part = buf("part", (P * slices * H,), torch.float32)
+    inter = buf("inter", (P * ip,), torch.bfloat16)
+    y = buf("y", (P * H,), torch.float32)
     barrier = buf("barrier", (2,), torch.int32, zeroed=True)
     if out is None:
         out = torch.empty(T, H, dtype=torch.bfloat16, device=dev)
@@ -65,7 +66,7 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
            prep.fc2_alpha[quant_mode].data_ptr(), prep.w2_bias.data_ptr(),
            ids.data_ptr(), route_w.data_ptr(), x.data_ptr(), x.stride(0),
            T, k, weights.local_expert_offset, weights.num_local_experts,
-           H, prep.hidden_padded // TILE_K, prep.fc1_rows // 16, prep.fc2_rows // 16, slices,
-           part.data_ptr(), out.data_ptr(), barrier.data_ptr(),
+           H, prep.hidden_padded // TILE_K, prep.fc1_rows // 16, prep.fc2_rows // 16, ip // TILE_K,
+           inter.data_ptr(), y.data_ptr(), out.data_ptr(), barrier.data_ptr(),
            activation.alpha, activation.beta, limit, _grid(dev), jit.current_stream(dev))
     return out
