@@ -51,11 +51,12 @@ for s in "$@"; do
     generic-tests) step generic-tests 400 python3 -m pytest packages/moe-generic tests dispatcher/tests -m gpu -q ;;
     sanitize-static) step sanitize-static 200 compute-sanitizer --tool memcheck --report-api-errors no python3 tools/gpu_check.py --kernel static --sanitize ;;
     sanitize-generic) step sanitize-generic 200 compute-sanitizer --tool memcheck --report-api-errors no python3 tools/gpu_check.py --sanitize ;;
+    bench-static-q) step bench-static-q 300 "${BENCH[@]}" --preset qwen3-30b-a3b deepseek-v3 --tokens 1 8 64 --kernels moe-static --no-check ;;
     bench-static) step bench-static 400 "${BENCH[@]}" --preset qwen3-30b-a3b deepseek-v3 --tokens 1 2 4 8 16 32 64 128 --kernels moe-static moe-generic --json "$OUT/bench-static.json" --plot "$OUT/bench-static.png" ;;
     bench-static-all) step bench-static-all 500 "${BENCH[@]}" --preset qwen3.5-35b gpt-oss-120b nemotron-relu2 --tokens 1 2 4 8 16 32 64 128 --kernels moe-static moe-generic --json "$OUT/bench-static-all.json" --plot "$OUT/bench-static-all.png" ;;
     bench-nemotron) step bench-nemotron 400 "${BENCH[@]}" --preset nemotron-relu2 --tokens 512 2048 8192 --kernels auto torch-bf16 --no-check --json "$OUT/bench-nemotron.json" ;;
     static-variants)
-      for v in "MOE_STATIC_BN=8" "MOE_STATIC_BN=16" "MOE_STATIC_SKIP_TASKS=1"; do
+      for v in ${STATIC_VARIANTS:-"MOE_STATIC_TEAMS=1,1" "MOE_STATIC_TEAMS=4,4" "MOE_STATIC_DEPTH=3" "MOE_STATIC_SKIP_TASKS=1"}; do
         step "variant-${v//=/-}" 200 env $v "${BENCH[@]}" --preset qwen3-30b-a3b deepseek-v3 --tokens 1 8 64 --kernels moe-static --no-check
       done ;;
     generic-variants)

@@ -13,10 +13,10 @@ the stream over every warp of the GPU.
    runs mma.sync with the expert's tokens as B, read straight from x (L1/L2). The team adds its
    partial sums in a fixed order through shared memory, applies scale_2, bias and the activation
    and writes the bf16 intermediate inter[sorted position, column] to a global workspace (at
-   decode sizes a few KiB, L2-resident).
+   decode sizes a few KiB, L2-resident), one row per routed pair.
 3. Grid barrier.
 4. FC2: units (active expert, 16 rows of H), the same stream over the intermediate's K-tiles,
-   B from inter; the epilogue writes y[pair, h] = w[pair] * (scale_2 * acc + b2) (fp32), each
+   B from inter[pair]; the epilogue writes y[pair, h] = w[pair] * (scale_2 * acc + b2) (fp32), each
    element once.
 5. Grid barrier, then out[t, h] = bf16(sum_j y[t * k + j, h]) over the local routes of token t
    in the order j = 0..k-1: bitwise deterministic, one rounding, every element written (0 when no
@@ -38,6 +38,8 @@ from cutlass import Float32, Int32, Int64
 from moe_common.cute import activation as act
 from moe_common.cute import fragment_mma as fm
 from moe_common.cute import ptx
+
+from .b_fragments import load_b_tile
 
 WARPS = 16
 THREADS = WARPS * 32
@@ -255,11 +257,11 @@ class StaticMoE:
                 n = r
                 if n >= nch:
                     n = Int32(0)
+                pair = ptx.ld_shared_u32(s_ord + (first + c0 + n) * 4)
                 if cutlass.const_expr(fc1):
-                    pair = ptx.ld_shared_u32(s_ord + (first + c0 + n) * 4)
                     b_row = src + (Int64(pair // top_k) * Int64(src_stride) + Int64(q * 2)) * 2
                 else:
-                    b_row = src + (Int64(first + c0 + n) * Int64(src_stride) + Int64(q * 2)) * 2
+                    b_row = src + (Int64(pair) * Int64(src_stride) + Int64(q * 2)) * 2
                 acc.fill(0.0)
                 self._stream(fc1, acc, w + tile0 * 1024, s + tile0 * (16 * sbpr), k_tiles,
                              member, team, b_row, hidden, ring, lane)
@@ -269,7 +271,7 @@ class StaticMoE:
                 if member == 0:
                     if cutlass.const_expr(fc1):
                         self._fc1_epilogue(acc, alpha, bias, e, blob_groups, g, inter,
-                                           inter_stride, first + c0, nch, r, q,
+                                           inter_stride, s_ord, first + c0, nch, r, q,
                                            act_alpha, act_beta, act_limit)
                     else:
                         self._fc2_epilogue(acc, alpha, bias, e, blob_groups, g, y, route_w,
@@ -290,20 +292,14 @@ class StaticMoE:
             ptx.cp_async_commit()
         for j in cutlass.range(n_mine, unroll=1):
             kt = member + j * team
-            # B fragments of the tile first: their loads overlap the ring wait and the decode
-            b = []
-            for sl in cutlass.range_constexpr(8):
-                k = kt * TILE_K + sl * 16
-                if cutlass.const_expr(fc1):
-                    lo = Int32(0)
-                    hi = Int32(0)
-                    if k < hidden:  # H is a multiple of 32: a slab is all in or all out
-                        lo = ptx.ld_nc_u32(b_row + Int64(k) * 2)
-                        hi = ptx.ld_nc_u32(b_row + Int64(k + 8) * 2)
-                    b.append((lo, hi))
-                else:
-                    b.append((ptx.ld_cg_u32(b_row + Int64(k) * 2),
-                              ptx.ld_cg_u32(b_row + Int64(k + 8) * 2)))
+            # B fragments of the tile first: one asm statement, so all 16 loads are in flight
+            # before the ring wait and the decode. FC1's x has H columns (a multiple of 32, so
+            # whole slabs): slabs past them read nothing and are 0.
+            if cutlass.const_expr(fc1):
+                valid = cutlass.min(cutlass.max((hidden - kt * TILE_K) // 16, 0), 8)
+                b = load_b_tile(b_row + Int64(kt) * (TILE_K * 2), valid, False)
+            else:
+                b = load_b_tile(b_row + Int64(kt) * (TILE_K * 2), Int32(8), True)
             ptx.cp_async_wait(cfg.depth - 2)  # this lane's copies of tile j have landed
             nxt = j + cfg.depth - 1
             if nxt < n_mine:
@@ -364,10 +360,12 @@ class StaticMoE:
         parity[0] = parity[0] ^ Int32(1)
 
     @cute.jit
-    def _fc1_epilogue(self, acc, alpha1, b13, e, groups1, g, inter, inter_stride, pos0, nch, r, q,
-                      act_alpha, act_beta, act_limit):
-        """scale_2 x acc + bias, activation -> bf16 inter[pos0 + n, column]. Gated groups hold
-        gate (row r) and up (row r + 8) of column 8g + r; relu2 groups columns 16g + r, + 8."""
+    def _fc1_epilogue(self, acc, alpha1, b13, e, groups1, g, inter, inter_stride, s_ord, pos0, nch,
+                      r, q, act_alpha, act_beta, act_limit):
+        """scale_2 x acc + bias, activation -> bf16 inter[pair, column]. Gated groups hold
+        gate (row r) and up (row r + 8) of column 8g + r; relu2 groups columns 16g + r, + 8.
+        Rows are keyed by pair id, not sorted position: each CTA orders an expert's pairs with
+        shared-memory atomics, so positions differ between the CTAs of FC1 and FC2."""
         cfg = self.cfg
         gs = ptx.ld_nc_f32(alpha1 + Int64(e) * 4)
         brow = b13 + (Int64(e) * Int64(groups1 * 16) + Int64(g * 16 + r)) * 4
@@ -376,7 +374,8 @@ class StaticMoE:
         for c in cutlass.range_constexpr(2):
             n = 2 * q + c
             if n < nch:
-                row = inter + Int64(pos0 + n) * Int64(inter_stride) * 2
+                pair = ptx.ld_shared_u32(s_ord + (pos0 + n) * 4)
+                row = inter + Int64(pair) * Int64(inter_stride) * 2
                 v_lo = acc[c] * gs + b_lo
                 v_hi = acc[2 + c] * gs + b_hi
                 if cutlass.const_expr(cfg.gated):

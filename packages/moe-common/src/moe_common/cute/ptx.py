@@ -417,9 +417,13 @@ def cp_async_8(smem_addr, gmem_addr, *, loc=None, ip=None):
 
 @dsl_user_op
 def ld_cg_u32(addr, *, loc=None, ip=None) -> Int32:
-    """4-byte global load through L2 only (data other CTAs wrote before a grid barrier)."""
+    """4-byte global load through L2 only (data other CTAs wrote before a grid barrier).
+
+    Without side effects, so the compiler may batch a run of them ahead of their uses (with side
+    effects ptxas emits ordered LDG.STRONG loads, one L2 round trip each); the address must
+    depend on something read after the barrier, which keeps the load below it."""
     return Int32(_asm(T.i32(), [Int64(addr).ir_value(loc=loc, ip=ip)],
-                      "ld.global.cg.u32 $0, [$1];", "=r,l", side_effects=True))
+                      "ld.global.cg.u32 $0, [$1];", "=r,l"))
 
 
 @dsl_user_op
