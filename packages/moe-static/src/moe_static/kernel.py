@@ -61,6 +61,9 @@ class StaticConfig:
     team_fc2: int = 2  # warps per FC2 unit
     depth: int = 5  # cp.async ring slots per warp (depth - 1 K-tiles in flight)
     run_tasks: bool = True  # False: routing, barriers and reduce only (timing the fixed cost)
+    # timing variants (wrong results): "nodecode" feeds raw code words as A, "nob" skips the B
+    # loads, "nomma" skips the MMAs (the decode still runs: its results are summed into acc)
+    variant: str = ""
 
     @property
     def gated(self) -> bool:
@@ -295,7 +298,9 @@ class StaticMoE:
             # B fragments of the tile first: one asm statement, so all 16 loads are in flight
             # before the ring wait and the decode. FC1's x has H columns (a multiple of 32, so
             # whole slabs): slabs past them read nothing and are 0.
-            if cutlass.const_expr(fc1):
+            if cutlass.const_expr(cfg.variant == "nob"):
+                b = [(Int32(0x3F803F80), Int32(0x3F803F80)) for _ in range(8)]
+            elif cutlass.const_expr(fc1):
                 valid = cutlass.min(cutlass.max((hidden - kt * TILE_K) // 16, 0), 8)
                 b = load_b_tile(b_row + Int64(kt) * (TILE_K * 2), valid, False)
             else:
@@ -309,10 +314,17 @@ class StaticMoE:
             ptx.cp_async_commit()
             words = self._slot_words(ring + (j % cfg.depth) * SLOT_BYTES, lane)
             for sl in cutlass.range_constexpr(8):
-                d = ptx.mma_bf16_16816((acc[0], acc[1], acc[2], acc[3]),
-                                       fm.a_fragment(words, sl, cfg.weight_format), b[sl])
-                for c in cutlass.range_constexpr(4):
-                    acc[c] = d[c]
+                if cutlass.const_expr(cfg.variant == "nodecode"):
+                    a = (words[sl], words[sl], words[sl], words[sl])
+                else:
+                    a = fm.a_fragment(words, sl, cfg.weight_format)
+                if cutlass.const_expr(cfg.variant == "nomma"):
+                    for c in cutlass.range_constexpr(4):
+                        acc[c] = acc[c] + ptx.f32_bits(a[c] ^ b[sl][c % 2])
+                else:
+                    d = ptx.mma_bf16_16816((acc[0], acc[1], acc[2], acc[3]), a, b[sl])
+                    for c in cutlass.range_constexpr(4):
+                        acc[c] = d[c]
         ptx.cp_async_wait(0)  # the ring is free for the next unit
 
     @cute.jit
