@@ -14,7 +14,7 @@ ACTIVATIONS = ("silu", "gelu_tanh", "swigluoai", "relu2")
 # Development knobs for measuring variants (the defaults are the measured best):
 # MOE_STATIC_TEAMS=a,b sets the warps per FC1 and per FC2 unit; MOE_STATIC_DEPTH the ring slots.
 TEAMS = tuple(int(v) for v in os.environ.get("MOE_STATIC_TEAMS", "2,2").split(","))
-DEPTH = int(os.environ.get("MOE_STATIC_DEPTH", "5"))
+DEPTH = int(os.environ.get("MOE_STATIC_DEPTH", "3"))
 # MOE_STATIC_SKIP_TASKS=1 times routing + grid barrier + reduce alone (wrong output: timing only)
 RUN_TASKS = os.environ.get("MOE_STATIC_SKIP_TASKS", "0") != "1"
 # MOE_STATIC_VARIANT=nodecode|nob|nomma drops one stage of the stream (timing only, see kernel)

@@ -39,13 +39,15 @@ from moe_common.cute import activation as act
 from moe_common.cute import fragment_mma as fm
 from moe_common.cute import ptx
 
-from .b_fragments import load_b_tile
 
 WARPS = 16
 THREADS = WARPS * 32
 TILE_K = fm.TILE_K
 BN = 8  # tokens per unit chunk: one n8 MMA block
-SLOT_BYTES = 2048  # per warp per ring slot: codes 2 x 512 B, scales of rows r, r + 8 2 x 512 B
+B_ROW_BYTES = fm.B_ROW_BYTES  # a token row of one K-tile, padded: conflict-free ldmatrix
+SCALE_OFF = 1024  # per warp per ring slot: codes, the group's scales, BN token rows
+B_OFF = SCALE_OFF + 256
+SLOT_BYTES = B_OFF + BN * B_ROW_BYTES  # 3456
 MAX_LOCAL_EXPERTS = 512
 MAX_PAIRS = 2048
 EXPERTS_PER_THREAD = MAX_LOCAL_EXPERTS // THREADS
@@ -59,10 +61,10 @@ class StaticConfig:
     ids_bytes: int = 4  # topk_ids int32 or int64
     team_fc1: int = 2  # warps per FC1 unit (they split its K-tiles)
     team_fc2: int = 2  # warps per FC2 unit
-    depth: int = 5  # cp.async ring slots per warp (depth - 1 K-tiles in flight)
+    depth: int = 3  # cp.async ring slots per warp (depth - 1 K-tiles in flight)
     run_tasks: bool = True  # False: routing, barriers and reduce only (timing the fixed cost)
     # timing variants (wrong results): "nodecode" feeds raw code words as A, "nob" skips the B
-    # loads, "nomma" skips the MMAs (the decode still runs: its results are summed into acc)
+    # ldmatrix, "nomma" skips the MMAs (the decode still runs: its results are summed into acc)
     variant: str = ""
 
     @property
@@ -257,17 +259,16 @@ class StaticMoE:
                 nch = cutlass.min(cnt - c0, BN)
                 # this lane's B column n = lane // 4 (columns past the chunk repeat column 0:
                 # finite values whose results are never stored)
-                n = r
-                if n >= nch:
-                    n = Int32(0)
-                pair = ptx.ld_shared_u32(s_ord + (first + c0 + n) * 4)
-                if cutlass.const_expr(fc1):
-                    b_row = src + (Int64(pair // top_k) * Int64(src_stride) + Int64(q * 2)) * 2
-                else:
-                    b_row = src + (Int64(pair) * Int64(src_stride) + Int64(q * 2)) * 2
+                srcs = self._b_sources(fc1, src, src_stride, top_k, s_ord, first + c0, nch, lane)
+                # ldmatrix row of this lane: B rows past the chunk read row 0 (finite values
+                # whose MMA columns are never stored)
+                row = lane % 8
+                if row >= nch:
+                    row = Int32(0)
+                b_off = row * B_ROW_BYTES + ((lane // 8) % 2) * 16 + (lane // 16) * 32
                 acc.fill(0.0)
                 self._stream(fc1, acc, w + tile0 * 1024, s + tile0 * (16 * sbpr), k_tiles,
-                             member, team, b_row, hidden, ring, lane)
+                             member, team, srcs, b_off, hidden, ring, lane)
                 if cutlass.const_expr(team > 1):
                     self._team_sum(acc, s_base + self.team_off, my_team, member, team, parity,
                                    lane)
@@ -281,8 +282,24 @@ class StaticMoE:
                                            s_ord, first + c0, nch, hidden, r, q)
 
     @cute.jit
-    def _stream(self, fc1: cutlass.Constexpr, acc, w_unit, s_unit, k_tiles, member, team, b_row,
-                hidden, ring, lane):
+    def _b_sources(self, fc1: cutlass.Constexpr, src, src_stride, top_k, s_ord, pos0, nch, lane):
+        """The 4 token rows this lane copies per K-tile (rows 2i + lane // 16, 16 bytes at
+        (lane % 16) * 16): (address at K-tile 0, row index or -1 when past the chunk)."""
+        srcs = []
+        for i in cutlass.range_constexpr(4):
+            n = 2 * i + lane // 16
+            ok = n < nch
+            pair = ptx.ld_shared_u32(s_ord + (pos0 + (n if ok else Int32(0))) * 4)
+            if cutlass.const_expr(fc1):
+                row = src + Int64(pair // top_k) * Int64(src_stride) * 2
+            else:
+                row = src + Int64(pair) * Int64(src_stride) * 2
+            srcs.append((row + Int64(lane % 16) * 16, n if ok else Int32(-1)))
+        return srcs
+
+    @cute.jit
+    def _stream(self, fc1: cutlass.Constexpr, acc, w_unit, s_unit, k_tiles, member, team, srcs,
+                b_off, hidden, ring, lane):
         """acc += this warp's share (K-tiles member, member + team, ..) of A_unit @ B."""
         cfg = self.cfg
         sbpr = fm.scale_bytes_per_row(cfg.weight_format)
@@ -290,29 +307,27 @@ class StaticMoE:
         for j in cutlass.range_constexpr(cfg.depth - 1):
             if j < n_mine:
                 kt = member + j * team
-                self._issue(ring + j * SLOT_BYTES, w_unit + Int64(kt) * 1024,
-                            s_unit + Int64(kt) * (16 * sbpr), lane)
+                self._issue(fc1, ring + j * SLOT_BYTES, w_unit + Int64(kt) * 1024,
+                            s_unit + Int64(kt) * (16 * sbpr), kt, srcs, hidden, lane)
             ptx.cp_async_commit()
         for j in cutlass.range(n_mine, unroll=1):
-            kt = member + j * team
-            # B fragments of the tile first: one asm statement, so all 16 loads are in flight
-            # before the ring wait and the decode. FC1's x has H columns (a multiple of 32, so
-            # whole slabs): slabs past them read nothing and are 0.
-            if cutlass.const_expr(cfg.variant == "nob"):
-                b = [(Int32(0x3F803F80), Int32(0x3F803F80)) for _ in range(8)]
-            elif cutlass.const_expr(fc1):
-                valid = cutlass.min(cutlass.max((hidden - kt * TILE_K) // 16, 0), 8)
-                b = load_b_tile(b_row + Int64(kt) * (TILE_K * 2), valid, False)
-            else:
-                b = load_b_tile(b_row + Int64(kt) * (TILE_K * 2), Int32(8), True)
             ptx.cp_async_wait(cfg.depth - 2)  # this lane's copies of tile j have landed
+            ptx.sync_warp()  # ... and every lane's; every lane is done with tile j - 1's slot
             nxt = j + cfg.depth - 1
             if nxt < n_mine:
                 kn = member + nxt * team
-                self._issue(ring + (nxt % cfg.depth) * SLOT_BYTES, w_unit + Int64(kn) * 1024,
-                            s_unit + Int64(kn) * (16 * sbpr), lane)
+                self._issue(fc1, ring + (nxt % cfg.depth) * SLOT_BYTES, w_unit + Int64(kn) * 1024,
+                            s_unit + Int64(kn) * (16 * sbpr), kn, srcs, hidden, lane)
             ptx.cp_async_commit()
-            words = self._slot_words(ring + (j % cfg.depth) * SLOT_BYTES, lane)
+            slot = ring + (j % cfg.depth) * SLOT_BYTES
+            words = self._slot_words(slot, lane)
+            b = []
+            for sp in cutlass.range_constexpr(4):  # slabs 2sp, 2sp + 1: lo and hi k-halves
+                if cutlass.const_expr(cfg.variant == "nob"):
+                    m = (Int32(0x3F803F80),) * 4
+                else:
+                    m = ptx.ldmatrix_x4(slot + B_OFF + b_off + sp * 64)
+                b += [(m[0], m[1]), (m[2], m[3])]
             for sl in cutlass.range_constexpr(8):
                 if cutlass.const_expr(cfg.variant == "nodecode"):
                     a = (words[sl], words[sl], words[sl], words[sl])
@@ -326,31 +341,48 @@ class StaticMoE:
                     for c in cutlass.range_constexpr(4):
                         acc[c] = d[c]
         ptx.cp_async_wait(0)  # the ring is free for the next unit
+        ptx.sync_warp()
 
     @cute.jit
-    def _issue(self, slot, w_tile, s_tile, lane):
-        """Copy the bytes lane `lane` decodes from one group tile: its 32 B of codes and the
-        block scales of its rows r and r + 8. Lane-strided slots keep the reads conflict-free."""
-        r = lane // 4
-        ptx.cp_async_16(slot + lane * 16, w_tile + Int64(lane) * 32)
-        ptx.cp_async_16(slot + 512 + lane * 16, w_tile + Int64(lane) * 32 + 16)
-        if cutlass.const_expr(self.cfg.weight_format == "nvfp4"):
-            ptx.cp_async_16(slot + 1024 + lane * 16, s_tile + Int64(r) * 16)
-            ptx.cp_async_16(slot + 1536 + lane * 16, s_tile + Int64(r + 8) * 16)
-        else:
-            ptx.cp_async_8(slot + 1024 + lane * 16, s_tile + Int64(r) * 8)
-            ptx.cp_async_8(slot + 1536 + lane * 16, s_tile + Int64(r + 8) * 8)
+    def _issue(self, fc1: cutlass.Constexpr, slot, w_tile, s_tile, kt, srcs, hidden, lane):
+        """One K-tile into a slot, by the warp: codes and scales (contiguous 16-byte pieces, so
+        each copy instruction reads whole sectors) and the chunk's token rows.
+
+        Code piece c (bytes 16c..16c+15 of the tile) is half c % 2 of lane c // 2's 32 bytes;
+        it lands at (c % 2) * 512 + (c // 2) * 16, where its lane reads it without bank
+        conflicts. FC1 token columns past H (whole 8-column pieces) are zero-filled."""
+        for i in cutlass.range_constexpr(2):
+            c = 32 * i + lane
+            ptx.cp_async_16(slot + (lane % 2) * 512 + (16 * i + lane // 2) * 16,
+                            w_tile + Int64(c) * 16)
+        scale_pieces = 16 * fm.scale_bytes_per_row(self.cfg.weight_format) // 16
+        if lane < scale_pieces:
+            ptx.cp_async_16(slot + SCALE_OFF + lane * 16, s_tile + Int64(lane) * 16)
+        col = kt * TILE_K + (lane % 16) * 8
+        for i in cutlass.range_constexpr(4):
+            row_src, n = srcs[i]
+            if n >= 0:
+                dst = slot + B_OFF + n * B_ROW_BYTES + (lane % 16) * 16
+                if cutlass.const_expr(fc1):
+                    nbytes = Int32(16)
+                    gaddr = row_src + Int64(kt) * (TILE_K * 2)
+                    if col >= hidden:
+                        nbytes = Int32(0)
+                        gaddr = row_src
+                    ptx.cp_async_16_zfill(dst, gaddr, nbytes)
+                else:
+                    ptx.cp_async_16(dst, row_src + Int64(kt) * (TILE_K * 2))
 
     @cute.jit
     def _slot_words(self, slot, lane):
-        """The 8 code words and the scale words (fm.a_fragment's order) this lane copied."""
+        """The lane's 8 code words and its rows' (r, r + 8) scale words (fm.a_fragment order)."""
+        sbpr = fm.scale_bytes_per_row(self.cfg.weight_format)
         codes = ptx.ld_shared_v4(slot + lane * 16) + ptx.ld_shared_v4(slot + 512 + lane * 16)
+        sa = slot + SCALE_OFF + (lane // 4) * sbpr
         if cutlass.const_expr(self.cfg.weight_format == "nvfp4"):
-            scales = ptx.ld_shared_v4(slot + 1024 + lane * 16) + \
-                ptx.ld_shared_v4(slot + 1536 + lane * 16)
+            scales = ptx.ld_shared_v4(sa) + ptx.ld_shared_v4(sa + 8 * sbpr)
         else:
-            scales = ptx.ld_shared_v2(slot + 1024 + lane * 16) + \
-                ptx.ld_shared_v2(slot + 1536 + lane * 16)
+            scales = ptx.ld_shared_v2(sa) + ptx.ld_shared_v2(sa + 8 * sbpr)
         return codes + scales
 
     @cute.jit

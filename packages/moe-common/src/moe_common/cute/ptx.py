@@ -437,3 +437,10 @@ def named_barrier(barrier_id, threads, *, loc=None, ip=None):
 def st_shared_v4_f32(addr, a, b, c, d, *, loc=None, ip=None):
     _stmt([Int32(addr).ir_value(loc=loc, ip=ip)] + [Float32(x).ir_value(loc=loc, ip=ip) for x in (a, b, c, d)],
           "st.shared.v4.f32 [$0], {$1, $2, $3, $4};", "r,f,f,f,f")
+
+
+@dsl_user_op
+def sync_warp(*, loc=None, ip=None):
+    """bar.warp.sync over the whole warp: orders the lanes' shared-memory accesses (cp.async
+    data one lane copied and another reads, after each lane's cp.async.wait_group)."""
+    _stmt([], "bar.warp.sync -1;", "")
