@@ -8,9 +8,10 @@ the stream over every warp of the GPU.
    histogram of local experts, a scan, the ascending list of active experts and the routed pairs
    of each expert, in sorted positions. Every CTA derives the same tables; no grid-wide step.
 2. FC1: units (active expert, 16-row weight group), taken by teams of TEAM_FC1 warps. The warps
-   of a team split the group's K-tiles; each streams its tiles through its own cp.async ring
-   (lane l copies exactly the bytes it decodes, so no barrier guards the ring), decodes e2m1 and
-   runs mma.sync with the expert's tokens as B, read straight from x (L1/L2). The team adds its
+   of a team split the group's K-tiles; each streams its tiles through its own ring of shared
+   memory slots, filled by bulk copies (the tile's codes and scales and the chunk's token rows)
+   that complete on the slot's mbarrier, so no CTA barrier stands in the stream; it decodes
+   e2m1 and runs mma.sync with the token rows as B (ldmatrix). The team adds its
    partial sums in a fixed order through shared memory, applies scale_2, bias and the activation
    and writes the bf16 intermediate inter[sorted position, column] to a global workspace (at
    decode sizes a few KiB, L2-resident), one row per routed pair.
@@ -85,7 +86,8 @@ class StaticMoE:
         self.team_bytes = WARPS * 2 * 512
         self.route_off = self.team_off + self.team_bytes
         self.route_bytes = (4 * MAX_LOCAL_EXPERTS + MAX_PAIRS + 2 * THREADS + 4) * 4
-        self.smem_bytes = self.route_off + self.route_bytes
+        self.mbar_off = self.route_off + self.route_bytes  # [WARPS][depth] slot mbarriers
+        self.smem_bytes = self.mbar_off + WARPS * cfg.depth * 8
 
     # ------------------------------------------------------------------ host entry
     @cute.jit
@@ -135,20 +137,28 @@ class StaticMoE:
         s_nact = s_scan + 2 * THREADS * 4         # number of active experts
         pairs = tokens * top_k
 
+        if tid % 32 == 0:  # one mbarrier per ring slot of each warp (the routing syncs after)
+            for i in cutlass.range_constexpr(cfg.depth):
+                ptx.mbarrier_init(s_base + self.mbar_off + ((tid // 32) * cfg.depth + i) * 8, 1)
+            ptx.fence_mbarrier_init()
         self._route(ids, pairs, expert_offset, experts, tid, s_cnt, s_off, s_cur, s_act, s_ord,
                     s_scan, s_nact)
+        # ring tiles this warp has consumed so far (slot = count % depth, parity = its use count)
+        tiles = cute.make_rmem_tensor(cute.make_layout(1), Int32)
+        tiles[0] = Int32(0)
         n_act = ptx.ld_shared_u32(s_nact)
         if cutlass.const_expr(not cfg.run_tasks):
             n_act = Int32(0)
         inter_stride = k_tiles2 * TILE_K  # bf16 columns per intermediate row
         self._phase(True, n_act, groups1, groups1, k_tiles1, w13, s13, alpha1, b13, x, x_stride,
                     hidden, inter, inter_stride, y, route_w, top_k, act_alpha, act_beta, act_limit,
-                    s_base, s_cnt, s_off, s_act, s_ord, bid, grid, tid)
+                    s_base, s_cnt, s_off, s_act, s_ord, tiles, bid, grid, tid)
+        ptx.fence_proxy_async_global()  # inter (generic stores) is read by bulk copies next
         self._grid_sync(barrier, grid, tid)
         self._phase(False, n_act, (hidden + 15) // 16, groups2, k_tiles2, w2, s2, alpha2, b2,
                     inter, inter_stride, hidden, inter, inter_stride, y, route_w, top_k,
-                    act_alpha, act_beta, act_limit, s_base, s_cnt, s_off, s_act, s_ord, bid, grid,
-                    tid)
+                    act_alpha, act_beta, act_limit, s_base, s_cnt, s_off, s_act, s_ord, tiles, bid,
+                    grid, tid)
         self._grid_sync(barrier, grid, tid)
         self._reduce(ids, y, out, tokens, top_k, expert_offset, experts, hidden, bid, grid, tid)
 
@@ -228,7 +238,8 @@ class StaticMoE:
     @cute.jit
     def _phase(self, fc1: cutlass.Constexpr, n_act, n_groups, blob_groups, k_tiles, w, s, alpha,
                bias, src, src_stride, hidden, inter, inter_stride, y, route_w, top_k,
-               act_alpha, act_beta, act_limit, s_base, s_cnt, s_off, s_act, s_ord, bid, grid, tid):
+               act_alpha, act_beta, act_limit, s_base, s_cnt, s_off, s_act, s_ord, tiles, bid, grid,
+               tid):
         """Every unit (active expert a, 16-row group g) of one GEMM, by teams of `team` warps.
 
         B (tokens) comes from src: FC1 the rows x[pair // k] (read-only, stride src_stride),
@@ -245,6 +256,7 @@ class StaticMoE:
         q = lane % 4
         sbpr = fm.scale_bytes_per_row(cfg.weight_format)
         ring = s_base + warp * (cfg.depth * SLOT_BYTES)
+        mbar = s_base + self.mbar_off + warp * (cfg.depth * 8)
         parity = cute.make_rmem_tensor(cute.make_layout(1), Int32)
         parity[0] = Int32(0)
         acc = cute.make_rmem_tensor(cute.make_layout(4), Float32)
@@ -259,7 +271,7 @@ class StaticMoE:
                 nch = cutlass.min(cnt - c0, BN)
                 # this lane's B column n = lane // 4 (columns past the chunk repeat column 0:
                 # finite values whose results are never stored)
-                srcs = self._b_sources(fc1, src, src_stride, top_k, s_ord, first + c0, nch, lane)
+                b_src = self._b_source(fc1, src, src_stride, top_k, s_ord, first + c0, nch, lane)
                 # ldmatrix row of this lane: B rows past the chunk read row 0 (finite values
                 # whose MMA columns are never stored)
                 row = lane % 8
@@ -268,7 +280,7 @@ class StaticMoE:
                 b_off = row * B_ROW_BYTES + ((lane // 8) % 2) * 16 + (lane // 16) * 32
                 acc.fill(0.0)
                 self._stream(fc1, acc, w + tile0 * 1024, s + tile0 * (16 * sbpr), k_tiles,
-                             member, team, srcs, b_off, hidden, ring, lane)
+                             member, team, b_src, nch, b_off, hidden, ring, mbar, tiles, lane)
                 if cutlass.const_expr(team > 1):
                     self._team_sum(acc, s_base + self.team_off, my_team, member, team, parity,
                                    lane)
@@ -282,102 +294,98 @@ class StaticMoE:
                                            s_ord, first + c0, nch, hidden, r, q)
 
     @cute.jit
-    def _b_sources(self, fc1: cutlass.Constexpr, src, src_stride, top_k, s_ord, pos0, nch, lane):
-        """The 4 token rows this lane copies per K-tile (rows 2i + lane // 16, 16 bytes at
-        (lane % 16) * 16): (address at K-tile 0, row index or -1 when past the chunk)."""
-        srcs = []
-        for i in cutlass.range_constexpr(4):
-            n = 2 * i + lane // 16
-            ok = n < nch
-            pair = ptx.ld_shared_u32(s_ord + (pos0 + (n if ok else Int32(0))) * 4)
-            if cutlass.const_expr(fc1):
-                row = src + Int64(pair // top_k) * Int64(src_stride) * 2
-            else:
-                row = src + Int64(pair) * Int64(src_stride) * 2
-            srcs.append((row + Int64(lane % 16) * 16, n if ok else Int32(-1)))
-        return srcs
+    def _b_source(self, fc1: cutlass.Constexpr, src, src_stride, top_k, s_ord, pos0, nch, lane):
+        """Lane n < nch copies token row n of the chunk: its address at K-tile 0."""
+        n = lane
+        if n >= nch:
+            n = Int32(0)
+        pair = ptx.ld_shared_u32(s_ord + (pos0 + n) * 4)
+        if cutlass.const_expr(fc1):
+            return src + Int64(pair // top_k) * Int64(src_stride) * 2
+        return src + Int64(pair) * Int64(src_stride) * 2
 
     @cute.jit
-    def _stream(self, fc1: cutlass.Constexpr, acc, w_unit, s_unit, k_tiles, member, team, srcs,
-                b_off, hidden, ring, lane):
-        """acc += this warp's share (K-tiles member, member + team, ..) of A_unit @ B."""
+    def _stream(self, fc1: cutlass.Constexpr, acc, w_unit, s_unit, k_tiles, member, team, b_src,
+                nch, b_off, hidden, ring, mbar, tiles, lane):
+        """acc += this warp's share (K-tiles member, member + team, ..) of A_unit @ B.
+
+        Tiles run through the warp's ring of `depth` slots, each filled by bulk copies (codes,
+        scales, one per token row) that complete on the slot's mbarrier; the warp's running tile
+        count gives the slot and the phase parity, across units and phases."""
         cfg = self.cfg
         sbpr = fm.scale_bytes_per_row(cfg.weight_format)
         n_mine = (k_tiles - member + team - 1) // team
+        t0 = tiles[0]
         for j in cutlass.range_constexpr(cfg.depth - 1):
             if j < n_mine:
                 kt = member + j * team
-                self._issue(fc1, ring + j * SLOT_BYTES, w_unit + Int64(kt) * 1024,
-                            s_unit + Int64(kt) * (16 * sbpr), kt, srcs, hidden, lane)
-            ptx.cp_async_commit()
+                sl = (t0 + j) % cfg.depth
+                self._issue(fc1, ring + sl * SLOT_BYTES, mbar + sl * 8, w_unit + Int64(kt) * 1024,
+                            s_unit + Int64(kt) * (16 * sbpr), kt, b_src, nch, hidden, lane)
         for j in cutlass.range(n_mine, unroll=1):
-            ptx.cp_async_wait(cfg.depth - 2)  # this lane's copies of tile j have landed
-            ptx.sync_warp()  # ... and every lane's; every lane is done with tile j - 1's slot
+            t = t0 + j
+            sl = t % cfg.depth
+            ptx.mbarrier_wait(mbar + sl * 8, (t // cfg.depth) % 2)
             nxt = j + cfg.depth - 1
             if nxt < n_mine:
+                ptx.sync_warp()  # every lane is done with tile j - 1's slot, which nxt refills
                 kn = member + nxt * team
-                self._issue(fc1, ring + (nxt % cfg.depth) * SLOT_BYTES, w_unit + Int64(kn) * 1024,
-                            s_unit + Int64(kn) * (16 * sbpr), kn, srcs, hidden, lane)
-            ptx.cp_async_commit()
-            slot = ring + (j % cfg.depth) * SLOT_BYTES
+                sn = (t0 + nxt) % cfg.depth
+                self._issue(fc1, ring + sn * SLOT_BYTES, mbar + sn * 8, w_unit + Int64(kn) * 1024,
+                            s_unit + Int64(kn) * (16 * sbpr), kn, b_src, nch, hidden, lane)
+            slot = ring + sl * SLOT_BYTES
+            kt = member + j * team
             words = self._slot_words(slot, lane)
+            # FC1 slabs past H (H is a multiple of 32: whole slabs) hold stale bytes: B is 0 there
+            valid = Int32(8)
+            if cutlass.const_expr(fc1):
+                valid = cutlass.min((hidden - kt * TILE_K) // 16, 8)
             b = []
             for sp in cutlass.range_constexpr(4):  # slabs 2sp, 2sp + 1: lo and hi k-halves
                 if cutlass.const_expr(cfg.variant == "nob"):
                     m = (Int32(0x3F803F80),) * 4
                 else:
                     m = ptx.ldmatrix_x4(slot + B_OFF + b_off + sp * 64)
-                b += [(m[0], m[1]), (m[2], m[3])]
-            for sl in cutlass.range_constexpr(8):
+                for h in cutlass.range_constexpr(2):
+                    ok = valid > 2 * sp + h
+                    b.append((m[2 * h] if ok else Int32(0), m[2 * h + 1] if ok else Int32(0)))
+            for k16 in cutlass.range_constexpr(8):
                 if cutlass.const_expr(cfg.variant == "nodecode"):
-                    a = (words[sl], words[sl], words[sl], words[sl])
+                    a = (words[k16], words[k16], words[k16], words[k16])
                 else:
-                    a = fm.a_fragment(words, sl, cfg.weight_format)
+                    a = fm.a_fragment(words, k16, cfg.weight_format)
                 if cutlass.const_expr(cfg.variant == "nomma"):
                     for c in cutlass.range_constexpr(4):
-                        acc[c] = acc[c] + ptx.f32_bits(a[c] ^ b[sl][c % 2])
+                        acc[c] = acc[c] + ptx.f32_bits(a[c] ^ b[k16][c % 2])
                 else:
-                    d = ptx.mma_bf16_16816((acc[0], acc[1], acc[2], acc[3]), a, b[sl])
+                    d = ptx.mma_bf16_16816((acc[0], acc[1], acc[2], acc[3]), a, b[k16])
                     for c in cutlass.range_constexpr(4):
                         acc[c] = d[c]
-        ptx.cp_async_wait(0)  # the ring is free for the next unit
-        ptx.sync_warp()
+        tiles[0] = t0 + n_mine
+        ptx.sync_warp()  # the next unit's first copies may refill any slot
 
     @cute.jit
-    def _issue(self, fc1: cutlass.Constexpr, slot, w_tile, s_tile, kt, srcs, hidden, lane):
-        """One K-tile into a slot, by the warp: codes and scales (contiguous 16-byte pieces, so
-        each copy instruction reads whole sectors) and the chunk's token rows.
-
-        Code piece c (bytes 16c..16c+15 of the tile) is half c % 2 of lane c // 2's 32 bytes;
-        it lands at (c % 2) * 512 + (c // 2) * 16, where its lane reads it without bank
-        conflicts. FC1 token columns past H (whole 8-column pieces) are zero-filled."""
-        for i in cutlass.range_constexpr(2):
-            c = 32 * i + lane
-            ptx.cp_async_16(slot + (lane % 2) * 512 + (16 * i + lane // 2) * 16,
-                            w_tile + Int64(c) * 16)
-        scale_pieces = 16 * fm.scale_bytes_per_row(self.cfg.weight_format) // 16
-        if lane < scale_pieces:
-            ptx.cp_async_16(slot + SCALE_OFF + lane * 16, s_tile + Int64(lane) * 16)
-        col = kt * TILE_K + (lane % 16) * 8
-        for i in cutlass.range_constexpr(4):
-            row_src, n = srcs[i]
-            if n >= 0:
-                dst = slot + B_OFF + n * B_ROW_BYTES + (lane % 16) * 16
-                if cutlass.const_expr(fc1):
-                    nbytes = Int32(16)
-                    gaddr = row_src + Int64(kt) * (TILE_K * 2)
-                    if col >= hidden:
-                        nbytes = Int32(0)
-                        gaddr = row_src
-                    ptx.cp_async_16_zfill(dst, gaddr, nbytes)
-                else:
-                    ptx.cp_async_16(dst, row_src + Int64(kt) * (TILE_K * 2))
+    def _issue(self, fc1: cutlass.Constexpr, slot, mb, w_tile, s_tile, kt, b_src, nch, hidden,
+               lane):
+        """Fill one slot with K-tile kt by bulk copies: lane 0 the codes (1 KiB) and the
+        group's scales, lane n < nch token row n (FC1: only the columns below H)."""
+        scale_bytes = 16 * fm.scale_bytes_per_row(self.cfg.weight_format)
+        row_bytes = Int32(TILE_K * 2)
+        if cutlass.const_expr(fc1):
+            row_bytes = cutlass.min(hidden - kt * TILE_K, TILE_K) * 2
+        if lane == 0:
+            ptx.mbarrier_arrive_expect_tx(mb, 1024 + scale_bytes + nch * row_bytes)
+            ptx.bulk_copy_g2s(slot, w_tile, 1024, mb)
+            ptx.bulk_copy_g2s(slot + SCALE_OFF, s_tile, scale_bytes, mb)
+        if lane < nch:
+            ptx.bulk_copy_g2s(slot + B_OFF + lane * B_ROW_BYTES, b_src + Int64(kt) * (TILE_K * 2),
+                              row_bytes, mb)
 
     @cute.jit
     def _slot_words(self, slot, lane):
         """The lane's 8 code words and its rows' (r, r + 8) scale words (fm.a_fragment order)."""
         sbpr = fm.scale_bytes_per_row(self.cfg.weight_format)
-        codes = ptx.ld_shared_v4(slot + lane * 16) + ptx.ld_shared_v4(slot + 512 + lane * 16)
+        codes = ptx.ld_shared_v4(slot + lane * 32) + ptx.ld_shared_v4(slot + lane * 32 + 16)
         sa = slot + SCALE_OFF + (lane // 4) * sbpr
         if cutlass.const_expr(self.cfg.weight_format == "nvfp4"):
             scales = ptx.ld_shared_v4(sa) + ptx.ld_shared_v4(sa + 8 * sbpr)

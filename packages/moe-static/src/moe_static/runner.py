@@ -56,6 +56,8 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     barrier = buf("barrier", (2,), torch.int32, zeroed=True)
     if out is None:
         out = torch.empty(T, H, dtype=torch.bfloat16, device=dev)
+    if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
+        x = x.contiguous() if not x.is_contiguous() else x.clone()  # rows copied by 16-byte bulk copies
     ids = topk_ids.contiguous()
     route_w = topk_weights if topk_weights.dtype == torch.float32 else topk_weights.float()
     route_w = route_w.contiguous()

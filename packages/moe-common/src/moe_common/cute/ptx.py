@@ -444,3 +444,10 @@ def sync_warp(*, loc=None, ip=None):
     """bar.warp.sync over the whole warp: orders the lanes' shared-memory accesses (cp.async
     data one lane copied and another reads, after each lane's cp.async.wait_group)."""
     _stmt([], "bar.warp.sync -1;", "")
+
+
+@dsl_user_op
+def fence_proxy_async_global(*, loc=None, ip=None):
+    """Order this thread's generic-proxy global writes before async-proxy (bulk copy) reads of
+    them that a later barrier makes happen after."""
+    _stmt([], "fence.proxy.async.global;", "")
