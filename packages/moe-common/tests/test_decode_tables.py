@@ -68,3 +68,44 @@ def test_random_words():
     rng = random.Random(0)
     for _ in range(2000):
         _check([rng.randrange(16) for _ in range(8)])
+
+
+# ---------------------------------------------------------------- kernel fragment words
+def emulate_fragment_decode(w: int) -> list:
+    """decode.decode_fragment_word (and the same PTX in wgmma_decode), on Python ints."""
+    mag, sign, full = decode.FRAGMENT_MAG, decode.FRAGMENT_SIGN, decode.FRAGMENT_MASK
+    return [(w << 6) & full,
+            ((w << 3) & mag) | ((w << 5) & sign),
+            w & full,
+            ((w >> 5) & mag) | ((w << 1) & sign)]
+
+
+def _bf16_value(bits: int) -> float:
+    t = torch.tensor([bits if bits < 0x8000 else bits - 0x10000], dtype=torch.int16)
+    return float(t.view(torch.bfloat16).float())
+
+
+def test_fragment_words_decode_to_the_code_times_2_pow_minus_126():
+    """Every code in every A-fragment position, through the repack's bit placement and the
+    kernels' shift-and-mask decode: exactly e2m1 x 2^-126 (e = 0 as bf16 subnormals)."""
+    from moe_common.fragments import repack_codes, unpack_word_codes
+    from moe_common.formats import pack_e2m1
+
+    rng = random.Random(3)
+    for _ in range(64):
+        codes = torch.tensor([[rng.randrange(16) for _ in range(128)] for _ in range(16)], dtype=torch.uint8)
+        blob = repack_codes(pack_e2m1(codes[None]))  # [1, 1, 1, 32 lanes, 32 bytes]
+        words = blob.view(32, 8, 4)
+        from moe_common.fragments import _fragment_index
+        row, kk = _fragment_index()
+        assert torch.equal(unpack_word_codes(words), codes[row, kk])
+        for lane in (0, 5, 31):
+            for slab in (0, 7):
+                wb = words[lane, slab].tolist()
+                w = wb[0] | (wb[1] << 8) | (wb[2] << 16) | (wb[3] << 24)
+                regs = emulate_fragment_decode(w)
+                for j in range(8):
+                    got = _bf16_value((regs[j // 2] >> (16 * (j % 2))) & 0xFFFF)
+                    c = codes[row[lane, slab, j], kk[lane, slab, j]]
+                    want = float(e2m1_decode(c.view(1))[0]) * 2.0 ** -126
+                    assert got == want, (lane, slab, j, int(c), got, want)

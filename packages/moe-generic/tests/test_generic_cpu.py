@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from moe_common.fragments import _fragment_index, gated_row_order, repack_codes, repack_scales
+from moe_common.fragments import (
+    _fragment_index, gated_row_order, repack_codes, repack_scales, unpack_word_codes,
+)
 from moe_common.formats import pack_e2m1
 from moe_common.testing import make_shape
 from moe_common.types import Activation
@@ -59,8 +61,7 @@ def test_fragment_repack_places_each_code_where_the_mma_reads_it():
     blob = repack_codes(pack_e2m1(codes))  # [E, N/16, K/128, 32 lanes, 32 bytes]
     assert blob.shape == (E, 2, 2, 32, 32)
     row, kk = _fragment_index()
-    lo, hi = blob & 0xF, blob >> 4
-    nib = torch.stack([lo, hi], -1).view(E, 2, 2, 32, 8, 8)  # [.., lane, slab, code j]
+    nib = unpack_word_codes(blob.view(E, 2, 2, 32, 8, 4))  # [.., lane, slab, code j]
     for e in range(E):
         for gi in range(2):
             for kt in range(2):
@@ -77,7 +78,7 @@ def test_repack_pads_with_zero_codes():
     codes = torch.full((1, 20, 96), 7, dtype=torch.uint8)  # rows and K not tile multiples
     blob = repack_codes(pack_e2m1(codes), row_multiple=32)
     assert blob.shape == (1, 2, 1, 32, 32)
-    total = (blob & 0xF).sum() + (blob >> 4).sum()
+    total = unpack_word_codes(blob.view(1, 2, 1, 32, 8, 4)).sum()
     assert int(total) == 7 * 20 * 96  # everything else is code 0
 
 

@@ -7,9 +7,15 @@ each of the 8 K-slabs s of 16 values, the 8 codes
     (r, 16s+2q), (r, 16s+2q+1), (r+8, 16s+2q), (r+8, 16s+2q+1),
     (r, 16s+8+2q), (r, 16s+9+2q), (r+8, 16s+8+2q), (r+8, 16s+9+2q)
 
-which is the PTX A fragment {a0..a7}. We store them as one 32-bit word per slab (code j in bits
-4j..4j+3), 8 words = 32 contiguous bytes per lane, 1 KiB per tile, so a warp reads a tile with
-two fully coalesced 16-byte loads per lane and `decode_e2m1x8` yields the A registers in order.
+which is the PTX A fragment {a0..a7}. We store them as one 32-bit word per slab, 8 words = 32
+contiguous bytes per lane, 1 KiB per tile, so a warp reads a tile with two fully coalesced
+16-byte loads per lane.
+
+Inside a word the 32 code bits are placed (WORD_BIT_POSITION) so that a shift and a mask put
+code 2i and 2i + 1 straight into the bf16 halves of A register i: the 3 magnitude bits
+(m, e0, e1) at bf16 bits 6..8 and the sign at bit 15, i.e. the bf16 pattern of the e2m1 value
+times 2^-126 (e = 0 is the subnormal 0.5 * 2^-126, exactly). See moe_common.cute.decode for
+the 11 integer instructions per 8 codes that this saves against table lookups.
 
 Block scales follow the same tiling: per tile, [16 rows][128 / block] bytes (NVFP4: 8 per row,
 MXFP4: 4 per row); lane l reads row r's and row r+8's bytes.
@@ -23,6 +29,25 @@ import torch
 
 TILE_ROWS = 16
 TILE_K = 128
+
+# A register i (codes 2i, 2i + 1) = (word << L_i or >> R_i) & mask: the (magnitude shift, sign
+# shift) of each register, as "source bit = target bit + shift". The four registers tile the
+# 32 bits exactly (a search over all shift pairs found no layout with fewer operations).
+REGISTER_SHIFTS = ((-6, -6), (-3, -5), (0, 0), (5, -1))
+
+
+def word_bit_position(code: int, bit: int) -> int:
+    """Bit of the packed word holding bit `bit` (0 = m, 1 = e0, 2 = e1, 3 = sign) of code
+    `code` (0..7, the A-fragment order a0..a7)."""
+    reg, half = divmod(code, 2)
+    mag_shift, sign_shift = REGISTER_SHIFTS[reg]
+    if bit < 3:
+        return 6 + 16 * half + bit + mag_shift
+    return 15 + 16 * half + sign_shift
+
+
+WORD_BIT_POSITION = [[word_bit_position(c, b) for b in range(4)] for c in range(8)]
+assert sorted(p for row in WORD_BIT_POSITION for p in row) == list(range(32))
 
 
 def _fragment_index():
@@ -57,10 +82,21 @@ def repack_codes(packed: torch.Tensor, row_multiple: int = TILE_ROWS) -> torch.T
     tiles = codes.view(e, n // TILE_ROWS, TILE_ROWS, k // TILE_K, TILE_K).permute(0, 1, 3, 2, 4)
     row, kk = _fragment_index()
     row, kk = row.to(packed.device), kk.to(packed.device)
-    frag = tiles[:, :, :, row, kk]  # [E, Nt, Kt, 32, 8, 8]
-    frag = frag.reshape(*frag.shape[:-1], 4, 2)
-    words = (frag[..., 0] | (frag[..., 1] << 4)).to(torch.uint8)  # [E,Nt,Kt,32,8,4]
+    frag = tiles[:, :, :, row, kk].to(torch.int64)  # [E, Nt, Kt, 32 lanes, 8 slabs, 8 codes]
+    word = torch.zeros(frag.shape[:-1], dtype=torch.int64, device=frag.device)
+    for c in range(8):
+        for b in range(4):
+            word |= ((frag[..., c] >> b) & 1) << WORD_BIT_POSITION[c][b]
+    # little-endian bytes of each 32-bit word
+    words = torch.stack([(word >> (8 * i)) & 0xFF for i in range(4)], dim=-1).to(torch.uint8)
     return words.reshape(e, n // TILE_ROWS, k // TILE_K, 32, 32).contiguous()
+
+
+def unpack_word_codes(words: torch.Tensor) -> torch.Tensor:
+    """[..., 4] word bytes -> [..., 8] codes in A-fragment order (the inverse of the placement)."""
+    w = sum(words[..., i].to(torch.int64) << (8 * i) for i in range(4))
+    codes = [sum(((w >> WORD_BIT_POSITION[c][b]) & 1) << b for b in range(4)) for c in range(8)]
+    return torch.stack(codes, dim=-1).to(torch.uint8)
 
 
 def repack_scales(scales: torch.Tensor, block: int, row_multiple: int = TILE_ROWS) -> torch.Tensor:
@@ -97,10 +133,40 @@ def pad_gated(w: torch.Tensor, intermediate: int, intermediate_padded: int) -> t
         if intermediate_padded != intermediate else w
 
 
+# The decoded codes are e2m1 * 2^-126; the kernels' bf16 block scales carry 2^SCALE_SHIFT and
+# their fp32 global scales 2^ALPHA_SHIFT, so scale * code = true product * 2^-ALPHA_SHIFT and the
+# epilogue's alpha restores it. Powers of two: every product and sum is the same up to that
+# exponent, so results are bitwise those of unshifted values.
+ALPHA_SHIFT = 64
+SCALE_SHIFT = 126 - ALPHA_SHIFT
+# MXFP4 e8m0 scale bytes that stay exact: below, code x scale x 2^-64 leaves bf16's normal range;
+# above, scale x 2^62 overflows. (NVFP4's e4m3 scales, 2^-9..448, are always inside.)
+MXFP4_SCALE_BYTES = (66, 192)
+
+
 def scales_to_bf16(scale_tiles: torch.Tensor, weight_format: str) -> torch.Tensor:
-    """Scale bytes (e4m3 or e8m0) -> the same values as bf16 (exact: bf16 holds every e4m3 value
-    and every power of two 2^-127..2^127). Kernels that read bf16 scales skip the per-scale
-    conversion in their inner loop at the cost of one more byte per scale."""
+    """Scale bytes (e4m3 or e8m0) -> the same values times 2^SCALE_SHIFT as bf16 (exact: bf16
+    holds every e4m3 value and every power of two in range). Kernels that read bf16 scales skip
+    the per-scale conversion in their inner loop at the cost of one more byte per scale."""
     if weight_format == "nvfp4":
-        return scale_tiles.view(torch.float8_e4m3fn).float().to(torch.bfloat16)
-    return torch.exp2(scale_tiles.float() - 127.0).to(torch.bfloat16)
+        v = scale_tiles.view(torch.float8_e4m3fn).float()
+    else:
+        v = torch.exp2(scale_tiles.float() - 127.0)
+    return (v * 2.0 ** SCALE_SHIFT).to(torch.bfloat16)
+
+
+def mxfp4_scale_range_reason(scales: torch.Tensor, codes: torch.Tensor, block: int = 32):
+    """None when every MXFP4 block with a nonzero code has its scale byte in MXFP4_SCALE_BYTES
+    (blocks of zero codes decode to 0 whatever their scale), else a one-line reason."""
+    lo, hi = MXFP4_SCALE_BYTES
+    s = scales.view(torch.uint8)
+    bad = (s < lo) | (s > hi)
+    if not bool(bad.any()):
+        return None
+    nonzero = (codes.view(*codes.shape[:-1], -1, block // 2) & 0x77).amax(-1) > 0
+    bad &= nonzero
+    if not bool(bad.any()):
+        return None
+    b = int(s[bad].min()) if int(s[bad].min()) < lo else int(s[bad].max())
+    return (f"an MXFP4 scale of 2^{b - 127} (byte {b}) is outside the kernels' exact range "
+            f"2^{lo - 127}..2^{hi - 127}")

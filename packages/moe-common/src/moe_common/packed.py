@@ -13,7 +13,8 @@ import torch
 
 from .formats import get_format
 from .fragments import (
-    TILE_K, gated_row_order, pad_gated, pad_rows, repack_codes, repack_scales, scales_to_bf16,
+    ALPHA_SHIFT, TILE_K, gated_row_order, mxfp4_scale_range_reason, pad_gated, pad_rows,
+    repack_codes, repack_scales, scales_to_bf16,
 )
 from .weights import MoEWeights
 
@@ -47,8 +48,8 @@ class Packed:
     w2: torch.Tensor
     w2_scale: torch.Tensor
     w2_bias: torch.Tensor  # fp32 [E, Hp]
-    fc1_alpha: dict  # quant_mode -> fp32 [E]: weight scale_2 (x input_scale in w4a4)
-    fc2_alpha: dict
+    fc1_alpha: dict  # quant_mode -> fp32 [E]: weight scale_2 (x input_scale in w4a4) x 2^64
+    fc2_alpha: dict  # (the block scales carry 2^62 and decoded codes 2^-126: fragments.py)
 
     @property
     def fc1_rows(self) -> int:
@@ -64,6 +65,12 @@ def pack(weights: MoEWeights) -> Packed:
     if cached is not None:
         return cached
     fmt = get_format(weights.weight_format)
+    if weights.weight_format == "mxfp4":
+        for name, codes, scales in (("w13", weights.w13, weights.w13_scale),
+                                    ("w2", weights.w2, weights.w2_scale)):
+            reason = mxfp4_scale_range_reason(scales, codes)
+            if reason is not None:
+                raise ValueError(f"weights.{name}: {reason}; use the torch reference for this layer")
     E, H, I = weights.num_local_experts, weights.hidden, weights.intermediate
     Hp, Ip = _round_up(H, TILE_K), _round_up(I, TILE_K)
     dev = weights.device
@@ -82,7 +89,8 @@ def pack(weights: MoEWeights) -> Packed:
     nv = weights.weight_format == "nvfp4"
     in_s = weights.input_scale.float() if nv and weights.input_scale is not None else one
     fc2_s = weights.fc2_input_scale.float() if nv and weights.fc2_input_scale is not None else one
-    s2_13, s2_2 = weights.w13_scale_2.float(), weights.w2_scale_2.float()
+    s2_13 = weights.w13_scale_2.float() * 2.0 ** ALPHA_SHIFT
+    s2_2 = weights.w2_scale_2.float() * 2.0 ** ALPHA_SHIFT
     prep = Packed(
         hidden=H, intermediate=I, hidden_padded=Hp, intermediate_padded=Ip, gated=weights.gated,
         w13=repack_codes(w13, ROW_TILE),

@@ -12,7 +12,7 @@ These are plain trace-time helpers (static control flow only), inlined where the
 from __future__ import annotations
 
 from . import ptx
-from .decode import decode_e2m1x8
+from .decode import decode_fragment_word
 
 TILE_K = 128
 B_ROW_BYTES = (TILE_K + 8) * 2  # 272
@@ -40,8 +40,9 @@ def load_group_words(ga, lane, weight_format: str):
 
 
 def a_fragment(words, s: int, weight_format: str):
-    """Slab s's A fragment: decode its 8 codes and apply the block scales of rows r and r + 8."""
-    v = decode_e2m1x8(words[s])
+    """Slab s's A fragment: decode its 8 codes and apply the block scales of rows r and r + 8
+    (code x 2^-126 times scale x 2^62: the A values carry 2^-64, the epilogue's alpha 2^64)."""
+    v = decode_fragment_word(words[s])
     sc = words[8:]
     if weight_format == "nvfp4":
         # 4 words per row: slab s is half s % 2 of word s // 2

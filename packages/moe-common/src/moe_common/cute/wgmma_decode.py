@@ -2,8 +2,8 @@
 
 The register-A warpgroup MMA reads its A fragment asynchronously, so decoding slab s + 1 can
 overlap the tensor core's work on slab s, but only if nothing outside the asm can reuse the
-fragment registers while a wgmma is in flight. Keeping the e2m1 decode (the same byte-permute
-tables as `decode.decode_e2m1x8`), the block-scale multiply, the wgmmas and the final wait in one
+fragment registers while a wgmma is in flight. Keeping the e2m1 decode (the same shifts and
+masks as `decode.decode_fragment_word`), the block-scale multiply, the wgmmas and the final wait in one
 asm statement gives every slab its own PTX registers and leaves the scheduling to ptxas, which
 tracks wgmma register lifetimes itself.
 
@@ -15,28 +15,26 @@ from cutlass import Float32, Int32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from .decode import _HI_BYTES_0_3, _HI_BYTES_4_7, _LO_BYTES_0_3, _LO_BYTES_4_7
+from .decode import FRAGMENT_MAG, FRAGMENT_MASK, FRAGMENT_SIGN
+
+_SLAB_REGS = ["t1", "t2", "t3", "v0", "v1", "v2", "v3", "sr", "sq"]
 
 
 def _slab_ptx(g: int, s: int, code: str, s_r: str, s_r8: str, sel: int) -> list:
-    """PTX decoding slab s of group g into registers a{g}_{s}_{0..3} (see decode.py)."""
+    """PTX decoding slab s of group g into registers a{g}_{s}_{0..3} (decode.decode_fragment_word)."""
     t = f"{g}_{s}"
     return [
-        f"and.b32 m{t}, {code}, 0x77777777;",
-        f"shr.u32 mh{t}, m{t}, 16;",
-        f"prmt.b32 l03{t}, LA, LB, m{t};",
-        f"prmt.b32 l47{t}, LA, LB, mh{t};",
-        f"prmt.b32 h03{t}, HA, HB, m{t};",
-        f"prmt.b32 h47{t}, HA, HB, mh{t};",
-        f"shl.b32 w4{t}, {code}, 4;",
-        f"prmt.b32 sg{t}, w4{t}, {code}, 0x5140;",
-        f"lop3.b32 h03{t}, h03{t}, sg{t}, 0x80808080, 0xF8;",
-        f"prmt.b32 sg{t}, w4{t}, {code}, 0x7362;",
-        f"lop3.b32 h47{t}, h47{t}, sg{t}, 0x80808080, 0xF8;",
-        f"prmt.b32 v0{t}, l03{t}, h03{t}, 0x5140;",
-        f"prmt.b32 v1{t}, l03{t}, h03{t}, 0x7362;",
-        f"prmt.b32 v2{t}, l47{t}, h47{t}, 0x5140;",
-        f"prmt.b32 v3{t}, l47{t}, h47{t}, 0x7362;",
+        f"shl.b32 t1{t}, {code}, 6;",
+        f"and.b32 v0{t}, t1{t}, {FRAGMENT_MASK:#x};",
+        f"shl.b32 t1{t}, {code}, 3;",
+        f"shl.b32 t2{t}, {code}, 5;",
+        f"and.b32 t3{t}, t1{t}, {FRAGMENT_MAG:#x};",
+        f"lop3.b32 v1{t}, t3{t}, t2{t}, {FRAGMENT_SIGN:#x}, 0xF8;",
+        f"and.b32 v2{t}, {code}, {FRAGMENT_MASK:#x};",
+        f"shr.u32 t1{t}, {code}, 5;",
+        f"shl.b32 t2{t}, {code}, 1;",
+        f"and.b32 t3{t}, t1{t}, {FRAGMENT_MAG:#x};",
+        f"lop3.b32 v3{t}, t3{t}, t2{t}, {FRAGMENT_SIGN:#x}, 0xF8;",
         f"prmt.b32 sr{t}, {s_r}, {s_r}, {sel:#x};",
         f"prmt.b32 sq{t}, {s_r8}, {s_r8}, {sel:#x};",
         f"mul.rn.bf16x2 a{t}0, v0{t}, sr{t};",
@@ -79,12 +77,9 @@ def wgmma_decode_k128(accs, codes, scales, weight_format: str, b_smem, n: int, p
     for g in range(G):
         for s in range(8):
             t = f"{g}_{s}"
-            regs += [f"m{t}", f"mh{t}", f"l03{t}", f"l47{t}", f"h03{t}", f"h47{t}", f"w4{t}", f"sg{t}",
-                     f"v0{t}", f"v1{t}", f"v2{t}", f"v3{t}", f"sr{t}", f"sq{t}"] + [f"a{t}{j}" for j in range(4)]
-    lines = ["{", ".reg .pred p;", ".reg .b64 d0, ds;", ".reg .b32 LA, LB, HA, HB;",
+            regs += [f"{r}{t}" for r in _SLAB_REGS] + [f"a{t}{j}" for j in range(4)]
+    lines = ["{", ".reg .pred p;", ".reg .b64 d0, ds;",
              f".reg .b32 {', '.join(regs)};",
-             f"mov.b32 LA, {_LO_BYTES_0_3:#x};", f"mov.b32 LB, {_LO_BYTES_4_7:#x};",
-             f"mov.b32 HA, {_HI_BYTES_0_3:#x};", f"mov.b32 HB, {_HI_BYTES_4_7:#x};",
              f"setp.ne.b32 p, ${one}, 0;",
              f"cvt.u64.u32 d0, ${addr};", "shr.u64 d0, d0, 4;", "and.b64 d0, d0, 16383;",
              f"or.b64 d0, d0, {(b_rows << 16) | (8 << 32)};"]
