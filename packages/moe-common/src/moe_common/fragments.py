@@ -82,13 +82,17 @@ def repack_codes(packed: torch.Tensor, row_multiple: int = TILE_ROWS) -> torch.T
     tiles = codes.view(e, n // TILE_ROWS, TILE_ROWS, k // TILE_K, TILE_K).permute(0, 1, 3, 2, 4)
     row, kk = _fragment_index()
     row, kk = row.to(packed.device), kk.to(packed.device)
-    frag = tiles[:, :, :, row, kk].to(torch.int64)  # [E, Nt, Kt, 32 lanes, 8 slabs, 8 codes]
-    word = torch.zeros(frag.shape[:-1], dtype=torch.int64, device=frag.device)
-    for c in range(8):
-        for b in range(4):
-            word |= ((frag[..., c] >> b) & 1) << WORD_BIT_POSITION[c][b]
-    # little-endian bytes of each 32-bit word
-    words = torch.stack([(word >> (8 * i)) & 0xFF for i in range(4)], dim=-1).to(torch.uint8)
+    out = torch.empty(e, n // TILE_ROWS, k // TILE_K, 32, 8, 4, dtype=torch.uint8, device=packed.device)
+    for i in range(e):  # one expert at a time: the int32 words of a whole layer would not fit
+        frag = tiles[i][:, :, row, kk].to(torch.int32)  # [Nt, Kt, 32 lanes, 8 slabs, 8 codes]
+        word = torch.zeros(frag.shape[:-1], dtype=torch.int32, device=frag.device)
+        for c in range(8):
+            for b in range(4):
+                word |= ((frag[..., c] >> b) & 1) << WORD_BIT_POSITION[c][b]
+        # little-endian bytes of each 32-bit word
+        out[i] = torch.stack([(word >> (8 * j)) & 0xFF for j in range(4)], dim=-1).to(torch.uint8)
+        del frag, word
+    words = out
     return words.reshape(e, n // TILE_ROWS, k // TILE_K, 32, 32).contiguous()
 
 
