@@ -39,6 +39,7 @@ from cutlass import Float32, Int32, Int64
 from moe_common.cute import activation as act
 from moe_common.cute import fragment_mma as fm
 from moe_common.cute import ptx
+from moe_common.cute.scan import exclusive_scan2
 
 
 WARPS = 16
@@ -52,7 +53,6 @@ SLOT_BYTES = B_OFF + BN * B_ROW_BYTES  # 3456
 MAX_LOCAL_EXPERTS = 512
 MAX_PAIRS = 2048
 EXPERTS_PER_THREAD = MAX_LOCAL_EXPERTS // THREADS
-SCAN_LEVELS = THREADS.bit_length() - 1
 
 
 @dataclass(frozen=True)
@@ -197,24 +197,7 @@ class StaticMoE:
             c = ptx.ld_shared_u32(s_cnt + (e0 + i) * 4)
             n_pairs = n_pairs + c
             n_act = n_act + cutlass.min(c, 1)
-        ptx.st_shared_u32(s_scan + tid * 4, n_pairs)
-        ptx.st_shared_u32(s_scan + (THREADS + tid) * 4, n_act)
-        cute.arch.sync_threads()
-        for lvl in cutlass.range_constexpr(SCAN_LEVELS):  # inclusive Hillis-Steele scans
-            off = 1 << lvl
-            da = Int32(0)
-            db = Int32(0)
-            if tid >= off:
-                da = ptx.ld_shared_u32(s_scan + (tid - off) * 4)
-                db = ptx.ld_shared_u32(s_scan + (THREADS + tid - off) * 4)
-            cute.arch.sync_threads()
-            if tid >= off:
-                ptx.st_shared_u32(s_scan + tid * 4, ptx.ld_shared_u32(s_scan + tid * 4) + da)
-                ptx.st_shared_u32(s_scan + (THREADS + tid) * 4,
-                                  ptx.ld_shared_u32(s_scan + (THREADS + tid) * 4) + db)
-            cute.arch.sync_threads()
-        pos = ptx.ld_shared_u32(s_scan + tid * 4) - n_pairs
-        slot = ptx.ld_shared_u32(s_scan + (THREADS + tid) * 4) - n_act
+        pos, slot, _, _ = exclusive_scan2(n_pairs, n_act, tid, THREADS, s_scan)
         for i in cutlass.range_constexpr(EXPERTS_PER_THREAD):
             e = e0 + i
             c = ptx.ld_shared_u32(s_cnt + e * 4)

@@ -451,3 +451,17 @@ def fence_proxy_async_global(*, loc=None, ip=None):
     """Order this thread's generic-proxy global writes before async-proxy (bulk copy) reads of
     them that a later barrier makes happen after."""
     _stmt([], "fence.proxy.async.global;", "")
+
+
+@dsl_user_op
+def shfl_up_i32(v, delta, *, loc=None, ip=None) -> Int32:
+    """v of lane (lane - delta); lanes below delta get their own v (shfl.sync.up, full warp)."""
+    return Int32(_asm(T.i32(), [_i32(v, loc, ip), _i32(delta, loc, ip)],
+                      "shfl.sync.up.b32 $0, $1, $2, 0x0, 0xffffffff;", "=r,r,r", side_effects=True))
+
+
+@dsl_user_op
+def shfl_idx_i32(v, src_lane, *, loc=None, ip=None) -> Int32:
+    """v of lane src_lane (shfl.sync.idx, full warp)."""
+    return Int32(_asm(T.i32(), [_i32(v, loc, ip), _i32(src_lane, loc, ip)],
+                      "shfl.sync.idx.b32 $0, $1, $2, 0x1f, 0xffffffff;", "=r,r,r", side_effects=True))

@@ -9,7 +9,7 @@ Pairs whose expert is outside the local range are dropped (never given a positio
 
 Two ways, the same tables:
 - RoutingKernel, one CTA of 1024 threads (one launch; decode and small batches): histogram
-  with shared-memory atomics, a Hillis-Steele scan over the experts (one thread per expert,
+  with shared-memory atomics, a warp-shuffle scan over the experts (one thread per expert,
   E <= 1024) for the pair and tile offsets, the tile table, then positions by a second pass of
   atomics. Each pass loads BATCH ids per thread before using any, so the loads overlap.
 - Split over G CTAs (large batches, `split_ctas`): RoutingSlices counts each CTA's slice of
@@ -28,6 +28,7 @@ import cutlass.cute as cute
 from cutlass import Int32, Int64
 
 from . import ptx
+from .scan import exclusive_scan2
 
 THREADS = 1024
 MAX_EXPERTS = THREADS
@@ -73,29 +74,14 @@ class _PairIds:
 
 
 @cute.jit
-def _expert_table(tid, cnt, s_cnt, s_til, experts, bn, counts_out, tile_expert, tile_start,
+def _expert_table(tid, cnt, s_scratch, experts, bn, counts_out, tile_expert, tile_start,
                   tile_end, num_tiles):
     """Thread e of 1024 holds expert e's pair count: scan counts and tiles over the experts,
-    write counts[e], e's tile-table entries and num_tiles; return e's first sorted position."""
+    write counts[e], e's tile-table entries and num_tiles; return e's first sorted position.
+    s_scratch: 64 int32 of shared memory no thread reads meanwhile (free again after the
+    caller's next CTA barrier)."""
     tiles = (cnt + bn - 1) // bn
-    ptx.st_shared_u32(s_cnt + tid * 4, cnt)
-    ptx.st_shared_u32(s_til + tid * 4, tiles)
-    cute.arch.sync_threads()
-    # inclusive scans of counts and tiles
-    for lvl in cutlass.range_constexpr(10):
-        off = 1 << lvl
-        a = Int32(0)
-        b = Int32(0)
-        if tid >= off:
-            a = ptx.ld_shared_u32(s_cnt + (tid - off) * 4)
-            b = ptx.ld_shared_u32(s_til + (tid - off) * 4)
-        cute.arch.sync_threads()
-        if tid >= off:
-            ptx.st_shared_u32(s_cnt + tid * 4, ptx.ld_shared_u32(s_cnt + tid * 4) + a)
-            ptx.st_shared_u32(s_til + tid * 4, ptx.ld_shared_u32(s_til + tid * 4) + b)
-        cute.arch.sync_threads()
-    start = ptx.ld_shared_u32(s_cnt + tid * 4) - cnt
-    first_tile = ptx.ld_shared_u32(s_til + tid * 4) - tiles
+    start, first_tile, _, _ = exclusive_scan2(cnt, tiles, tid, THREADS, s_scratch)
     if tid < experts:
         ptx.st_u32(counts_out + Int64(tid) * 4, cnt)
         for j in cutlass.range(tiles, unroll=1):
@@ -125,8 +111,8 @@ class RoutingKernel(_PairIds):
         tid, _, _ = cute.arch.thread_idx()
         smem = cutlass.memory.SmemAllocator()
         buf = smem.allocate_array(cutlass.Int32, 3 * THREADS, byte_alignment=16)
-        s_cnt = Int32(buf.toint())          # counts, then inclusive pair offsets
-        s_til = s_cnt + THREADS * 4          # tiles per expert, then inclusive tile offsets
+        s_cnt = Int32(buf.toint())          # pair counts per expert
+        s_til = s_cnt + THREADS * 4          # the expert scan's scratch
         s_cur = s_cnt + 2 * THREADS * 4      # per-expert cursor for the position pass
         ptx.st_shared_u32(s_cnt + tid * 4, 0)
         cute.arch.sync_threads()
@@ -137,7 +123,7 @@ class RoutingKernel(_PairIds):
                     ptx.atom_add_shared(s_cnt + es[u] * 4, 1)
         cute.arch.sync_threads()
         cnt = ptx.ld_shared_u32(s_cnt + tid * 4)
-        start = _expert_table(tid, cnt, s_cnt, s_til, experts, bn, counts_out, tile_expert,
+        start = _expert_table(tid, cnt, s_til, experts, bn, counts_out, tile_expert,
                               tile_start, tile_end, num_tiles)
         ptx.st_shared_u32(s_cur + tid * 4, start)
         cute.arch.sync_threads()
@@ -223,7 +209,7 @@ class RoutingScan:
         for g in cutlass.range_constexpr(MAX_SPLIT_CTAS):
             cnt = cnt + vals[g]
         cnt = cutlass.select_(tid < experts, cnt, Int32(0))
-        start = _expert_table(tid, cnt, s_cnt, s_til, experts, bn, counts_out, tile_expert,
+        start = _expert_table(tid, cnt, s_til, experts, bn, counts_out, tile_expert,
                               tile_start, tile_end, num_tiles)
         if tid < experts:
             run = start
