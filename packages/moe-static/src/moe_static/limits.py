@@ -9,10 +9,11 @@ MAX_LOCAL_EXPERTS = 512  # shared-memory routing tables (kernel.MAX_LOCAL_EXPERT
 MAX_PAIRS = 2048  # routed pairs T * top_k held in shared memory (kernel.MAX_PAIRS)
 DIM_MULTIPLE = 32
 # Routed pairs (T * top_k) up to which moe-static bids above the other kernels. Measured on the
-# H200 (BENCHMARKS.md, 2026-11-29): moe-static is slower than moe-generic at every bench point
-# (T = 1..128 on every preset; e.g. Qwen3-30B-A3B T=1 36 vs 24 us, DeepSeek-V3 T=1 101 vs 88 us),
-# so the measured cutover is 0: it offers below moe-generic and runs only when forced
-# (kernel="moe-static"). Raise this when a faster moe-static measures ahead.
+# H200 (BENCHMARKS.md, 2026-11-30 third session, e8c3b50, T = 1..128): moe-static is ahead of
+# moe-generic only at Qwen3-30B-A3B T=1 (22.3 vs 24.2 us) and 15% behind at DeepSeek-V3 T=1 with
+# the same 8 routed pairs (85.2 vs 74.3 us), behind everywhere else, so the measured cutover is
+# 0: it offers below moe-generic and runs only when forced (kernel="moe-static"). Raise this
+# when a faster moe-static measures ahead on every preset.
 CUTOVER_PAIRS = 0
 
 
