@@ -395,6 +395,12 @@ class StaticMoE:
         parity[0] = parity[0] ^ Int32(1)
 
     @cute.jit
+    def _scale_and_bias(self, alpha, bias, e, groups, row):
+        """Expert e's global scale and the biases of its blob rows `row` and `row + 8`."""
+        brow = bias + (Int64(e) * Int64(groups * 16) + Int64(row)) * 4
+        return ptx.ld_nc_f32(alpha + Int64(e) * 4), ptx.ld_nc_f32(brow), ptx.ld_nc_f32(brow + 32)
+
+    @cute.jit
     def _fc1_epilogue(self, acc, alpha1, b13, e, groups1, g, inter, inter_stride, s_ord, pos0, nch,
                       r, q, act_alpha, act_beta, act_limit):
         """scale_2 x acc + bias, activation -> bf16 inter[pair, column]. Gated groups hold
@@ -402,10 +408,7 @@ class StaticMoE:
         Rows are keyed by pair id, not sorted position: each CTA orders an expert's pairs with
         shared-memory atomics, so positions differ between the CTAs of FC1 and FC2."""
         cfg = self.cfg
-        gs = ptx.ld_nc_f32(alpha1 + Int64(e) * 4)
-        brow = b13 + (Int64(e) * Int64(groups1 * 16) + Int64(g * 16 + r)) * 4
-        b_lo = ptx.ld_nc_f32(brow)
-        b_hi = ptx.ld_nc_f32(brow + 32)
+        gs, b_lo, b_hi = self._scale_and_bias(alpha1, b13, e, groups1, g * 16 + r)
         for c in cutlass.range_constexpr(2):
             n = 2 * q + c
             if n < nch:
@@ -426,11 +429,8 @@ class StaticMoE:
     def _fc2_epilogue(self, acc, alpha2, b2, e, groups2, g, y, route_w, s_ord, pos0, nch, hidden,
                       r, q):
         """y[pair, h] = w[pair] * (scale_2 * acc + b2[e, h]) for rows h = 16g + r, + 8 < H."""
-        gs = ptx.ld_nc_f32(alpha2 + Int64(e) * 4)
         h0 = g * 16 + r
-        brow = b2 + (Int64(e) * Int64(groups2 * 16) + Int64(h0)) * 4
-        b_lo = ptx.ld_nc_f32(brow)
-        b_hi = ptx.ld_nc_f32(brow + 32)
+        gs, b_lo, b_hi = self._scale_and_bias(alpha2, b2, e, groups2, h0)
         for c in cutlass.range_constexpr(2):
             n = 2 * q + c
             if n < nch:
