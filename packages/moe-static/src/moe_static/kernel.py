@@ -7,14 +7,14 @@ the stream over every warp of the GPU.
 1. Routing, redundantly in every CTA (P = T * k <= MAX_PAIRS ids, a few KiB from L2): a shared
    histogram of local experts, a scan, the ascending list of active experts and the routed pairs
    of each expert, in sorted positions. Every CTA derives the same tables; no grid-wide step.
-2. FC1: units (active expert, 16-row weight group), taken by teams of TEAM_FC1 warps. The warps
+2. FC1: units (active expert, 16-row weight group), taken by teams of `team_fc1` warps. The warps
    of a team split the group's K-tiles; each streams its tiles through its own ring of shared
    memory slots, filled by bulk copies (the tile's codes and scales and the chunk's token rows)
    that complete on the slot's mbarrier, so no CTA barrier stands in the stream; it decodes
    e2m1 and runs mma.sync with the token rows as B (ldmatrix). The team adds its
    partial sums in a fixed order through shared memory, applies scale_2, bias and the activation
-   and writes the bf16 intermediate inter[sorted position, column] to a global workspace (at
-   decode sizes a few KiB, L2-resident), one row per routed pair.
+   and writes the bf16 intermediate inter[pair, column] to a global workspace (at decode sizes
+   a few KiB, L2-resident), one row per routed pair.
 3. Grid barrier.
 4. FC2: units (active expert, 16 rows of H), the same stream over the intermediate's K-tiles,
    B from inter[pair]; the epilogue writes y[pair, h] = w[pair] * (scale_2 * acc + b2) (fp32), each
@@ -60,9 +60,12 @@ class StaticConfig:
     weight_format: str  # "nvfp4" | "mxfp4"
     activation: str  # silu | gelu_tanh | swigluoai | relu2
     ids_bytes: int = 4  # topk_ids int32 or int64
-    team_fc1: int = 2  # warps per FC1 unit (they split its K-tiles)
-    team_fc2: int = 2  # warps per FC2 unit
-    depth: int = 3  # cp.async ring slots per warp (depth - 1 K-tiles in flight)
+    # warps per FC1 / FC2 unit (they split its K-tiles); teams of 4 measured slower (DeepSeek-V3
+    # T=1 111.7 vs 104.2 us at 0db0d90, BENCHMARKS.md)
+    team_fc1: int = 2
+    team_fc2: int = 2
+    # ring slots per warp (depth - 1 K-tiles in flight); 2 measured the same as 3, 4 do not fit
+    depth: int = 3
     run_tasks: bool = True  # False: routing, barriers and reduce only (timing the fixed cost)
     # timing variants (wrong results): "nodecode" feeds raw code words as A, "nob" skips the B
     # ldmatrix, "nomma" skips the MMAs (the decode still runs: its results are summed into acc)
