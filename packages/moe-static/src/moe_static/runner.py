@@ -13,6 +13,7 @@ import torch
 
 from moe_common.cute import jit
 from moe_common.fragments import TILE_K
+from moe_common.kernel_package import Buffers
 from moe_common.packed import pack
 from moe_common.types import Activation
 from moe_common.weights import MoEWeights
@@ -46,14 +47,10 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     dev = x.device
     ip = prep.intermediate_padded
 
-    def buf(name, shape, dtype, zeroed=False):
-        if workspace is not None:
-            return workspace.get(f"{KERNEL_NAME}.{name}", shape, dtype, dev, zeroed=zeroed)
-        return (torch.zeros if zeroed else torch.empty)(shape, dtype=dtype, device=dev)
-
-    inter = buf("inter", (P * ip,), torch.bfloat16)
-    y = buf("y", (P * H,), torch.float32)
-    barrier = buf("barrier", (2,), torch.int32, zeroed=True)
+    bufs = Buffers(KERNEL_NAME, workspace, dev)
+    inter = bufs.get("inter", (P * ip,), torch.bfloat16)
+    y = bufs.get("y", (P * H,), torch.float32)
+    barrier = bufs.get("barrier", (2,), torch.int32, zeroed=True)
     if out is None:
         out = torch.empty(T, H, dtype=torch.bfloat16, device=dev)
     if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:

@@ -409,24 +409,6 @@ def bulk_copy_g2s(smem_addr, gmem_addr, nbytes, mbar, *, loc=None, ip=None):
 
 # ---------------------------------------------------------------- per-warp streams (moe-static)
 @dsl_user_op
-def cp_async_8(smem_addr, gmem_addr, *, loc=None, ip=None):
-    """Asynchronous 8-byte global -> shared copy (cp.async.ca: .cg copies 16 bytes only)."""
-    _stmt([Int32(smem_addr).ir_value(loc=loc, ip=ip), Int64(gmem_addr).ir_value(loc=loc, ip=ip)],
-          "cp.async.ca.shared.global [$0], [$1], 8;", "r,l")
-
-
-@dsl_user_op
-def ld_cg_u32(addr, *, loc=None, ip=None) -> Int32:
-    """4-byte global load through L2 only (data other CTAs wrote before a grid barrier).
-
-    Without side effects, so the compiler may batch a run of them ahead of their uses (with side
-    effects ptxas emits ordered LDG.STRONG loads, one L2 round trip each); the address must
-    depend on something read after the barrier, which keeps the load below it."""
-    return Int32(_asm(T.i32(), [Int64(addr).ir_value(loc=loc, ip=ip)],
-                      "ld.global.cg.u32 $0, [$1];", "=r,l"))
-
-
-@dsl_user_op
 def named_barrier(barrier_id, threads, *, loc=None, ip=None):
     """bar.sync on hardware barrier barrier_id (1..15; 0 is the CTA barrier) for `threads`
     threads (a multiple of 32): the warps of one team meet without stopping the others."""
