@@ -18,15 +18,23 @@ USE_WGMMA = os.environ.get("MOE_GENERIC_MMA", "sync") == "wgmma"
 # Warps per CTA for the 64-token (prefill) tiles: 8 warps x 1 group holds the same 128 x 64 tile
 # and shared memory as 4 x 2, with twice the warps per SM to hide the decode's latency
 # (MOE_GENERIC_WARPS64=4 selects the 4-warp layout, for measuring).
+# MOE_GENERIC_WARPS64=16 (measuring) runs 256-row tiles of 16 warps x 1 group where the layer's
+# rows allow it, one CTA per SM; MOE_GENERIC_STAGES64 sets that tile's ring depth.
 WARPS64 = int(os.environ.get("MOE_GENERIC_WARPS64", "8"))
+STAGES64 = int(os.environ.get("MOE_GENERIC_STAGES64", "4"))
 
 
-def config(phase: str, weight_format: str, activation: str, bn: int) -> GemmConfig:
+def config(phase: str, weight_format: str, activation: str, bn: int, rows: int = 0) -> GemmConfig:
+    """The tile for one GEMM; `rows` (the weight rows, a multiple of 128) rules out CTA tiles
+    taller than 128 rows that do not divide it."""
     warps = WARPS64 if bn == 64 and not USE_WGMMA else 4
-    mw = 1 if bn <= 16 else 8 // warps
+    if warps * 16 > 128 and rows % (warps * 16) != 0:
+        warps = 8
+    mw = 1 if bn <= 16 else max(1, 8 // warps)
+    stages = STAGES64 if warps > 8 else 4
     return GemmConfig(phase=phase, weight_format=weight_format,
                       activation=activation if phase == "fc1" else "none", bn=bn,
-                      mw=mw, wgmma=USE_WGMMA, warps=warps)
+                      mw=mw, wgmma=USE_WGMMA, warps=warps, stages=stages)
 
 
 def compile_config(cfg: GemmConfig):
@@ -39,8 +47,8 @@ def compile_config(cfg: GemmConfig):
     return jit.compile_kernel(GroupedGemm(cfg), *args)
 
 
-def get(phase: str, weight_format: str, activation: str, bn: int):
-    cfg = config(phase, weight_format, activation, bn)
+def get(phase: str, weight_format: str, activation: str, bn: int, rows: int):
+    cfg = config(phase, weight_format, activation, bn, rows)
     return cfg, jit.compiled(("moe-generic", cfg), lambda: compile_config(cfg))
 
 

@@ -42,7 +42,6 @@ from moe_common.cute.wgmma_decode import wgmma_decode_k128
 
 TILE_K = 128
 SMEM_ROW_BYTES = fm.B_ROW_BYTES  # 272: conflict-free ldmatrix B-fragment reads
-STAGES = 4  # cp.async ring depth; bn=64, mw=2, NVFP4: 4 x 27 KiB, two CTAs per SM
 
 
 @dataclass(frozen=True)
@@ -54,6 +53,7 @@ class GemmConfig:
     mw: int = 2  # 16-row groups per warp (1 for decode tiles: twice the CTAs on the weights)
     wgmma: bool = False  # warpgroup MMA (sm_90a) instead of mma.sync
     warps: int = 4  # per CTA (8 with mw=1: the same 128-row tile with twice the warps)
+    stages: int = 4  # cp.async ring depth; bn=64, 8 warps, NVFP4: 4 x 27 KiB, two CTAs per SM
 
     @property
     def gated(self) -> bool:
@@ -101,7 +101,7 @@ class GroupedGemm:
             order, row_div, src, src_stride, k_real, k_tiles, row_groups,
             out, out_stride, out_rows, pair_orig, route_w, act_alpha, act_beta, act_limit,
         ).launch(grid=[grid_m, max_tiles, 1], block=[self.threads, 1, 1],
-                 smem=STAGES * self.stage_bytes, stream=stream)
+                 smem=self.cfg.stages * self.stage_bytes, stream=stream)
 
     # ------------------------------------------------------------------ device
     @cute.kernel
@@ -128,7 +128,7 @@ class GroupedGemm:
             q = lane % 4
 
             smem = cutlass.memory.SmemAllocator()
-            sbuf = smem.allocate_array(cutlass.Uint8, STAGES * self.stage_bytes, byte_alignment=128)
+            sbuf = smem.allocate_array(cutlass.Uint8, cfg.stages * self.stage_bytes, byte_alignment=128)
             s_base = Int32(sbuf.toint())
 
             # ---- weight stream. Tile (e, group, kt): 1 KiB of fragment-ordered codes, lane l's
@@ -151,25 +151,25 @@ class GroupedGemm:
             sources = [self._chunk_source(tidx + it * self.threads, p0, p1, order, row_div, src, src_stride)
                        for it in range(self.b_iters)]
 
-            # ---- software pipeline: STAGES-deep cp.async ring of (B tile, A tiles)
-            for st in cutlass.range_constexpr(STAGES - 1):
+            # ---- software pipeline: stages-deep cp.async ring of (B tile, A tiles)
+            for st in cutlass.range_constexpr(cfg.stages - 1):
                 if st < k_tiles:
                     self._issue_stage(Int32(st), s_base + st * self.stage_bytes, lane, sources, src,
                                       k_real, w_warp, s_warp, group_w_stride, group_s_stride,
                                       a_warp_off)
                 ptx.cp_async_commit()
             for kt in cutlass.range(k_tiles, unroll=1):
-                ptx.cp_async_wait(STAGES - 2)
+                ptx.cp_async_wait(cfg.stages - 2)
                 if cutlass.const_expr(cfg.wgmma):
                     ptx.fence_proxy_async_shared()  # cp.async writes -> wgmma (async proxy) reads
                 cute.arch.sync_threads()  # stage kt landed for every thread; stage kt-1 is free
-                nxt = kt + STAGES - 1
+                nxt = kt + cfg.stages - 1
                 if nxt < k_tiles:
-                    self._issue_stage(nxt, s_base + (nxt % STAGES) * self.stage_bytes, lane, sources,
+                    self._issue_stage(nxt, s_base + (nxt % cfg.stages) * self.stage_bytes, lane, sources,
                                       src, k_real, w_warp, s_warp, group_w_stride, group_s_stride,
                                       a_warp_off)
                 ptx.cp_async_commit()
-                stage = s_base + (kt % STAGES) * self.stage_bytes
+                stage = s_base + (kt % cfg.stages) * self.stage_bytes
                 words = [fm.load_group_words(stage + a_warp_off + g * self.a_group_bytes, lane,
                                              cfg.weight_format) for g in range(cfg.mw)]
                 if cutlass.const_expr(cfg.wgmma):
