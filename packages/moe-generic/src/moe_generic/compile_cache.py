@@ -18,16 +18,20 @@ USE_WGMMA = os.environ.get("MOE_GENERIC_MMA", "sync") == "wgmma"
 # Warps per CTA for the 64-token (prefill) tiles: 8 warps x 1 group holds the same 128 x 64 tile
 # and shared memory as 4 x 2, with twice the warps per SM to hide the decode's latency
 # (MOE_GENERIC_WARPS64=4 selects the 4-warp layout, for measuring).
-# MOE_GENERIC_WARPS64=16 (measuring) runs 256-row tiles of 16 warps x 1 group where the layer's
-# rows allow it, one CTA per SM; MOE_GENERIC_STAGES64 sets that tile's ring depth.
+# 256-row tiles of 16 warps x 1 group, one CTA per SM, where the rows allow it and the K loop
+# is at least TALL_MIN_KTILES long (MOE_GENERIC_TALL_MIN_KT for measuring; MOE_GENERIC_STAGES64
+# sets their ring depth): half the token-row traffic per weight row of the 128-row tiles.
 WARPS64 = int(os.environ.get("MOE_GENERIC_WARPS64", "8"))
+TALL_MIN_KTILES = int(os.environ.get("MOE_GENERIC_TALL_MIN_KT", "100000"))
 STAGES64 = int(os.environ.get("MOE_GENERIC_STAGES64", "4"))
 
 
-def config(phase: str, weight_format: str, activation: str, bn: int, rows: int = 0) -> GemmConfig:
-    """The tile for one GEMM; `rows` (the weight rows, a multiple of 128) rules out CTA tiles
-    taller than 128 rows that do not divide it."""
+def config(phase: str, weight_format: str, activation: str, bn: int, rows: int = 0,
+           k_tiles: int = 0) -> GemmConfig:
+    """The tile for one GEMM of `rows` weight rows (a multiple of 128) and `k_tiles` K-tiles."""
     warps = WARPS64 if bn == 64 and not USE_WGMMA else 4
+    if warps == 8 and bn == 64 and not USE_WGMMA and k_tiles >= TALL_MIN_KTILES:
+        warps = 16
     if warps * 16 > 128 and rows % (warps * 16) != 0:
         warps = 8
     mw = 1 if bn <= 16 else max(1, 8 // warps)
@@ -47,8 +51,8 @@ def compile_config(cfg: GemmConfig):
     return jit.compile_kernel(GroupedGemm(cfg), *args)
 
 
-def get(phase: str, weight_format: str, activation: str, bn: int, rows: int):
-    cfg = config(phase, weight_format, activation, bn, rows)
+def get(phase: str, weight_format: str, activation: str, bn: int, rows: int, k_tiles: int):
+    cfg = config(phase, weight_format, activation, bn, rows, k_tiles)
     return cfg, jit.compiled(("moe-generic", cfg), lambda: compile_config(cfg))
 
 

@@ -70,7 +70,7 @@ class GemmConfig:
 
 class GroupedGemm:
     def __init__(self, cfg: GemmConfig):
-        assert cfg.phase in ("fc1", "fc2") and cfg.bn % 8 == 0 and cfg.bn <= 128
+        assert cfg.phase in ("fc1", "fc2") and cfg.bn % 8 == 0 and cfg.bn <= 64
         assert cfg.warps == 4 or not cfg.wgmma  # the wgmma mainloop is one warpgroup
         self.cfg = cfg
         self.nb = cfg.bn // 8
@@ -151,36 +151,27 @@ class GroupedGemm:
             sources = [self._chunk_source(tidx + it * self.threads, p0, p1, order, row_div, src, src_stride)
                        for it in range(self.b_iters)]
 
-            # ---- software pipeline: stages-deep cp.async ring of (B tile, A tiles)
-            for st in cutlass.range_constexpr(cfg.stages - 1):
-                if st < k_tiles:
-                    self._issue_stage(Int32(st), s_base + st * self.stage_bytes, lane, sources, src,
-                                      k_real, w_warp, s_warp, group_w_stride, group_s_stride,
-                                      a_warp_off)
-                ptx.cp_async_commit()
-            for kt in cutlass.range(k_tiles, unroll=1):
-                ptx.cp_async_wait(cfg.stages - 2)
-                if cutlass.const_expr(cfg.wgmma):
-                    ptx.fence_proxy_async_shared()  # cp.async writes -> wgmma (async proxy) reads
-                cute.arch.sync_threads()  # stage kt landed for every thread; stage kt-1 is free
-                nxt = kt + cfg.stages - 1
-                if nxt < k_tiles:
-                    self._issue_stage(nxt, s_base + (nxt % cfg.stages) * self.stage_bytes, lane, sources,
-                                      src, k_real, w_warp, s_warp, group_w_stride, group_s_stride,
-                                      a_warp_off)
-                ptx.cp_async_commit()
-                stage = s_base + (kt % cfg.stages) * self.stage_bytes
-                words = [fm.load_group_words(stage + a_warp_off + g * self.a_group_bytes, lane,
-                                             cfg.weight_format) for g in range(cfg.mw)]
-                if cutlass.const_expr(cfg.wgmma):
-                    accs = [[acc[g, i // 4, i % 4] for i in range(4 * self.nb)] for g in range(cfg.mw)]
-                    res = wgmma_decode_k128(accs, [w[:8] for w in words], [w[8:] for w in words],
-                                            cfg.weight_format, stage, cfg.bn)
-                    for g in cutlass.range_constexpr(cfg.mw):
-                        for i in cutlass.range_constexpr(4 * self.nb):
-                            acc[g, i // 4, i % 4] = res[g][i]
+            # ---- mainloop, specialised on the tile's live width: an expert's last tile is partly
+            # filled (DeepSeek-V3 T=8192: ~11% of the 64-token columns are padding), and the MMAs
+            # and B reads of 16-token column blocks past it are skipped. One body per width class,
+            # chosen once per tile (a branch per K-tile instead kept every body's registers live:
+            # 144 per thread, one CTA per SM). The decode is the same in every body.
+            loop_args = (acc, k_tiles, s_base, lane, b_lane, sources, src, k_real, w_warp, s_warp,
+                         group_w_stride, group_s_stride, a_warp_off)
+            width = p1 - p0
+            if cutlass.const_expr(cfg.wgmma or cfg.bn < 32):
+                self._mainloop(self.nb, *loop_args)
+            elif width > cfg.bn - 16:
+                self._mainloop(self.nb, *loop_args)
+            else:
+                if cutlass.const_expr(cfg.bn == 32):
+                    self._mainloop(2, *loop_args)
+                elif width > 32:
+                    self._mainloop(6, *loop_args)
+                elif width > 16:
+                    self._mainloop(4, *loop_args)
                 else:
-                    fm.mma_ktile(acc, words, stage + b_lane, self.nb, cfg.weight_format)
+                    self._mainloop(2, *loop_args)
             ptx.cp_async_wait(0)
 
             # ---- epilogue
@@ -210,6 +201,42 @@ class GroupedGemm:
                                     ptx.st_f32(dst + Int64(row0 + 8) * 4, v_hi * wgt)
 
     # ------------------------------------------------------------------ pieces
+    @cute.jit
+    def _mainloop(self, live_nb: int, acc, k_tiles, s_base, lane, b_lane, sources, src, k_real,
+                  w_warp, s_warp, group_w_stride, group_s_stride, a_warp_off):
+        """The K loop: a stages-deep cp.async ring of (B tile, A tiles), MMAs over the tile's
+        first live_nb 8-token blocks (the copies always fill all bn rows, zeros past the tile)."""
+        cfg = self.cfg
+        for st in cutlass.range_constexpr(cfg.stages - 1):
+            if st < k_tiles:
+                self._issue_stage(Int32(st), s_base + st * self.stage_bytes, lane, sources, src,
+                                  k_real, w_warp, s_warp, group_w_stride, group_s_stride,
+                                  a_warp_off)
+            ptx.cp_async_commit()
+        for kt in cutlass.range(k_tiles, unroll=1):
+            ptx.cp_async_wait(cfg.stages - 2)
+            if cutlass.const_expr(cfg.wgmma):
+                ptx.fence_proxy_async_shared()  # cp.async writes -> wgmma (async proxy) reads
+            cute.arch.sync_threads()  # stage kt landed for every thread; stage kt-1 is free
+            nxt = kt + cfg.stages - 1
+            if nxt < k_tiles:
+                self._issue_stage(nxt, s_base + (nxt % cfg.stages) * self.stage_bytes, lane, sources,
+                                  src, k_real, w_warp, s_warp, group_w_stride, group_s_stride,
+                                  a_warp_off)
+            ptx.cp_async_commit()
+            stage = s_base + (kt % cfg.stages) * self.stage_bytes
+            words = [fm.load_group_words(stage + a_warp_off + g * self.a_group_bytes, lane,
+                                         cfg.weight_format) for g in range(cfg.mw)]
+            if cutlass.const_expr(cfg.wgmma):
+                accs = [[acc[g, i // 4, i % 4] for i in range(4 * self.nb)] for g in range(cfg.mw)]
+                res = wgmma_decode_k128(accs, [w[:8] for w in words], [w[8:] for w in words],
+                                        cfg.weight_format, stage, cfg.bn)
+                for g in cutlass.range_constexpr(cfg.mw):
+                    for i in cutlass.range_constexpr(4 * self.nb):
+                        acc[g, i // 4, i % 4] = res[g][i]
+            else:
+                fm.mma_ktile(acc, words, stage + b_lane, live_nb, cfg.weight_format)
+
     @cute.jit
     def _chunk_source(self, c, p0, p1, order, row_div, src, src_stride):
         """Where B chunk c (a token row's 16-byte piece ch of each K-tile) comes from and goes to.

@@ -81,7 +81,7 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     inter = bufs.get("inter", (P, Ip), torch.bfloat16)
     limit = activation.limit if activation.limit is not None else math.inf
     cfg1, fc1 = compile_cache.get("fc1", weights.weight_format, activation.name, bn,
-                                  prep.fc1_rows)
+                                  prep.fc1_rows, Hp // TILE_K)
     fc1(prep.w13.data_ptr(), prep.w13_scale.data_ptr(), prep.fc1_alpha[quant_mode].data_ptr(),
         prep.w13_bias.data_ptr(), *tile_args, order.data_ptr(), row_div, src.data_ptr(),
         src.stride(0), H, Hp // TILE_K, prep.fc1_rows // 16,
@@ -95,7 +95,8 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     y = bufs.get("y", (P, H), torch.float32)
     route_w = topk_weights if topk_weights.dtype == torch.float32 else topk_weights.float()
     route_w = route_w.contiguous()
-    cfg2, fc2 = compile_cache.get("fc2", weights.weight_format, "none", bn, prep.fc2_rows)
+    cfg2, fc2 = compile_cache.get("fc2", weights.weight_format, "none", bn, prep.fc2_rows,
+                                  Ip // TILE_K)
     fc2(prep.w2.data_ptr(), prep.w2_scale.data_ptr(), prep.fc2_alpha[quant_mode].data_ptr(),
         prep.w2_bias.data_ptr(), *tile_args, order.data_ptr(), 1, inter.data_ptr(),
         Ip, Ip, Ip // TILE_K, prep.fc2_rows // 16,
