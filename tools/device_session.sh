@@ -66,8 +66,10 @@ for s in "$@"; do
       done ;;
     generic-tiles)  # GENERIC_VARIANTS: env settings of moe-generic's prefill tile, one bench each
       for v in ${GENERIC_VARIANTS:-"MOE_GENERIC_WARPS64=8" "MOE_GENERIC_WARPS64=16"}; do
-        step "gtile-${v//[=,]/-}" 300 env ${v//,/ } "${BENCH[@]}" --preset deepseek-v3 qwen3-30b-a3b --tokens 8192 --kernels moe-generic --no-check
+        step "gtile-${v//[=,]/-}" 300 env ${v//,/ } "${BENCH[@]}" --preset ${GENERIC_PRESETS:-deepseek-v3 qwen3-30b-a3b} --tokens 8192 --kernels moe-generic --no-check
       done ;;
+    ncu-generic)  # FC1 of the second call (GroupedGemm launches alternate FC1, FC2); NCU_ENV: e.g. MOE_GENERIC_TALL_MIN_KT=0
+      step "ncu-generic${NCU_TAG:-}" 300 env ${NCU_ENV:-MOE_GENERIC_MMA=sync} ncu --clock-control none --kernel-name regex:GroupedGemm --launch-skip 2 -c 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section Occupancy --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,lts__t_sectors_srcunit_tex.sum,lts__throughput.avg.pct_of_peak_sustained_elapsed" python3 tools/profile_layer.py --kernel generic --tokens 4096 --experts 32 --calls 2 ;;
     bench-large) step bench-large 400 "${BENCH[@]}" --preset deepseek-v3 qwen3-30b-a3b --tokens 512 2048 8192 --kernels auto torch-bf16 --no-check --json "$OUT/bench-large.json" ;;
     ncu-stalls) step ncu-stalls 300 ncu --clock-control none --kernel-name regex:StaticMoE --launch-skip 1 -c 1 --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__issue_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed,gpu__time_duration.sum" python3 tools/profile_layer.py ;;
     ncu-static2) step ncu-static2 300 ncu --clock-control none --kernel-name regex:StaticMoE --launch-skip 1 -c 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__inst_executed_pipe_.*\.sum,sm__inst_executed.sum" python3 tools/profile_layer.py ;;
