@@ -24,8 +24,6 @@ USE_WGMMA = os.environ.get("MOE_GENERIC_MMA", "sync") == "wgmma"
 WARPS64 = int(os.environ.get("MOE_GENERIC_WARPS64", "8"))
 TALL_MIN_KTILES = int(os.environ.get("MOE_GENERIC_TALL_MIN_KT", "100000"))
 STAGES64 = int(os.environ.get("MOE_GENERIC_STAGES64", "4"))
-# Split 64-token tiles: warp pairs share 2 weight groups, each warp on 32 of the tokens
-SPLIT64 = os.environ.get("MOE_GENERIC_SPLIT64", "0") == "1"
 
 
 def config(phase: str, weight_format: str, activation: str, bn: int, rows: int = 0,
@@ -37,13 +35,10 @@ def config(phase: str, weight_format: str, activation: str, bn: int, rows: int =
     if warps * 16 > 128 and rows % (warps * 16) != 0:
         warps = 8
     mw = 1 if bn <= 16 else max(1, 8 // warps)
-    tsplit = 1
-    if SPLIT64 and bn == 64 and warps >= 8:
-        mw = tsplit = 2
     stages = STAGES64 if warps > 8 else 4
     return GemmConfig(phase=phase, weight_format=weight_format,
                       activation=activation if phase == "fc1" else "none", bn=bn,
-                      mw=mw, wgmma=USE_WGMMA, warps=warps, stages=stages, tsplit=tsplit)
+                      mw=mw, wgmma=USE_WGMMA, warps=warps, stages=stages)
 
 
 def compile_config(cfg: GemmConfig):

@@ -54,9 +54,6 @@ class GemmConfig:
     wgmma: bool = False  # warpgroup MMA (sm_90a) instead of mma.sync
     warps: int = 4  # per CTA (8 with mw=1: the same 128-row tile with twice the warps)
     stages: int = 4  # cp.async ring depth; bn=64, 8 warps, NVFP4: 4 x 27 KiB, two CTAs per SM
-    # warps sharing one set of mw groups, each on bn / tsplit of the tile's tokens: a warp tile
-    # of 32 rows x 32 tokens reads half the B bytes from shared memory per MMA of 16 x 64
-    tsplit: int = 1
 
     @property
     def gated(self) -> bool:
@@ -64,11 +61,7 @@ class GemmConfig:
 
     @property
     def cta_rows(self) -> int:
-        return self.warps * self.mw * 16 // self.tsplit
-
-    @property
-    def warp_tokens(self) -> int:
-        return self.bn // self.tsplit
+        return self.warps * self.mw * 16
 
     @property
     def scale_bytes_per_row(self) -> int:  # bf16 scales per 128-K tile
@@ -79,15 +72,13 @@ class GroupedGemm:
     def __init__(self, cfg: GemmConfig):
         assert cfg.phase in ("fc1", "fc2") and cfg.bn % 8 == 0 and cfg.bn <= 64
         assert cfg.warps == 4 or not cfg.wgmma  # the wgmma mainloop is one warpgroup
-        # split warps copy one group each of their shared set
-        assert cfg.tsplit == 1 or (cfg.tsplit == cfg.mw and not cfg.wgmma)
         self.cfg = cfg
-        self.nb = cfg.warp_tokens // 8  # 8-token MMA blocks per warp
+        self.nb = cfg.bn // 8
         # mma.sync reads B with ldmatrix from padded rows; wgmma from unpadded core matrices
         self.b_bytes = cfg.bn * (TILE_K * 2 if cfg.wgmma else SMEM_ROW_BYTES)
         self.a_group_bytes = fm.group_tile_bytes(cfg.weight_format)
         self.threads = cfg.warps * 32
-        self.stage_bytes = self.b_bytes + cfg.cta_rows // 16 * self.a_group_bytes
+        self.stage_bytes = self.b_bytes + cfg.warps * cfg.mw * self.a_group_bytes
         # 16-byte chunks of one B stage, spread over the CTA's threads
         self.b_chunks = cfg.bn * (TILE_K // 8)
         assert self.b_chunks % self.threads == 0
@@ -142,56 +133,45 @@ class GroupedGemm:
 
             # ---- weight stream. Tile (e, group, kt): 1 KiB of fragment-ordered codes, lane l's
             # 32 B at l * 32, then bf16 scales [16 rows][128 / block] (NVFP4 256 B, MXFP4 128 B).
-            # Each warp copies its groups' tiles into its own slice of the stage (split warps
-            # copy one group each of the set they share).
-            slot = warp // cfg.tsplit  # which set of mw groups
-            part = warp % cfg.tsplit  # which bn / tsplit tokens of the tile
-            group0 = bidx * (cfg.cta_rows // 16) + slot * cfg.mw
+            # Each warp copies its groups' tiles into its own slice of the stage.
+            group0 = bidx * (cfg.warps * cfg.mw) + warp * cfg.mw
             sbpr = cfg.scale_bytes_per_row
             tile_idx0 = (Int64(e) * Int64(row_groups) + Int64(group0)) * Int64(k_tiles)
             w_warp = wblob + tile_idx0 * 1024
             s_warp = sblob + tile_idx0 * (16 * sbpr)
             group_w_stride = Int64(k_tiles) * 1024
             group_s_stride = Int64(k_tiles) * (16 * sbpr)
-            a_warp_off = self.b_bytes + slot * cfg.mw * self.a_group_bytes
-            copy_groups = [(w_warp + Int64(g) * group_w_stride, s_warp + Int64(g) * group_s_stride,
-                            a_warp_off + g * self.a_group_bytes)
-                           for g in ([part] if cfg.tsplit > 1 else range(cfg.mw))]
+            a_warp_off = self.b_bytes + warp * cfg.mw * self.a_group_bytes
 
             acc = cute.make_rmem_tensor(cute.make_layout((cfg.mw, self.nb, 4)), Float32)
             acc.fill(0.0)
 
-            # this lane's ldmatrix row in a B stage, in the warp's share of the tokens
-            b_lane = fm.ldmatrix_lane_offset(lane) + part * cfg.warp_tokens * SMEM_ROW_BYTES
+            b_lane = fm.ldmatrix_lane_offset(lane)  # this lane's ldmatrix row in a B stage
 
             sources = [self._chunk_source(tidx + it * self.threads, p0, p1, order, row_div, src, src_stride)
                        for it in range(self.b_iters)]
 
-            # ---- mainloop, specialised on the warp's live width: an expert's last tile is partly
+            # ---- mainloop, specialised on the tile's live width: an expert's last tile is partly
             # filled (DeepSeek-V3 T=8192: ~11% of the 64-token columns are padding), and the MMAs
             # and B reads of 16-token column blocks past it are skipped. One body per width class,
             # chosen once per tile (a branch per K-tile instead kept every body's registers live:
             # 144 per thread, one CTA per SM). The decode is the same in every body.
-            loop_args = (acc, k_tiles, s_base, lane, b_lane, sources, src, k_real, copy_groups,
-                         a_warp_off)
-            live = p1 - p0 - part * cfg.warp_tokens  # may be <= 0 for a split warp
-            nbs = self._width_classes()
-            if cutlass.const_expr(len(nbs) == 1):
-                self._mainloop(nbs[0], *loop_args)
-            elif live > (nbs[0] - 2) * 8:
-                self._mainloop(nbs[0], *loop_args)
+            loop_args = (acc, k_tiles, s_base, lane, b_lane, sources, src, k_real, w_warp, s_warp,
+                         group_w_stride, group_s_stride, a_warp_off)
+            width = p1 - p0
+            if cutlass.const_expr(cfg.wgmma or cfg.bn < 32):
+                self._mainloop(self.nb, *loop_args)
+            elif width > cfg.bn - 16:
+                self._mainloop(self.nb, *loop_args)
             else:
-                if cutlass.const_expr(len(nbs) == 2):
-                    self._mainloop(nbs[1], *loop_args)
-                elif live > (nbs[1] - 2) * 8:
-                    self._mainloop(nbs[1], *loop_args)
+                if cutlass.const_expr(cfg.bn == 32):
+                    self._mainloop(2, *loop_args)
+                elif width > 32:
+                    self._mainloop(6, *loop_args)
+                elif width > 16:
+                    self._mainloop(4, *loop_args)
                 else:
-                    if cutlass.const_expr(len(nbs) == 3):
-                        self._mainloop(nbs[2], *loop_args)
-                    elif live > (nbs[2] - 2) * 8:
-                        self._mainloop(nbs[2], *loop_args)
-                    else:
-                        self._mainloop(nbs[3], *loop_args)
+                    self._mainloop(2, *loop_args)
             ptx.cp_async_wait(0)
 
             # ---- epilogue
@@ -204,7 +184,7 @@ class GroupedGemm:
                 b_hi = ptx.ld_nc_f32(brow + 32)
                 for nb in cutlass.range_constexpr(self.nb):
                     for c in cutlass.range_constexpr(2):
-                        p = p0 + part * cfg.warp_tokens + nb * 8 + 2 * q + c
+                        p = p0 + nb * 8 + 2 * q + c
                         if p < p1:
                             v_lo = acc[g, nb, c] * gs + b_lo
                             v_hi = acc[g, nb, 2 + c] * gs + b_hi
@@ -221,23 +201,17 @@ class GroupedGemm:
                                     ptx.st_f32(dst + Int64(row0 + 8) * 4, v_hi * wgt)
 
     # ------------------------------------------------------------------ pieces
-    def _width_classes(self):
-        """MMA blocks per mainloop body, widest first, in 16-token steps (one body below 32
-        tokens a warp); 0 for a split warp whose share of the tile is empty."""
-        if self.cfg.wgmma or self.cfg.warp_tokens < 32:
-            return [self.nb]
-        return list(range(self.nb, 0, -2)) + ([0] if self.cfg.tsplit > 1 else [])
-
     @cute.jit
     def _mainloop(self, live_nb: int, acc, k_tiles, s_base, lane, b_lane, sources, src, k_real,
-                  copy_groups, a_warp_off):
+                  w_warp, s_warp, group_w_stride, group_s_stride, a_warp_off):
         """The K loop: a stages-deep cp.async ring of (B tile, A tiles), MMAs over the tile's
         first live_nb 8-token blocks (the copies always fill all bn rows, zeros past the tile)."""
         cfg = self.cfg
         for st in cutlass.range_constexpr(cfg.stages - 1):
             if st < k_tiles:
                 self._issue_stage(Int32(st), s_base + st * self.stage_bytes, lane, sources, src,
-                                  k_real, copy_groups)
+                                  k_real, w_warp, s_warp, group_w_stride, group_s_stride,
+                                  a_warp_off)
             ptx.cp_async_commit()
         for kt in cutlass.range(k_tiles, unroll=1):
             ptx.cp_async_wait(cfg.stages - 2)
@@ -247,7 +221,8 @@ class GroupedGemm:
             nxt = kt + cfg.stages - 1
             if nxt < k_tiles:
                 self._issue_stage(nxt, s_base + (nxt % cfg.stages) * self.stage_bytes, lane, sources,
-                                  src, k_real, copy_groups)
+                                  src, k_real, w_warp, s_warp, group_w_stride, group_s_stride,
+                                  a_warp_off)
             ptx.cp_async_commit()
             stage = s_base + (kt % cfg.stages) * self.stage_bytes
             words = [fm.load_group_words(stage + a_warp_off + g * self.a_group_bytes, lane,
@@ -273,8 +248,8 @@ class GroupedGemm:
             # a warp copies 8 tokens x 4 chunks: 64 contiguous bytes per token row in global
             # memory, and each 8-thread phase writes one 128-byte core-matrix row block
             blk = c // 32
-            n = (blk % (self.cfg.bn // 8)) * 8 + (c % 8)
-            ch = (blk // (self.cfg.bn // 8)) * 4 + (c % 32) // 8
+            n = (blk % self.nb) * 8 + (c % 8)
+            ch = (blk // self.nb) * 4 + (c % 32) // 8
             dst = (ch * self.cfg.bn + n) * 16
         else:
             n = c // 16
@@ -306,19 +281,20 @@ class GroupedGemm:
         ptx.cp_async_16_zfill(stage_base + dst, gaddr, nbytes)
 
     @cute.jit
-    def _issue_stage(self, kt, stage, lane, sources, src, k_real, copy_groups):
+    def _issue_stage(self, kt, stage, lane, sources, src, k_real,
+                     w_warp, s_warp, group_w_stride, group_s_stride, a_warp_off):
         """cp.async K-tile kt's token rows (whole CTA) and this warp's weight tiles into a stage."""
         cfg = self.cfg
         for it in cutlass.range_constexpr(self.b_iters):
             self._copy_chunk(sources[it], kt, k_real, src, stage)
         scale_chunks = cfg.scale_bytes_per_row  # 16 rows x sbpr bytes = sbpr chunks of 16 B
-        for w_group, s_group, dst_off in copy_groups:
-            dst = stage + dst_off
-            wsrc = w_group + Int64(kt) * 1024 + Int64(lane) * 32
+        for g in cutlass.range_constexpr(cfg.mw):
+            dst = stage + a_warp_off + g * self.a_group_bytes
+            wsrc = w_warp + Int64(g) * group_w_stride + Int64(kt) * 1024 + Int64(lane) * 32
             ptx.cp_async_16(dst + lane * 32, wsrc)
             ptx.cp_async_16(dst + lane * 32 + 16, wsrc + 16)
             if lane < scale_chunks:
-                ssrc = s_group + Int64(kt) * (16 * cfg.scale_bytes_per_row)
+                ssrc = s_warp + Int64(g) * group_s_stride + Int64(kt) * (16 * cfg.scale_bytes_per_row)
                 ptx.cp_async_16(dst + 1024 + lane * 16, ssrc + Int64(lane) * 16)
 
     @cute.jit
