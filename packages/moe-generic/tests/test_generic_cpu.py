@@ -22,9 +22,22 @@ def test_every_dispatchable_config_compiles_for_sm90a(wgmma):
     from moe_generic.compile_cache import all_configs, compile_config
 
     configs = all_configs(wgmma)
-    assert len(configs) == 40  # 2 formats x 4 tile widths x (4 FC1 activations + FC2)
+    # 2 formats x 4 tile widths x (4 FC1 activations + FC2), + the 256-row tiles (mma.sync)
+    assert len(configs) == (40 if wgmma else 50)
     for cfg in configs:
         assert compile_config(cfg) is not None, cfg
+
+
+def test_tall_tiles_only_for_long_k_and_dividing_rows():
+    from moe_generic.compile_cache import config
+
+    # DeepSeek-V3 FC1: 4096 rows, 56 K-tiles -> 256-row tiles
+    assert config("fc1", "nvfp4", "silu", 64, rows=4096, k_tiles=56).cta_rows == 256
+    # gpt-oss FC2: 2944 rows do not split into 256-row tiles -> 128
+    assert config("fc2", "mxfp4", "none", 64, rows=2944, k_tiles=23).cta_rows == 128
+    # short K loop (16 K-tiles) or a narrower tile -> 128-row tiles
+    assert config("fc2", "nvfp4", "none", 64, rows=7168, k_tiles=16).cta_rows == 128
+    assert config("fc1", "nvfp4", "silu", 32, rows=4096, k_tiles=56).cta_rows == 128
 
 
 @pytest.mark.parametrize("kw,needle", [

@@ -19,10 +19,13 @@ USE_WGMMA = os.environ.get("MOE_GENERIC_MMA", "sync") == "wgmma"
 # and shared memory as 4 x 2, with twice the warps per SM to hide the decode's latency
 # (MOE_GENERIC_WARPS64=4 selects the 4-warp layout, for measuring).
 # 256-row tiles of 16 warps x 1 group, one CTA per SM, where the rows allow it and the K loop
-# is at least TALL_MIN_KTILES long (MOE_GENERIC_TALL_MIN_KT for measuring; MOE_GENERIC_STAGES64
-# sets their ring depth): half the token-row traffic per weight row of the 128-row tiles.
+# is longer than 16 K-tiles: half the token-row traffic per weight row of the 128-row tiles, and
+# the K loop long enough to pay for one CTA per SM. Measured on the H200 (BENCHMARKS.md,
+# 2026-11-30 fourth session): DeepSeek-V3 FC1 (56 K-tiles) and gpt-oss FC1 (23) faster by
+# 3.5-4%, GEMMs of 16 K-tiles slower (Qwen3 T=8192 2.76 -> 2.88 ms with every GEMM tall).
+# MOE_GENERIC_TALL_MIN_KT / MOE_GENERIC_STAGES64 override, for measuring.
 WARPS64 = int(os.environ.get("MOE_GENERIC_WARPS64", "8"))
-TALL_MIN_KTILES = int(os.environ.get("MOE_GENERIC_TALL_MIN_KT", "100000"))
+TALL_MIN_KTILES = int(os.environ.get("MOE_GENERIC_TALL_MIN_KT", "17"))
 STAGES64 = int(os.environ.get("MOE_GENERIC_STAGES64", "4"))
 
 
@@ -64,6 +67,11 @@ def all_configs(wgmma: bool | None = None):
             for act in ("silu", "gelu_tanh", "swigluoai", "relu2"):
                 out.append(config("fc1", fmt, act, bn))
             out.append(config("fc2", fmt, "none", bn))
+        # the 256-row tiles of long K loops
+        for act in ("silu", "gelu_tanh", "swigluoai", "relu2"):
+            out.append(config("fc1", fmt, act, 64, rows=256, k_tiles=TALL_MIN_KTILES))
+        out.append(config("fc2", fmt, "none", 64, rows=256, k_tiles=TALL_MIN_KTILES))
     if wgmma:  # one warpgroup of 4 warps x 2 groups for the 32- and 64-token tiles
-        out = [dataclasses.replace(c, wgmma=True, warps=4, mw=1 if c.bn <= 16 else 2) for c in out]
-    return out
+        out = [dataclasses.replace(c, wgmma=True, warps=4, mw=1 if c.bn <= 16 else 2, stages=4)
+               for c in out]
+    return list(dict.fromkeys(out))

@@ -9,15 +9,17 @@ tile index is past the device-side tile count return at once.
 
 Swap A/B: the weights are the MMA's A operand (M = weight rows), tokens are B (N = tokens), so
 an expert with a handful of tokens still runs a 16 x 8 MMA instead of padding tokens to 64.
-Per CTA: 4 warps (8 for BN=64 tiles), each owning MW groups of 16 weight rows and all BN tokens
-of the tile.
+Per CTA: 4 warps (8 for BN=64 tiles, 16 where the K loop is long: 256 weight rows), each owning
+MW groups of 16 weight rows and all BN tokens of the tile. The mainloop comes in one body per
+16-token width class, picked per tile, so an expert's partly filled last tile skips the MMAs and
+B reads past its tokens.
 A 4-stage cp.async ring holds, per 128-deep K-tile:
   - token rows, gathered 16 B per copy (zero-filled past the tile's rows and past the real K;
     each thread's row addresses are computed once per tile, outside the K loop);
   - each warp's weight tiles: 1 KiB of fragment-ordered codes per 16-row group (a lane's 32 B
     are exactly its A fragments for the 8 k16 slabs) and the group's bf16 block scales.
 Per K-tile each lane reads its codes and scales from shared memory, decodes e2m1 -> bf16 in
-registers (decode_e2m1x8: byte-permute tables), multiplies by the block scale (bf16x2, exact),
+registers (decode_fragment_word: shifts and masks), multiplies by the block scale (bf16x2, exact),
 and feeds the tensor cores:
   - mma.sync.m16n8k16 with B fragments by ldmatrix from padded [BN][128 + 8] rows (default), or
   - wgmma m64nBNk16 with A from registers and B as K-major core matrices, decode and wgmma of
