@@ -51,6 +51,7 @@ for s in "$@"; do
     generic-tests) step generic-tests 400 python3 -m pytest packages/moe-generic tests dispatcher/tests -m gpu -q ;;
     sanitize-static) step sanitize-static 200 compute-sanitizer --tool memcheck --report-api-errors no python3 tools/gpu_check.py --kernel static --sanitize ;;
     sanitize-generic) step sanitize-generic 200 compute-sanitizer --tool memcheck --report-api-errors no python3 tools/gpu_check.py --sanitize ;;
+    bench-generic-bar) step bench-generic-bar 300 "${BENCH[@]}" --preset deepseek-v3 qwen3-30b-a3b --tokens 1 8192 --kernels moe-generic torch-bf16 --json "$OUT/bench-generic-bar.json" ;;
     bench-generic-big) step bench-generic-big 300 "${BENCH[@]}" --preset deepseek-v3 qwen3-30b-a3b --tokens 8192 --kernels moe-generic moe-gated torch-bf16 --no-check --json "$OUT/bench-generic-big.json" ;;
     bench-static-q) step bench-static-q 300 "${BENCH[@]}" --preset qwen3-30b-a3b deepseek-v3 --tokens 1 8 64 --kernels moe-static --no-check ;;
     bench-static) step bench-static 400 "${BENCH[@]}" --preset qwen3-30b-a3b deepseek-v3 --tokens 1 2 4 8 16 32 64 128 --kernels moe-static moe-generic --json "$OUT/bench-static.json" --plot "$OUT/bench-static.png" ;;
