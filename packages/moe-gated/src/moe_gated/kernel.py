@@ -41,6 +41,7 @@ issued, when none of g - 1's can still be reading it.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import cutlass
@@ -69,6 +70,7 @@ ROW_TILE = CONSUMER_WARPS * GROUPS_PER_WARP * 16  # 256 weight rows per work ite
 STAGES = 4  # NVFP4: 4 x 52 KiB of shared memory, one CTA per SM
 STG_PITCH = 36  # FC2 staging row: 32 fp32 + 4 pad, so both the fragment writes and the
 # 16-byte read-back hit 32 distinct banks
+MIN_BLOCKS = int(os.environ.get("MOE_GATED_MIN_BLOCKS", "1"))  # 0: no .minnctapersm (measuring)
 ITEM_SLOTS = 8  # work-item ring from the producer to the consumers (it leads by <= STAGES items)
 
 
@@ -123,7 +125,11 @@ class GatedGemm:
             wblob, sblob, gscale, bias, tile_expert, tile_start, tile_end, num_tiles,
             order, b_blocked, k_tiles, row_groups,
             out, out_stride, out_rows, route_w, act_alpha, act_beta, act_limit, queue, grid,
-        ).launch(grid=[grid, 1, 1], block=[THREADS, 1, 1], smem=self.smem_bytes, stream=stream)
+        ).launch(grid=[grid, 1, 1], block=[THREADS, 1, 1], smem=self.smem_bytes, stream=stream,
+                 # .minnctapersm 1 pins the entry register count (168), which ptxas needs to
+                 # allocate the consumers' setmaxnreg region to its 232 registers; without it the
+                 # whole kernel was allocated within 168 (SASS: no register above R168)
+                 min_blocks_per_mp=MIN_BLOCKS)
 
     # ------------------------------------------------------------------ device
     @cute.kernel
