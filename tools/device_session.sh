@@ -31,6 +31,11 @@ for s in "$@"; do
       step routing-tests 200 python3 -m pytest packages/moe-common -m gpu -q
       step sanitize-routing 300 compute-sanitizer --tool memcheck --report-api-errors no python3 -m pytest packages/moe-common/tests/test_routing_gpu.py -q ;;
     auto-512) step auto-512 200 "${BENCH[@]}" --preset qwen3-30b-a3b qwen3.5-35b deepseek-v3 gpt-oss-120b --tokens 512 --kernels auto --no-check --json "$OUT/auto-512.json" ;;
+    gated-minblocks)
+      for v in "MOE_GATED_MIN_BLOCKS=0" "MOE_GATED_MIN_BLOCKS=1"; do
+        step "gatedvar-${v//=/-}" 200 env $v "${BENCH[@]}" --preset deepseek-v3 qwen3-30b-a3b gpt-oss-120b --tokens 8192 --kernels moe-gated --no-check
+      done ;;
+    gated-vs-generic) step gated-vs-generic 300 "${BENCH[@]}" --preset qwen3.5-35b qwen3-30b-a3b deepseek-v3 gpt-oss-120b --tokens 2048 --kernels moe-gated moe-generic --no-check --json "$OUT/gated-vs-generic.json" ;;
     gated-pending)
       for v in "MOE_GATED_PENDING=2" "MOE_GATED_PENDING=1"; do
         step "gatedvar-${v//=/-}" 120 env $v "${BENCH[@]}" --preset deepseek-v3 --tokens 8192 --kernels moe-gated --no-check
