@@ -126,9 +126,10 @@ class GatedGemm:
             order, b_blocked, k_tiles, row_groups,
             out, out_stride, out_rows, route_w, act_alpha, act_beta, act_limit, queue, grid,
         ).launch(grid=[grid, 1, 1], block=[THREADS, 1, 1], smem=self.smem_bytes, stream=stream,
-                 # .minnctapersm 1 pins the entry register count (168), which ptxas needs to
-                 # allocate the consumers' setmaxnreg region to its 232 registers; without it the
-                 # whole kernel was allocated within 168 (SASS: no register above R168)
+                 # .minnctapersm 1 pins the kernel's entry register count (168) for ptxas, which
+                 # the setmaxnreg regions are allocated against (NVIDIA/cutlass#3406). Measured
+                 # 1.3-1.4% faster at T=8192 (BENCHMARKS.md); the consumers' SASS changes only a
+                 # little (highest register R218 -> R223 in FC1 NVFP4 silu)
                  min_blocks_per_mp=MIN_BLOCKS)
 
     # ------------------------------------------------------------------ device
