@@ -79,8 +79,10 @@ class GatedConfig:
     phase: str  # "fc1" | "fc2"
     weight_format: str  # "nvfp4" | "mxfp4"
     activation: str = "silu"  # fc1: silu | gelu_tanh | swigluoai (alpha/beta/limit at run time)
-    # wgmma slabs left in flight when a K-tile's block returns. 2 needs more live registers than
-    # the consumers have and ptxas then serializes every wgmma (C7512, tests/test_gated_cpu.py)
+    # wgmma slabs left in flight when a K-tile's block returns. With 2, ptxas serializes every
+    # wgmma (C7512 "insufficient register resources", tests/test_gated_cpu.py), even though that
+    # build uses registers only up to R183 of the consumers' 232 (R223 with 1): the cause may be
+    # the A registers in flight across the K loop's back edge rather than the count
     pending: int = 1
     # timing-only variants (wrong results): "nodecode" feeds raw codes to the MMA, "nomma" skips it
     variant: str = "full"
