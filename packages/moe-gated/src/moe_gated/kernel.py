@@ -81,8 +81,9 @@ class GatedConfig:
     activation: str = "silu"  # fc1: silu | gelu_tanh | swigluoai (alpha/beta/limit at run time)
     # wgmma slabs left in flight when a K-tile's block returns. With 2, ptxas serializes every
     # wgmma (C7512 "insufficient register resources", tests/test_gated_cpu.py), even though that
-    # build uses registers only up to R183 of the consumers' 232 (R223 with 1): the cause may be
-    # the A registers in flight across the K loop's back edge rather than the count
+    # build uses registers only up to R183 of the consumers' 232 (R223 with 1); draining at each
+    # K-tile's end turns it into C7515 (accumulators defined by non-wgmma instructions inside the
+    # pipeline stage): the accumulators' path through the asm statement is the obstacle
     pending: int = 1
     # timing-only variants (wrong results): "nodecode" feeds raw codes to the MMA, "nomma" skips it
     variant: str = "full"
