@@ -92,8 +92,7 @@ def repack_codes(packed: torch.Tensor, row_multiple: int = TILE_ROWS) -> torch.T
         # little-endian bytes of each 32-bit word
         out[i] = torch.stack([(word >> (8 * j)) & 0xFF for j in range(4)], dim=-1).to(torch.uint8)
         del frag, word
-    words = out
-    return words.reshape(e, n // TILE_ROWS, k // TILE_K, 32, 32).contiguous()
+    return out.reshape(e, n // TILE_ROWS, k // TILE_K, 32, 32).contiguous()
 
 
 def unpack_word_codes(words: torch.Tensor) -> torch.Tensor:

@@ -39,6 +39,7 @@ from cutlass import Float32, Int32, Int64
 from moe_common.cute import activation as act
 from moe_common.cute import fragment_mma as fm
 from moe_common.cute import ptx
+from moe_common.cute.routing import local_expert
 from moe_common.cute.scan import exclusive_scan2
 
 
@@ -174,21 +175,13 @@ class StaticMoE:
 
     # ------------------------------------------------------------------ routing (per CTA)
     @cute.jit
-    def _local_expert(self, ids, p, expert_offset):
-        if cutlass.const_expr(self.cfg.ids_bytes == 4):
-            e = ptx.ld_nc_u32(ids + Int64(p) * 4)
-        else:
-            e = ptx.ld_nc_s64_as_s32(ids + Int64(p) * 8)
-        return e - expert_offset  # local id; valid iff 0 <= e < experts (unsigned compare)
-
-    @cute.jit
     def _route(self, ids, pairs, expert_offset, experts, tid, s_cnt, s_off, s_cur, s_act, s_ord,
                s_scan, s_nact):
         for i in cutlass.range_constexpr(EXPERTS_PER_THREAD):
             ptx.st_shared_u32(s_cnt + (tid + i * THREADS) * 4, 0)
         cute.arch.sync_threads()
         for p in cutlass.range(tid, pairs, THREADS, unroll=1):
-            e = self._local_expert(ids, p, expert_offset)
+            e = local_expert(ids, p, expert_offset, self.cfg.ids_bytes)
             if cutlass.Uint32(e) < cutlass.Uint32(experts):
                 ptx.atom_add_shared(s_cnt + e * 4, 1)
         cute.arch.sync_threads()
@@ -214,7 +207,7 @@ class StaticMoE:
             ptx.st_shared_u32(s_nact, slot)
         cute.arch.sync_threads()
         for p in cutlass.range(tid, pairs, THREADS, unroll=1):
-            e = self._local_expert(ids, p, expert_offset)
+            e = local_expert(ids, p, expert_offset, self.cfg.ids_bytes)
             if cutlass.Uint32(e) < cutlass.Uint32(experts):
                 at = ptx.atom_add_shared(s_cur + e * 4, 1)
                 ptx.st_shared_u32(s_ord + at * 4, p)
@@ -457,7 +450,7 @@ class StaticMoE:
             acc.fill(0.0)
             for j in cutlass.range(top_k, unroll=1):
                 pair = t * top_k + j
-                e = self._local_expert(ids, pair, expert_offset)
+                e = local_expert(ids, pair, expert_offset, self.cfg.ids_bytes)
                 if cutlass.Uint32(e) < cutlass.Uint32(experts):
                     v = ptx.ld_cg_v4(y + (Int64(pair) * Int64(hidden) + Int64(h0)) * 4)
                     for c in cutlass.range_constexpr(4):

@@ -48,6 +48,16 @@ def split_ctas(pairs: int) -> int:
     return min(MAX_SPLIT_CTAS, -(-pairs // PAIRS_PER_SPLIT_CTA))
 
 
+def local_expert(ids, p, expert_offset, ids_bytes: int):
+    """Routed pair p's expert as a local id, from topk_ids of `ids_bytes`-byte ints; valid iff
+    0 <= id < experts (one unsigned compare). Trace-time helper."""
+    if ids_bytes == 4:
+        e = ptx.ld_nc_u32(ids + Int64(p) * 4)
+    else:
+        e = ptx.ld_nc_s64_as_s32(ids + Int64(p) * 8)
+    return e - expert_offset
+
+
 class _PairIds:
     """Reads expert ids of routed pairs as local ids (invalid ones as values >= experts)."""
 
@@ -57,11 +67,7 @@ class _PairIds:
 
     @cute.jit
     def _expert(self, ids, p, expert_offset, experts):
-        if cutlass.const_expr(self.ids_bytes == 4):
-            e = ptx.ld_nc_u32(ids + Int64(p) * 4)
-        else:
-            e = ptx.ld_nc_s64_as_s32(ids + Int64(p) * 8)
-        return e - expert_offset  # local id; valid iff 0 <= e < experts (unsigned compare)
+        return local_expert(ids, p, expert_offset, self.ids_bytes)
 
     @cute.jit
     def _experts(self, ids, p0, step: cutlass.Constexpr, end, expert_offset, experts):
