@@ -15,8 +15,9 @@ ACTIVATIONS = ("silu", "gelu_tanh", "swigluoai", "relu2")
 # MOE_STATIC_TEAMS=a,b sets the warps per FC1 and per FC2 unit; MOE_STATIC_DEPTH the ring slots.
 TEAMS = tuple(int(v) for v in os.environ.get("MOE_STATIC_TEAMS", "2,2").split(","))
 DEPTH = int(os.environ.get("MOE_STATIC_DEPTH", "3"))
-# MOE_STATIC_SKIP_TASKS=1 times routing + grid barrier + reduce alone (wrong output: timing only)
-RUN_TASKS = os.environ.get("MOE_STATIC_SKIP_TASKS", "0") != "1"
+# MOE_STATIC_SKIP=tasks,route,barriers,reduce leaves those parts out (wrong output: timing the
+# fixed cost only; tasks = the FC1 and FC2 units)
+SKIP = frozenset(v for v in os.environ.get("MOE_STATIC_SKIP", "").split(",") if v)
 # MOE_STATIC_VARIANT=nodecode|nob|nomma drops one stage of the stream (timing only, see kernel)
 VARIANT = os.environ.get("MOE_STATIC_VARIANT", "")
 
@@ -24,7 +25,7 @@ VARIANT = os.environ.get("MOE_STATIC_VARIANT", "")
 def config(weight_format: str, activation: str, ids_bytes: int = 4) -> StaticConfig:
     return StaticConfig(weight_format=weight_format, activation=activation, ids_bytes=ids_bytes,
                         team_fc1=TEAMS[0], team_fc2=TEAMS[1], depth=DEPTH,
-                        run_tasks=RUN_TASKS, variant=VARIANT)
+                        skip=SKIP, variant=VARIANT)
 
 
 def compile_config(cfg: StaticConfig):

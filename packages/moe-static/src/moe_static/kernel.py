@@ -67,7 +67,9 @@ class StaticConfig:
     team_fc2: int = 2
     # ring slots per warp (depth - 1 K-tiles in flight); 2 measured the same as 3, 4 do not fit
     depth: int = 3
-    run_tasks: bool = True  # False: routing, barriers and reduce only (timing the fixed cost)
+    # timing the fixed cost (wrong results): parts left out, a subset of "tasks" (FC1 and FC2
+    # units), "route", "barriers", "reduce"
+    skip: frozenset = frozenset()
     # timing variants (wrong results): "nodecode" feeds raw code words as A, "nob" skips the B
     # ldmatrix, "nomma" skips the MMAs (the decode still runs: its results are summed into acc)
     variant: str = ""
@@ -145,13 +147,18 @@ class StaticMoE:
             for i in cutlass.range_constexpr(cfg.depth):
                 ptx.mbarrier_init(s_base + self.mbar_off + ((tid // 32) * cfg.depth + i) * 8, 1)
             ptx.fence_mbarrier_init()
-        self._route(ids, pairs, expert_offset, experts, tid, s_cnt, s_off, s_cur, s_act, s_ord,
-                    s_scan, s_nact)
+        if cutlass.const_expr("route" not in cfg.skip):
+            self._route(ids, pairs, expert_offset, experts, tid, s_cnt, s_off, s_cur, s_act,
+                        s_ord, s_scan, s_nact)
+        else:
+            if tid == 0:
+                ptx.st_shared_u32(s_nact, 0)
+            cute.arch.sync_threads()
         # ring tiles this warp has consumed so far (slot = count % depth, parity = its use count)
         tiles = cute.make_rmem_tensor(cute.make_layout(1), Int32)
         tiles[0] = Int32(0)
         n_act = ptx.ld_shared_u32(s_nact)
-        if cutlass.const_expr(not cfg.run_tasks):
+        if cutlass.const_expr("tasks" in cfg.skip):
             n_act = Int32(0)
         inter_stride = k_tiles2 * TILE_K  # bf16 columns per intermediate row
         self._phase(True, n_act, groups1, groups1, k_tiles1, w13, s13, alpha1, b13, x, x_stride,
@@ -164,14 +171,16 @@ class StaticMoE:
                     act_alpha, act_beta, act_limit, s_base, s_cnt, s_off, s_act, s_ord, tiles, bid,
                     grid, tid)
         self._grid_sync(barrier, grid, tid)
-        self._reduce(ids, y, out, tokens, top_k, expert_offset, experts, hidden, bid, grid, tid)
+        if cutlass.const_expr("reduce" not in cfg.skip):
+            self._reduce(ids, y, out, tokens, top_k, expert_offset, experts, hidden, bid, grid, tid)
 
     @cute.jit
     def _grid_sync(self, barrier, grid, tid):
         cute.arch.sync_threads()  # the CTA's writes are ordered before thread 0's release
-        if tid == 0:
-            ptx.grid_barrier_arrive_wait(barrier, grid - 1)
-        cute.arch.sync_threads()
+        if cutlass.const_expr("barriers" not in self.cfg.skip):
+            if tid == 0:
+                ptx.grid_barrier_arrive_wait(barrier, grid - 1)
+            cute.arch.sync_threads()
 
     # ------------------------------------------------------------------ routing (per CTA)
     @cute.jit
