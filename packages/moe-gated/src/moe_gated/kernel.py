@@ -24,11 +24,11 @@ the tile's token count rounded up to 32 (at most 128). 128 tokens per tile spend
 is what bounds moe-generic's prefill (BENCHMARKS.md).
 
 Operands: each 16-row weight group's codes and scales are two bulk copies (cp.async.bulk, the
-TMA engine's 1-D copy) per K-tile. B, K-major in the stage (layouts: wgmma_decode):
+TMA engine's 1-D copy) per K-tile. B, in wgmma's K-major core-matrix order in the stage:
 - FC2: one 32 KiB bulk copy per K-tile of the intermediate, which FC1's epilogue writes in that
   tile-blocked order;
 - FC1: the token rows gathered straight from x by the producer warpgroup with 16-byte cp.async
-  into the 128-byte-swizzled layout (16 per thread per K-tile; no separate gather pass and no
+  (16 per thread per K-tile; no separate gather pass and no
   tile-blocked copy of x in HBM; the gather kernel took 4.8% of DeepSeek-V3's and 8.8% of
   Qwen3-30B-A3B's layer time at T=8192, BENCHMARKS.md).
 A CTA-wide per-thread cp.async ring for both operands (the first version) measured 21.1 ms at
@@ -63,8 +63,7 @@ BN = 128  # tokens per tile = wgmma N
 WARPGROUPS = 2  # consumer warpgroups (warps 0-7)
 CONSUMER_WARPS = 4 * WARPGROUPS
 PRODUCER_WARP = CONSUMER_WARPS  # warp 8 fetches work items and issues the bulk copies
-PRODUCER_THREADS = 128  # warps 8-11; in FC1 each gathers 8 of the BN = 128 token slots
-GATHER_SLOTS = BN // 16  # token slots per producer thread (8 lanes per slot)
+PRODUCER_THREADS = 128  # warps 8-11; in FC1 each gathers 4 of the BN = 128 token slots
 # A third warpgroup holds the producer warp: warps are spread over the 4 schedulers, each with
 # a quarter of the registers, so a lone 9th warp would cap every thread at 168 registers (3
 # warps on one scheduler). With a whole warpgroup the producer side gives its registers to the
@@ -163,7 +162,7 @@ class GatedGemm:
         warp = tidx // 32
         lane = tidx % 32
         smem = cutlass.memory.SmemAllocator()
-        sbuf = smem.allocate_array(cutlass.Uint8, self.smem_bytes, byte_alignment=1024)
+        sbuf = smem.allocate_array(cutlass.Uint8, self.smem_bytes, byte_alignment=128)
         s_base = Int32(sbuf.toint())
         if tidx == 0:
             for st in cutlass.range_constexpr(STAGES):
@@ -226,14 +225,14 @@ class GatedGemm:
             if cutlass.const_expr(not self.gather):
                 stage_tx = stage_tx + self.b_bytes
             b_tile = b_src + Int64(tile) * Int64(k_tiles) * self.b_bytes
-            # FC1: the source rows of this thread's 8 token slots (see _gather_rows); slots past
+            # FC1: the source rows of this thread's 4 token slots (see _gather_rows); slots past
             # the tile's pairs are left stale: a slot is one MMA column, never stored
             rows = []
             if cutlass.const_expr(self.gather):
                 p0 = ptx.ld_u32(tile_start + Int64(tile) * 4)
                 p1 = ptx.ld_u32(tile_end + Int64(tile) * 4)
-                for j in cutlass.range_constexpr(GATHER_SLOTS):
-                    p = p0 + self._gather_slot(warp, lane, j)
+                for b in cutlass.range_constexpr(4):
+                    p = p0 + self._gather_slot(warp, lane, b)
                     src = Int64(-1)
                     if p < p1:
                         src = b_src + Int64(ptx.ld_u32(order + Int64(p) * 4) // row_div) \
@@ -285,35 +284,32 @@ class GatedGemm:
             item = self._next_item(s_base, i)
         return item
 
-    def _gather_slot(self, warp, lane, j: int):
-        """Token slot of this producer thread's j-th copy pair: a warp covers 32 slots, 4 per
-        instruction (8 lanes per slot, lane % 8 its 16-byte chunk of the 128-byte K-half)."""
-        return (warp - PRODUCER_WARP) * 32 + j * 4 + lane // 8
+    def _gather_slot(self, warp, lane, b: int):
+        """Token slot of this producer thread's copies in 8-token block b of its warp's 32."""
+        return (warp - PRODUCER_WARP) * 32 + b * 8 + lane % 8
 
     @cute.jit
     def _gather_rows(self, stage, warp, lane, rows, kt, k_real, bar):
-        """FC1's B for K-tile kt in the 128-byte-swizzled layout (wgmma_decode): K-half h of
-        slot n is the 128-byte row h * 16 KiB + n * 128, chunk c at 16 * (c ^ n % 8). A warp
-        copy moves whole 128-byte lines of 4 token rows (one request each) into 4 rows of 8
-        distinct bank groups. Earlier layouts, DeepSeek-V3 T=8192 (the separate gather pass:
-        12.4 ms): one slot's 16 chunks per thread (32 rows x 16 B per instruction) 15.9 ms;
-        8 rows x 64 B per instruction into the core-matrix layout 14.1 ms, with the L2 75% busy
-        (ncu) serving twice the requests of whole lines.
+        """FC1's B for K-tile kt: chunk ch (8 columns) of token slot n at (ch * BN + n) * 16.
+        Per copy instruction a warp moves 8 token slots x 4 chunks: 64 contiguous bytes of each
+        of 8 rows in (whole sectors), 4 runs of 128 contiguous bytes out (conflict-free). A
+        first version gave each thread one slot's 16 chunks (32 rows per instruction, 16 bytes
+        each): DeepSeek-V3 T=8192 15.9 ms, slower than the separate gather pass (12.4 ms).
         Columns past k_real are zero-filled: they meet zero-padded weights, and 0 x stale bytes
         could be NaN. Each thread's arrival on the stage's full barrier fires when its copies
         have landed (cp.async.mbarrier.arrive.noinc), so the producer runs up to STAGES K-tiles
         ahead; the consumers fence the generic-proxy writes before their wgmmas read them."""
-        c = lane % 8
-        for j in cutlass.range_constexpr(GATHER_SLOTS if self.cfg.variant != "nogather" else 0):
-            if rows[j] >= 0:
-                n = self._gather_slot(warp, lane, j)
-                dst = stage + n * 128 + ((c ^ (n % 8)) * 16)
-                for h in cutlass.range_constexpr(2):
-                    k0 = kt * TILE_K + h * 64 + c * 8
+        for b in cutlass.range_constexpr(4 if self.cfg.variant != "nogather" else 0):
+            if rows[b] >= 0:
+                n = self._gather_slot(warp, lane, b)
+                for j in cutlass.range_constexpr(4):
+                    ch = 4 * j + lane // 8
+                    k0 = kt * TILE_K + ch * 8
                     nbytes = Int32(0)
                     if k0 < k_real:
                         nbytes = Int32(16)
-                    ptx.cp_async_16_zfill(dst + h * (BN * 128), rows[j] + Int64(k0) * 2, nbytes)
+                    ptx.cp_async_16_zfill(stage + (ch * BN + n) * 16, rows[b] + Int64(k0) * 2,
+                                          nbytes)
         ptx.cp_async_arrive_noinc(bar)
 
     @cute.jit
@@ -349,8 +345,7 @@ class GatedGemm:
                             for gi in range(GROUPS_PER_WARP)]
                     res = wgmma_decode_k128(accs, [w[:8] for w in words], [w[8:] for w in words],
                                             cfg.weight_format, stage, n_tok, pending=cfg.pending,
-                                            decode=cfg.variant != "nodecode", b_rows=BN,
-                                            b_swizzle=self.gather)
+                                            decode=cfg.variant != "nodecode", b_rows=BN)
                     for gi in cutlass.range_constexpr(GROUPS_PER_WARP):
                         for j in cutlass.range_constexpr(n_tok // 2):
                             acc[gi, j // 4, j % 4] = res[gi][j]

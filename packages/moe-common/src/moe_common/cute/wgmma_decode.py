@@ -7,11 +7,7 @@ masks as `decode.decode_fragment_word`), the block-scale multiply, the wgmmas an
 asm statement gives every slab its own PTX registers and leaves the scheduling to ptxas, which
 tracks wgmma register lifetimes itself.
 
-B (tokens x 128 K, bf16) in shared memory, K-major, in one of two layouts:
-- core matrices (no swizzle): the 16-byte chunk ch (8 K values) of token n at (ch * b_rows + n) * 16;
-- 128-byte swizzle (b_swizzle=True, base 1024-byte aligned): K-half h (64 values) of token n is
-  the 128-byte row h * 128 * 16 + n * 128, its chunk c at position c ^ (n % 8), so 8 threads
-  writing one token's 128 contiguous bytes hit 8 different bank groups.
+B: K-major core matrices in shared memory (see `ptx.wgmma_rs_k128` for the layout).
 """
 from __future__ import annotations
 
@@ -50,8 +46,7 @@ def _slab_ptx(g: int, s: int, code: str, s_r: str, s_r8: str, sel: int) -> list:
 
 @dsl_user_op
 def wgmma_decode_k128(accs, codes, scales, weight_format: str, b_smem, n: int, pending=None,
-                      decode: bool = True, b_rows=None, b_swizzle: bool = False, *, loc=None,
-                      ip=None):
+                      decode: bool = True, b_rows=None, *, loc=None, ip=None):
     """accs[g] (64 x n fp32) += decode(codes[g], scales[g]) (64 x 128) @ B (128 x n).
 
     pending=None: one commit group for the tile and a wait for all of it before returning.
@@ -60,8 +55,7 @@ def wgmma_decode_k128(accs, codes, scales, weight_format: str, b_smem, n: int, p
     ptx.wgmma_wait before reading accs or reusing B's shared memory); at most j + 1 slabs' A
     registers are live.
     b_rows: tokens per 16-byte K-chunk of the B layout (its row count, default n), so an
-    n-token MMA can read the first n tokens of a wider B tile; with b_swizzle, the token rows of
-    one K-half (128 in moe-gated).
+    n-token MMA can read the first n tokens of a wider B tile.
     decode=False feeds the raw code words as A (wrong results: for timing the decode's cost only).
 
     codes[g]: the 8 fragment-ordered code words of this lane (one per k16 slab); scales[g]: the
@@ -87,11 +81,8 @@ def wgmma_decode_k128(accs, codes, scales, weight_format: str, b_smem, n: int, p
     lines = ["{", ".reg .pred p;", ".reg .b64 d0, ds;",
              f".reg .b32 {', '.join(regs)};",
              f"setp.ne.b32 p, ${one}, 0;",
-             f"cvt.u64.u32 d0, ${addr};", "shr.u64 d0, d0, 4;", "and.b64 d0, d0, 16383;"]
-    if b_swizzle:  # LBO unused (a k16 slab stays inside the 128-byte row), SBO 1024 B, SWIZZLE_128B
-        lines.append(f"or.b64 d0, d0, {(1 << 16) | (64 << 32) | (1 << 62)};")
-    else:  # LBO: next K-chunk b_rows x 16 B on, SBO: next 8 tokens 128 B on
-        lines.append(f"or.b64 d0, d0, {(b_rows << 16) | (8 << 32)};")
+             f"cvt.u64.u32 d0, ${addr};", "shr.u64 d0, d0, 4;", "and.b64 d0, d0, 16383;",
+             f"or.b64 d0, d0, {(b_rows << 16) | (8 << 32)};"]
     for s in range(8):
         for g in range(G):
             w0 = base + g * per_g
@@ -105,10 +96,7 @@ def wgmma_decode_k128(accs, codes, scales, weight_format: str, b_smem, n: int, p
                 lines += _slab_ptx(g, s, code, s_r, s_r8, 0x3232 if half else 0x1010)
             else:
                 lines += [f"mov.b32 a{g}_{s}{j}, {code};" for j in range(4)]
-        if b_swizzle:  # slab s: K-half s // 4, bytes 32 (s % 4) of each 128-byte row
-            lines.append(f"add.s64 ds, d0, {(s // 4) * 8 * b_rows + (s % 4) * 2};")
-        else:
-            lines.append(f"add.s64 ds, d0, {s * 2 * b_rows};")
+        lines.append(f"add.s64 ds, d0, {s * 2 * b_rows};")
         lines.append("wgmma.fence.sync.aligned;")  # A registers were just written
         for g in range(G):
             d = ", ".join(f"${g * h + i}" for i in range(h))
