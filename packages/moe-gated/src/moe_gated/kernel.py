@@ -91,8 +91,7 @@ class GatedConfig:
     # K-tile's end turns it into C7515 (accumulators defined by non-wgmma instructions inside the
     # pipeline stage): the accumulators' path through the asm statement is the obstacle
     pending: int = 1
-    # timing-only variants (wrong results): "nodecode" feeds raw codes to the MMA, "nomma" skips
-    # it, "nogather" skips FC1's token-row copies (B holds stale bytes)
+    # timing-only variants (wrong results): "nodecode" feeds raw codes to the MMA, "nomma" skips it
     variant: str = "full"
 
 
@@ -299,7 +298,7 @@ class GatedGemm:
         could be NaN. Each thread's arrival on the stage's full barrier fires when its copies
         have landed (cp.async.mbarrier.arrive.noinc), so the producer runs up to STAGES K-tiles
         ahead; the consumers fence the generic-proxy writes before their wgmmas read them."""
-        for b in cutlass.range_constexpr(4 if self.cfg.variant != "nogather" else 0):
+        for b in cutlass.range_constexpr(4):
             if rows[b] >= 0:
                 n = self._gather_slot(warp, lane, b)
                 for j in cutlass.range_constexpr(4):
