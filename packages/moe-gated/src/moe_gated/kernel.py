@@ -64,6 +64,7 @@ WARPGROUPS = 2  # consumer warpgroups (warps 0-7)
 CONSUMER_WARPS = 4 * WARPGROUPS
 PRODUCER_WARP = CONSUMER_WARPS  # warp 8 fetches work items and issues the bulk copies
 PRODUCER_THREADS = 128  # warps 8-11; in FC1 each gathers 4 of the BN = 128 token slots
+GATHER_LAG = 2  # FC1: a gathering thread arrives on K-tile g's full barrier after issuing g + 2
 # A third warpgroup holds the producer warp: warps are spread over the 4 schedulers, each with
 # a quarter of the registers, so a lone 9th warp would cap every thread at 168 registers (3
 # warps on one scheduler). With a whole warpgroup the producer side gives its registers to the
@@ -108,6 +109,7 @@ class GatedGemm:
         # item_full[ITEM_SLOTS]), the work-item ring (4 bytes per slot), the FC2 token table, the
         # epilogue staging
         self.gather = cfg.phase == "fc1"
+        assert GATHER_LAG <= STAGES - 2  # else the producer waits on a stage nobody can free
         self.full_off = STAGES * self.stage_bytes
         self.empty_off = self.full_off + 8 * STAGES
         self.item_bar_off = self.empty_off + 8 * STAGES
@@ -254,13 +256,17 @@ class GatedGemm:
                     if copy_ok:
                         ptx.bulk_copy_g2s(stage + cdst, csrc + Int64(kt) * cstep, cbytes, bar)
                 if cutlass.const_expr(self.gather):
-                    self._gather_rows(stage, warp, lane, rows, kt, k_real, bar)
+                    self._gather_rows(stage, warp, lane, rows, kt, k_real, g, s_base)
                 g = g + 1
             i = i + 1
             item = self._take_item(ticket, s_base, lane, i, queue)
         if cutlass.const_expr(self.gather):
-            ptx.cp_async_commit()
-            ptx.cp_async_wait(0)  # no copy outlives its thread
+            # the last GATHER_LAG K-tiles' arrivals
+            ptx.cp_async_wait(0)
+            ptx.fence_proxy_async_shared()
+            for j in cutlass.range_constexpr(GATHER_LAG):
+                if g - GATHER_LAG + j >= 0:
+                    ptx.mbarrier_arrive(s_base + self.full_off + ((g - GATHER_LAG + j) % STAGES) * 8)
         # queue[0]: next ticket; queue[1]: CTAs finished. The last CTA to finish sets both back
         # to 0, so the next launch (or CUDA-graph replay) starts from a clean queue.
         if ticket:
@@ -288,16 +294,16 @@ class GatedGemm:
         return (warp - PRODUCER_WARP) * 32 + b * 8 + lane % 8
 
     @cute.jit
-    def _gather_rows(self, stage, warp, lane, rows, kt, k_real, bar):
+    def _gather_rows(self, stage, warp, lane, rows, kt, k_real, g, s_base):
         """FC1's B for K-tile kt: chunk ch (8 columns) of token slot n at (ch * BN + n) * 16.
         Per copy instruction a warp moves 8 token slots x 4 chunks: 64 contiguous bytes of each
         of 8 rows in (whole sectors), 4 runs of 128 contiguous bytes out (conflict-free). A
         first version gave each thread one slot's 16 chunks (32 rows per instruction, 16 bytes
         each): DeepSeek-V3 T=8192 15.9 ms, slower than the separate gather pass (12.4 ms).
         Columns past k_real are zero-filled: they meet zero-padded weights, and 0 x stale bytes
-        could be NaN. Each thread's arrival on the stage's full barrier fires when its copies
-        have landed (cp.async.mbarrier.arrive.noinc), so the producer runs up to STAGES K-tiles
-        ahead; the consumers fence the generic-proxy writes before their wgmmas read them."""
+        could be NaN. cp.async writes are generic-proxy stores, so each thread waits for its
+        copies of K-tile g - GATHER_LAG, fences them for the wgmma (async proxy) and only then
+        arrives on that K-tile's full barrier."""
         for b in cutlass.range_constexpr(4):
             if rows[b] >= 0:
                 n = self._gather_slot(warp, lane, b)
@@ -309,7 +315,11 @@ class GatedGemm:
                         nbytes = Int32(16)
                     ptx.cp_async_16_zfill(stage + (ch * BN + n) * 16, rows[b] + Int64(k0) * 2,
                                           nbytes)
-        ptx.cp_async_arrive_noinc(bar)
+        ptx.cp_async_commit()
+        ptx.cp_async_wait(GATHER_LAG)
+        if g >= GATHER_LAG:
+            ptx.fence_proxy_async_shared()
+            ptx.mbarrier_arrive(s_base + self.full_off + ((g - GATHER_LAG) % STAGES) * 8)
 
     @cute.jit
     def _post_item(self, s_base, lane, i, item):
@@ -330,8 +340,6 @@ class GatedGemm:
         for kt in cutlass.range(k_tiles, unroll=1):
             g = g0 + kt
             ptx.mbarrier_wait(s_base + self.full_off + (g % STAGES) * 8, (g // STAGES) % 2)
-            if cutlass.const_expr(self.gather):
-                ptx.fence_proxy_async_shared()  # the producers' cp.async (generic) -> wgmma reads
             if active:
                 stage = s_base + (g % STAGES) * self.stage_bytes
                 words = [fm.load_group_words(stage + a_warp_off + gi * self.a_group_bytes, lane,

@@ -381,14 +381,6 @@ def mbarrier_arrive(addr, *, loc=None, ip=None):
 
 
 @dsl_user_op
-def cp_async_arrive_noinc(addr, *, loc=None, ip=None):
-    """Arrive on the mbarrier once all of this thread's earlier cp.async copies have landed
-    (one of the barrier's expected arrivals: .noinc)."""
-    _stmt([Int32(addr).ir_value(loc=loc, ip=ip)],
-          "cp.async.mbarrier.arrive.noinc.shared::cta.b64 [$0];", "r")
-
-
-@dsl_user_op
 def mbarrier_arrive_expect_tx(addr, nbytes, *, loc=None, ip=None):
     """Arrive once and add nbytes to the phase's expected transaction count."""
     _stmt([Int32(addr).ir_value(loc=loc, ip=ip), _i32(nbytes, loc, ip)],
