@@ -27,8 +27,8 @@ Operands: each 16-row weight group's codes and scales are two bulk copies (cp.as
 TMA engine's 1-D copy) per K-tile. B, in wgmma's K-major core-matrix order in the stage:
 - FC2: one 32 KiB bulk copy per K-tile of the intermediate, which FC1's epilogue writes in that
   tile-blocked order;
-- FC1: the token rows gathered straight from x by the producer warpgroup with 16-byte cp.async
-  (16 per thread per K-tile; no separate gather pass and no
+- FC1: the token rows gathered straight from x by the producer warpgroup, thread n copying
+  token slot n's 256 bytes per K-tile with 16-byte cp.async (no separate gather pass and no
   tile-blocked copy of x in HBM; the gather kernel took 4.8% of DeepSeek-V3's and 8.8% of
   Qwen3-30B-A3B's layer time at T=8192, BENCHMARKS.md).
 A CTA-wide per-thread cp.async ring for both operands (the first version) measured 21.1 ms at
@@ -63,7 +63,7 @@ BN = 128  # tokens per tile = wgmma N
 WARPGROUPS = 2  # consumer warpgroups (warps 0-7)
 CONSUMER_WARPS = 4 * WARPGROUPS
 PRODUCER_WARP = CONSUMER_WARPS  # warp 8 fetches work items and issues the bulk copies
-PRODUCER_THREADS = 128  # warps 8-11; in FC1 each gathers 4 of the BN = 128 token slots
+PRODUCER_THREADS = 128  # warps 8-11; in FC1 thread n gathers token slot n (BN == 128)
 GATHER_LAG = 2  # FC1: a gathering thread arrives on K-tile g's full barrier after issuing g + 2
 # A third warpgroup holds the producer warp: warps are spread over the 4 schedulers, each with
 # a quarter of the registers, so a lone 9th warp would cap every thread at 168 registers (3
@@ -226,19 +226,17 @@ class GatedGemm:
             if cutlass.const_expr(not self.gather):
                 stage_tx = stage_tx + self.b_bytes
             b_tile = b_src + Int64(tile) * Int64(k_tiles) * self.b_bytes
-            # FC1: the source rows of this thread's 4 token slots (see _gather_rows); slots past
-            # the tile's pairs are left stale: a slot is one MMA column, never stored
-            rows = []
+            # FC1: this thread's token slot n, its source row (slots past the tile's pairs are
+            # left stale: a slot is one MMA column, whose results are never stored)
+            n = (warp - PRODUCER_WARP) * 32 + lane
+            row_src = b_src
+            has_row = False
             if cutlass.const_expr(self.gather):
-                p0 = ptx.ld_u32(tile_start + Int64(tile) * 4)
-                p1 = ptx.ld_u32(tile_end + Int64(tile) * 4)
-                for b in cutlass.range_constexpr(4):
-                    p = p0 + self._gather_slot(warp, lane, b)
-                    src = Int64(-1)
-                    if p < p1:
-                        src = b_src + Int64(ptx.ld_u32(order + Int64(p) * 4) // row_div) \
-                            * Int64(src_stride) * 2
-                    rows.append(src)
+                p = ptx.ld_u32(tile_start + Int64(tile) * 4) + n
+                has_row = p < ptx.ld_u32(tile_end + Int64(tile) * 4)
+                if has_row:
+                    row = ptx.ld_u32(order + Int64(p) * 4) // row_div
+                    row_src = b_src + Int64(row) * Int64(src_stride) * 2
             for kt in cutlass.range(k_tiles, unroll=1):
                 s = g % STAGES
                 # the stage's previous use released by every consumer warp (the first use of
@@ -256,7 +254,7 @@ class GatedGemm:
                     if copy_ok:
                         ptx.bulk_copy_g2s(stage + cdst, csrc + Int64(kt) * cstep, cbytes, bar)
                 if cutlass.const_expr(self.gather):
-                    self._gather_rows(stage, warp, lane, rows, kt, k_real, g, s_base)
+                    self._gather_rows(stage, n, has_row, row_src, kt, k_real, g, s_base)
                 g = g + 1
             i = i + 1
             item = self._take_item(ticket, s_base, lane, i, queue)
@@ -289,32 +287,20 @@ class GatedGemm:
             item = self._next_item(s_base, i)
         return item
 
-    def _gather_slot(self, warp, lane, b: int):
-        """Token slot of this producer thread's copies in 8-token block b of its warp's 32."""
-        return (warp - PRODUCER_WARP) * 32 + b * 8 + lane % 8
-
     @cute.jit
-    def _gather_rows(self, stage, warp, lane, rows, kt, k_real, g, s_base):
-        """FC1's B for K-tile kt: chunk ch (8 columns) of token slot n at (ch * BN + n) * 16.
-        Per copy instruction a warp moves 8 token slots x 4 chunks: 64 contiguous bytes of each
-        of 8 rows in (whole sectors), 4 runs of 128 contiguous bytes out (conflict-free). A
-        first version gave each thread one slot's 16 chunks (32 rows per instruction, 16 bytes
-        each): DeepSeek-V3 T=8192 15.9 ms, slower than the separate gather pass (12.4 ms).
-        Columns past k_real are zero-filled: they meet zero-padded weights, and 0 x stale bytes
-        could be NaN. cp.async writes are generic-proxy stores, so each thread waits for its
-        copies of K-tile g - GATHER_LAG, fences them for the wgmma (async proxy) and only then
-        arrives on that K-tile's full barrier."""
-        for b in cutlass.range_constexpr(4):
-            if rows[b] >= 0:
-                n = self._gather_slot(warp, lane, b)
-                for j in cutlass.range_constexpr(4):
-                    ch = 4 * j + lane // 8
-                    k0 = kt * TILE_K + ch * 8
-                    nbytes = Int32(0)
-                    if k0 < k_real:
-                        nbytes = Int32(16)
-                    ptx.cp_async_16_zfill(stage + (ch * BN + n) * 16, rows[b] + Int64(k0) * 2,
-                                          nbytes)
+    def _gather_rows(self, stage, n, has_row, row_src, kt, k_real, g, s_base):
+        """FC1's B for K-tile kt: token slot n's 16 chunks of 8 columns, chunk ch at
+        (ch * BN + n) * 16 (columns past k_real zero-filled: they meet zero-padded weights, and
+        0 x stale bytes could be NaN). cp.async writes are generic-proxy stores, so each thread
+        waits for its copies of K-tile g - GATHER_LAG, fences them for the wgmma (async proxy)
+        and only then arrives on that K-tile's full barrier."""
+        if has_row:
+            for ch in cutlass.range_constexpr(TILE_K // 8):
+                k0 = kt * TILE_K + ch * 8
+                nbytes = Int32(0)
+                if k0 < k_real:
+                    nbytes = Int32(16)
+                ptx.cp_async_16_zfill(stage + (ch * BN + n) * 16, row_src + Int64(k0) * 2, nbytes)
         ptx.cp_async_commit()
         ptx.cp_async_wait(GATHER_LAG)
         if g >= GATHER_LAG:
