@@ -23,21 +23,16 @@ the tile's token count rounded up to 32 (at most 128). 128 tokens per tile spend
 (~20 integer instructions per 8 weights) on 4x the FLOPs of moe-generic's 32-token tiles, which
 is what bounds moe-generic's prefill (BENCHMARKS.md).
 
-Operands: each 16-row weight group's codes and scales are two bulk copies (cp.async.bulk, the
-TMA engine's 1-D copy) per K-tile. B, in wgmma's K-major core-matrix order in the stage:
-- FC2: one 32 KiB bulk copy per K-tile of the intermediate, which FC1's epilogue writes in that
-  tile-blocked order;
-- FC1: the token rows gathered straight from x by the producer warpgroup, thread n copying
-  token slot n's 256 bytes per K-tile with 16-byte cp.async (no separate gather pass and no
-  tile-blocked copy of x in HBM; the gather kernel took 4.8% of DeepSeek-V3's and 8.8% of
-  Qwen3-30B-A3B's layer time at T=8192, BENCHMARKS.md).
-A CTA-wide per-thread cp.async ring for both operands (the first version) measured 21.1 ms at
-DeepSeek-V3 T=8192 with the consumers' issue stalled on the load/store unit; here only the 4
-producer warps issue cp.async, for B alone.
+Operands arrive by bulk copy (cp.async.bulk, the TMA engine's 1-D copy): B is one 32 KiB copy
+per K-tile from a tile-blocked buffer already in wgmma's core-matrix order (FC1: token rows
+gathered by tile_gather; FC2: the intermediate, which FC1's epilogue writes in that order), and
+each 16-row weight group's codes and scales are two contiguous copies. A CTA-wide per-thread
+cp.async ring measured 21.1 ms at DeepSeek-V3 T=8192 with its issue stalled on the load/store
+unit (ncu: 21% of warp samples on one LDGSTS address register, long scoreboard); the bulk
+copies take one instruction per 1-32 KiB instead of one per 16 bytes per thread.
 
-Pipeline: a STAGES-deep ring with a full mbarrier (the producer's transaction bytes, and in FC1
-one arrival per gathering thread once its copies have landed) and an empty mbarrier (one
-arrival per consumer warp) per stage; there is no CTA barrier in the
+Pipeline: a STAGES-deep ring with a full mbarrier (the producer's transaction bytes) and an
+empty mbarrier (one arrival per consumer warp) per stage; there is no CTA barrier in the
 mainloop. The producer takes tickets itself and hands items to the consumers through a small
 ring, so it loads the next item's K-tiles while the consumers run the epilogue. wgmma runs
 asynchronously: each slab is its own commit group and at most `pending` slabs stay in flight
@@ -63,8 +58,6 @@ BN = 128  # tokens per tile = wgmma N
 WARPGROUPS = 2  # consumer warpgroups (warps 0-7)
 CONSUMER_WARPS = 4 * WARPGROUPS
 PRODUCER_WARP = CONSUMER_WARPS  # warp 8 fetches work items and issues the bulk copies
-PRODUCER_THREADS = 128  # warps 8-11; in FC1 thread n gathers token slot n (BN == 128)
-GATHER_LAG = 2  # FC1: a gathering thread arrives on K-tile g's full barrier after issuing g + 2
 # A third warpgroup holds the producer warp: warps are spread over the 4 schedulers, each with
 # a quarter of the registers, so a lone 9th warp would cap every thread at 168 registers (3
 # warps on one scheduler). With a whole warpgroup the producer side gives its registers to the
@@ -108,8 +101,6 @@ class GatedGemm:
         # shared memory: the stages, then 8-byte mbarriers (full[STAGES], empty[STAGES],
         # item_full[ITEM_SLOTS]), the work-item ring (4 bytes per slot), the FC2 token table, the
         # epilogue staging
-        self.gather = cfg.phase == "fc1"
-        assert GATHER_LAG <= STAGES - 2  # else the producer waits on a stage nobody can free
         self.full_off = STAGES * self.stage_bytes
         self.empty_off = self.full_off + 8 * STAGES
         self.item_bar_off = self.empty_off + 8 * STAGES
@@ -128,17 +119,14 @@ class GatedGemm:
         self,
         wblob: Int64, sblob: Int64, gscale: Int64, bias: Int64,
         tile_expert: Int64, tile_start: Int64, tile_end: Int64, num_tiles: Int64,
-        order: Int64, b_src: Int64, src_stride: Int32, row_div: Int32, k_real: Int32,
-        k_tiles: Int32, row_groups: Int32,
+        order: Int64, b_blocked: Int64, k_tiles: Int32, row_groups: Int32,
         out: Int64, out_stride: Int32, out_rows: Int32, route_w: Int64,
         act_alpha: Float32, act_beta: Float32, act_limit: Float32,
         queue: Int64, grid: Int32, stream,
     ):
-        """b_src: FC1 the token rows (row order[p] // row_div of p's tile, src_stride elements
-        apart, k_real of them real); FC2 the tile-blocked intermediate (the three ints unused)."""
         self.kernel(
             wblob, sblob, gscale, bias, tile_expert, tile_start, tile_end, num_tiles,
-            order, b_src, src_stride, row_div, k_real, k_tiles, row_groups,
+            order, b_blocked, k_tiles, row_groups,
             out, out_stride, out_rows, route_w, act_alpha, act_beta, act_limit, queue, grid,
         ).launch(grid=[grid, 1, 1], block=[THREADS, 1, 1], smem=self.smem_bytes, stream=stream,
                  # .minnctapersm 1 pins the kernel's entry register count (168) for ptxas, which
@@ -153,8 +141,7 @@ class GatedGemm:
         self,
         wblob: Int64, sblob: Int64, gscale: Int64, bias: Int64,
         tile_expert: Int64, tile_start: Int64, tile_end: Int64, num_tiles: Int64,
-        order: Int64, b_src: Int64, src_stride: Int32, row_div: Int32, k_real: Int32,
-        k_tiles: Int32, row_groups: Int32,
+        order: Int64, b_blocked: Int64, k_tiles: Int32, row_groups: Int32,
         out: Int64, out_stride: Int32, out_rows: Int32, route_w: Int64,
         act_alpha: Float32, act_beta: Float32, act_limit: Float32,
         queue: Int64, grid: Int32,
@@ -167,9 +154,7 @@ class GatedGemm:
         s_base = Int32(sbuf.toint())
         if tidx == 0:
             for st in cutlass.range_constexpr(STAGES):
-                # the producer's expect_tx, and in FC1 each gathering thread's arrival
-                ptx.mbarrier_init(s_base + self.full_off + st * 8,
-                                  1 + (PRODUCER_THREADS if self.gather else 0))
+                ptx.mbarrier_init(s_base + self.full_off + st * 8, 1)  # the producer's expect_tx
                 ptx.mbarrier_init(s_base + self.empty_off + st * 8, CONSUMER_WARPS)
             for i in cutlass.range_constexpr(ITEM_SLOTS):
                 ptx.mbarrier_init(s_base + self.item_bar_off + i * 8, 1)
@@ -180,9 +165,8 @@ class GatedGemm:
         total = Int32(ptx.ld_u32(num_tiles)) * row_tiles
         if warp >= PRODUCER_WARP:
             cute.arch.setmaxregister_decrease(PRODUCER_REGS)
-            if self.gather or warp == PRODUCER_WARP:
-                self._producer(s_base, warp, lane, total, row_tiles, wblob, sblob, tile_expert,
-                               tile_start, tile_end, order, b_src, src_stride, row_div, k_real,
+            if warp == PRODUCER_WARP:
+                self._producer(s_base, lane, total, row_tiles, wblob, sblob, tile_expert, b_blocked,
                                k_tiles, row_groups, queue, grid)
         else:
             cute.arch.setmaxregister_increase(CONSUMER_REGS)
@@ -190,19 +174,20 @@ class GatedGemm:
                            tile_start, tile_end, order, k_tiles, row_groups, out, out_stride,
                            out_rows, route_w, act_alpha, act_beta, act_limit)
 
-    # ------------------------------------------------------------------ producer warps
+    # ------------------------------------------------------------------ producer warp
     @cute.jit
-    def _producer(self, s_base, warp, lane, total, row_tiles, wblob, sblob, tile_expert,
-                  tile_start, tile_end, order, b_src, src_stride, row_div, k_real, k_tiles,
-                  row_groups, queue, grid):
-        """Warp 8 takes tickets from the device queue, hands each to the consumers (and in FC1 to
-        warps 9-11) through the item ring, and issues the weight copies (and FC2's B copy) of
-        every K-tile as the consumers free its stage. In FC1 all 4 warps also gather the B rows."""
-        ticket = warp == PRODUCER_WARP
+    def _producer(self, s_base, lane, total, row_tiles, wblob, sblob, tile_expert, b_blocked,
+                  k_tiles, row_groups, queue, grid):
+        """Takes tickets from the device queue, hands each to the consumers through the item
+        ring, and streams the item's K-tiles into the stages as the consumers free them."""
         i = Int32(0)  # items handed out
         g = Int32(0)  # K-tiles issued
-        item = self._take_item(ticket, s_base, lane, i, queue)
+        item = Int32(0)
+        if lane == 0:
+            item = ptx.atom_add_global(queue, 1)
+        item = cute.arch.shuffle_sync(item, 0)
         while item < total:
+            self._post_item(s_base, lane, i, item)
             tile = item // row_tiles
             rt = item % row_tiles
             e = ptx.ld_u32(tile_expert + Int64(tile) * 4)
@@ -222,21 +207,8 @@ class GatedGemm:
             groups_here = row_groups - rt * (ROW_TILE // 16)
             if groups_here > ROW_TILE // 16:
                 groups_here = Int32(ROW_TILE // 16)
-            stage_tx = groups_here * self.a_group_bytes
-            if cutlass.const_expr(not self.gather):
-                stage_tx = stage_tx + self.b_bytes
-            b_tile = b_src + Int64(tile) * Int64(k_tiles) * self.b_bytes
-            # FC1: this thread's token slot n, its source row (slots past the tile's pairs are
-            # left stale: a slot is one MMA column, whose results are never stored)
-            n = (warp - PRODUCER_WARP) * 32 + lane
-            row_src = b_src
-            has_row = False
-            if cutlass.const_expr(self.gather):
-                p = ptx.ld_u32(tile_start + Int64(tile) * 4) + n
-                has_row = p < ptx.ld_u32(tile_end + Int64(tile) * 4)
-                if has_row:
-                    row = ptx.ld_u32(order + Int64(p) * 4) // row_div
-                    row_src = b_src + Int64(row) * Int64(src_stride) * 2
+            stage_tx = self.b_bytes + groups_here * self.a_group_bytes
+            b_tile = b_blocked + Int64(tile) * Int64(k_tiles) * self.b_bytes
             for kt in cutlass.range(k_tiles, unroll=1):
                 s = g % STAGES
                 # the stage's previous use released by every consumer warp (the first use of
@@ -244,74 +216,30 @@ class GatedGemm:
                 ptx.mbarrier_wait(s_base + self.empty_off + s * 8, ((g // STAGES) % 2) ^ 1)
                 stage = s_base + s * self.stage_bytes
                 bar = s_base + self.full_off + s * 8
-                if ticket:
-                    if lane == 0:
-                        ptx.mbarrier_arrive_expect_tx(bar, stage_tx)
-                        if cutlass.const_expr(not self.gather):
-                            ptx.bulk_copy_g2s(stage, b_tile + Int64(kt) * self.b_bytes,
-                                              self.b_bytes, bar)
-                    cute.arch.sync_warp()
-                    if copy_ok:
-                        ptx.bulk_copy_g2s(stage + cdst, csrc + Int64(kt) * cstep, cbytes, bar)
-                if cutlass.const_expr(self.gather):
-                    self._gather_rows(stage, n, has_row, row_src, kt, k_real, g, s_base)
+                if lane == 0:
+                    ptx.mbarrier_arrive_expect_tx(bar, stage_tx)
+                    ptx.bulk_copy_g2s(stage, b_tile + Int64(kt) * self.b_bytes, self.b_bytes, bar)
+                cute.arch.sync_warp()
+                if copy_ok:
+                    ptx.bulk_copy_g2s(stage + cdst, csrc + Int64(kt) * cstep, cbytes, bar)
                 g = g + 1
             i = i + 1
-            item = self._take_item(ticket, s_base, lane, i, queue)
-        if cutlass.const_expr(self.gather):
-            # the last GATHER_LAG K-tiles' arrivals
-            ptx.cp_async_wait(0)
-            ptx.fence_proxy_async_shared()
-            for j in cutlass.range_constexpr(GATHER_LAG):
-                if g - GATHER_LAG + j >= 0:
-                    ptx.mbarrier_arrive(s_base + self.full_off + ((g - GATHER_LAG + j) % STAGES) * 8)
-        # queue[0]: next ticket; queue[1]: CTAs finished. The last CTA to finish sets both back
-        # to 0, so the next launch (or CUDA-graph replay) starts from a clean queue.
-        if ticket:
-            if lane == 0:
-                if ptx.atom_add_global(queue + 4, 1) == grid - 1:
-                    ptx.st_u32(queue, 0)
-                    ptx.st_u32(queue + 4, 0)
-
-    @cute.jit
-    def _take_item(self, ticket, s_base, lane, i, queue):
-        """Item number i: the ticket warp takes it from the queue and posts it (a past-the-end
-        ticket tells everyone to stop); FC1's other gathering warps read the post."""
-        item = Int32(0)
-        if ticket:
             if lane == 0:
                 item = ptx.atom_add_global(queue, 1)
             item = cute.arch.shuffle_sync(item, 0)
-            self._post_item(s_base, lane, i, item)
-        else:
-            item = self._next_item(s_base, i)
-        return item
-
-    @cute.jit
-    def _gather_rows(self, stage, n, has_row, row_src, kt, k_real, g, s_base):
-        """FC1's B for K-tile kt: token slot n's 16 chunks of 8 columns, chunk ch at
-        (ch * BN + n) * 16 (columns past k_real zero-filled: they meet zero-padded weights, and
-        0 x stale bytes could be NaN). cp.async writes are generic-proxy stores, so each thread
-        waits for its copies of K-tile g - GATHER_LAG, fences them for the wgmma (async proxy)
-        and only then arrives on that K-tile's full barrier."""
-        if has_row:
-            for ch in cutlass.range_constexpr(TILE_K // 8):
-                k0 = kt * TILE_K + ch * 8
-                nbytes = Int32(0)
-                if k0 < k_real:
-                    nbytes = Int32(16)
-                ptx.cp_async_16_zfill(stage + (ch * BN + n) * 16, row_src + Int64(k0) * 2, nbytes)
-        ptx.cp_async_commit()
-        ptx.cp_async_wait(GATHER_LAG)
-        if g >= GATHER_LAG:
-            ptx.fence_proxy_async_shared()
-            ptx.mbarrier_arrive(s_base + self.full_off + ((g - GATHER_LAG) % STAGES) * 8)
+        self._post_item(s_base, lane, i, item)  # past the end: the consumers stop
+        # queue[0]: next ticket; queue[1]: CTAs finished. The last CTA to finish sets both back
+        # to 0, so the next launch (or CUDA-graph replay) starts from a clean queue.
+        if lane == 0:
+            if ptx.atom_add_global(queue + 4, 1) == grid - 1:
+                ptx.st_u32(queue, 0)
+                ptx.st_u32(queue + 4, 0)
 
     @cute.jit
     def _post_item(self, s_base, lane, i, item):
         """Write item number i into its ring slot and complete the slot's mbarrier phase. The
-        ticket warp leads every reader (consumers, FC1's gathering warps) by at most STAGES
-        items (each has >= 1 K-tile), so a slot is never rewritten before all have read it."""
+        producer leads by at most STAGES items (each has >= 1 K-tile), so a slot is never
+        rewritten before every consumer has read it."""
         if lane == 0:
             slot = i % ITEM_SLOTS
             ptx.st_shared_u32(s_base + self.item_off + slot * 4, item)

@@ -1,7 +1,7 @@
 """Host side of moe-gated: routing, the two persistent grouped GEMMs, the top-k reduce.
 
 A call is: routing into 128-pair tiles (moe_common's routing kernel) -> [w4a4: quantized token
-rows] -> FC1 + activation (persistent, queue-driven, gathering each tile's token rows itself),
+rows] -> token rows gathered into tile-blocked B -> FC1 + activation (persistent, queue-driven),
 writing the intermediate tile-blocked -> [w4a4: requantized intermediate] -> FC2 + router weight
 into y [T * k, H] fp32 -> fixed-order top-k reduce -> bf16 out. Every step is
 asynchronous on the current stream and nothing syncs with the host, so the call can be captured
@@ -61,15 +61,16 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     tile_args = routed.tile_args
     queues = bufs.get("queues", (2, 2), torch.int32, zeroed=True)
 
-    # 2. FC1's token rows: x itself (the FC1 kernel gathers each tile's rows), or in w4a4 the
-    # quantized rows, one per routed pair
+    # 2. token rows gathered into tile-blocked B (one 32 KiB bulk copy per tile and K-tile)
     if quant_mode == "w4a4":
         src, row_div = w4a4_fc1_rows(x, weights, ids, bufs.get("xq", (P, H), torch.bfloat16)), 1
     else:
         src, row_div = x, k
-    if src.stride(1) != 1 or src.stride(0) % 8 or src.data_ptr() % 16:
-        src = src.contiguous() if not src.is_contiguous() else src.clone()  # 16-byte cp.async
     kt1, kt2 = Hp // TILE_K, Ip // TILE_K
+    x_blocked = bufs.get("x_blocked", (cap, kt1, BN * TILE_K), torch.bfloat16)
+    compile_cache.tile_gather()(src.data_ptr(), src.stride(0), H, order.data_ptr(), row_div,
+                                tiles[1].data_ptr(), tiles[2].data_ptr(), num_tiles.data_ptr(),
+                                x_blocked.data_ptr(), kt1, cap, stream)
 
     # 3. FC1 + activation -> intermediate, written in FC2's tile-blocked B layout
     inter = bufs.get("inter_blocked", (cap, kt2, BN * TILE_K), torch.bfloat16)
@@ -77,8 +78,7 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     _, fc1 = compile_cache.get("fc1", weights.weight_format, activation.name)
     grid1 = _persistent_grid(dev, cap * -(-prep.fc1_rows // ROW_TILE))
     fc1(prep.w13.data_ptr(), prep.w13_scale.data_ptr(), prep.fc1_alpha[quant_mode].data_ptr(),
-        prep.w13_bias.data_ptr(), *tile_args, order.data_ptr(), src.data_ptr(), src.stride(0),
-        row_div, H, kt1,
+        prep.w13_bias.data_ptr(), *tile_args, order.data_ptr(), x_blocked.data_ptr(), kt1,
         prep.fc1_rows // 16, inter.data_ptr(), kt2, Ip, 0, activation.alpha, activation.beta, limit,
         queues[0].data_ptr(), grid1, stream)
 
@@ -92,7 +92,7 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     _, fc2 = compile_cache.get("fc2", weights.weight_format, "none")
     grid2 = _persistent_grid(dev, cap * -(-prep.fc2_rows // ROW_TILE))
     fc2(prep.w2.data_ptr(), prep.w2_scale.data_ptr(), prep.fc2_alpha[quant_mode].data_ptr(),
-        prep.w2_bias.data_ptr(), *tile_args, order.data_ptr(), inter.data_ptr(), 0, 1, 0, kt2,
+        prep.w2_bias.data_ptr(), *tile_args, order.data_ptr(), inter.data_ptr(), kt2,
         prep.fc2_rows // 16, y.data_ptr(), H, H, route_w.data_ptr(), 1.0, 1.0, math.inf,
         queues[1].data_ptr(), grid2, stream)
 

@@ -1,0 +1,61 @@
+"""Token rows gathered into moe-gated's tile-blocked B layout, so the GEMM loads a whole
+(token tile, K-tile) B operand with one bulk copy.
+
+    blocked[t, kt] (BN x 128 bf16, 32 KiB) = rows src[order[p] // row_div] for p in tile t,
+                                             columns kt*128 .. kt*128+127,
+    chunk ch (8 columns) of token n at byte (ch * BN + n) * 16: wgmma's K-major core matrices.
+
+Columns past the real K are written as zeros (they meet zero-padded weights, and 0 x garbage
+could be NaN). Token slots past a tile's pairs are not written: a token slot is one MMA column,
+so whatever they hold reaches only output columns that FC1 and FC2 never store (in an expert's
+last tile often half the block: DeepSeek-V3 at T=2048 has ~64 pairs per expert). One CTA per (tile, K-tile); CTAs of
+tiles past the device-side tile count return at once.
+"""
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32, Int64
+
+from moe_common.cute import ptx
+
+from .kernel import BN, TILE_K
+
+THREADS = 256
+CHUNKS = BN * TILE_K // 8  # 16-byte chunks per block
+
+
+class TileGather:
+    @cute.jit
+    def __call__(self, src: Int64, src_stride: Int32, k_real: Int32, order: Int64, row_div: Int32,
+                 tile_start: Int64, tile_end: Int64, num_tiles: Int64, blocked: Int64,
+                 k_tiles: Int32, max_tiles: Int32, stream):
+        self.kernel(src, src_stride, k_real, order, row_div, tile_start, tile_end, num_tiles,
+                    blocked, k_tiles).launch(grid=[k_tiles, max_tiles, 1], block=[THREADS, 1, 1],
+                                             stream=stream)
+
+    @cute.kernel
+    def kernel(self, src: Int64, src_stride: Int32, k_real: Int32, order: Int64, row_div: Int32,
+               tile_start: Int64, tile_end: Int64, num_tiles: Int64, blocked: Int64, k_tiles: Int32):
+        tidx, _, _ = cute.arch.thread_idx()
+        kt, t, _ = cute.arch.block_idx()
+        if t < ptx.ld_u32(num_tiles):
+            p0 = ptx.ld_u32(tile_start + Int64(t) * 4)
+            p1 = ptx.ld_u32(tile_end + Int64(t) * 4)
+            dst_block = blocked + (Int64(t) * Int64(k_tiles) + Int64(kt)) * (CHUNKS * 16)
+            # a warp instruction moves 8 tokens x 4 chunks: 64 contiguous bytes of each of 8
+            # token rows in, one 128-byte run of a core-matrix column block out
+            for i in cutlass.range_constexpr(CHUNKS // THREADS):
+                c = tidx + i * THREADS
+                blk = c // 32
+                n = (blk % (BN // 8)) * 8 + c % 8
+                ch = (blk // (BN // 8)) * 4 + (c % 32) // 8
+                k0 = kt * TILE_K + ch * 8
+                v0, v1, v2, v3 = Int32(0), Int32(0), Int32(0), Int32(0)
+                p = p0 + n
+                if p < p1:
+                    if k0 < k_real:
+                        row = ptx.ld_u32(order + Int64(p) * 4) // row_div
+                        v = ptx.ld_nc_v4(src + (Int64(row) * Int64(src_stride) + Int64(k0)) * 2)
+                        v0, v1, v2, v3 = v[0], v[1], v[2], v[3]
+                    ptx.st_v4(dst_block + Int64((ch * BN + n) * 16), v0, v1, v2, v3)
