@@ -16,15 +16,12 @@ ACTIVATIONS = ("silu", "gelu_tanh", "swigluoai")
 # (wrong output: timing only).
 PENDING = int(os.environ.get("MOE_GATED_PENDING", "1"))
 VARIANT = os.environ.get("MOE_GATED_VARIANT", "full")
-# MOE_GATED_SHAPE=WxG: W consumer warpgroups, G 16-row weight groups per consumer warp
-SHAPE = tuple(int(v) for v in os.environ.get("MOE_GATED_SHAPE", "2x2").split("x"))
 
 
 def config(phase: str, weight_format: str, activation: str) -> GatedConfig:
     return GatedConfig(phase=phase, weight_format=weight_format,
                        activation=activation if phase == "fc1" else "none",
-                       pending=PENDING, variant=VARIANT, warpgroups=SHAPE[0],
-                       groups_per_warp=SHAPE[1])
+                       pending=PENDING, variant=VARIANT)
 
 
 def compile_config(cfg: GatedConfig):

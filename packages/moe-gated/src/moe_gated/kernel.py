@@ -15,10 +15,9 @@ persistent CTAs (one per SM), so an expert with many tokens is spread over every
 routing stays balanced. Consecutive tickets are the row tiles of one token tile, so the
 concurrently running CTAs share that tile's token rows in L2.
 
-Per CTA (GatedConfig.warpgroups x groups_per_warp, W x G): a producer warp (in a warpgroup of
-its own, see PRODUCER_REGS) and W consumer warpgroups; consumer warp w owns weight groups (16
-rows each) G w .. G w + G - 1 of the 64 W G-row tile. Per 128-deep K-tile each consumer
-warpgroup issues, per k16 slab, G wgmma m64nNk16 with A (the weights, decoded
+Per CTA: a producer warp (in a third warpgroup, see THREADS) and 2 consumer warpgroups; consumer
+warp w owns weight groups (16 rows each) 2w and 2w + 1 of the row tile. Per 128-deep K-tile each
+consumer warpgroup issues, per k16 slab, two wgmma m64nNk16 with A (the weights, decoded
 e2m1 -> bf16 and scaled in registers) from registers and B (the tokens) from shared memory; N is
 the tile's token count rounded up to 32 (at most 128). 128 tokens per tile spend the decode
 (~20 integer instructions per 8 weights) on 4x the FLOPs of moe-generic's 32-token tiles, which
@@ -56,13 +55,21 @@ from moe_common.cute.wgmma_decode import wgmma_decode_k128
 
 TILE_K = 128
 BN = 128  # tokens per tile = wgmma N
-# A warpgroup after the consumers' holds the producer warp: warps are spread over the 4
-# schedulers, each with a quarter of the registers, so a lone extra warp would cap every thread
-# at 168 registers (3 warps on one scheduler). With a whole warpgroup the producer side gives
-# its registers to the consumers (setmaxnreg), e.g. 4 x 40 + 8 x 232 per thread-slot fits the
-# 64 K register file.
+WARPGROUPS = 2  # consumer warpgroups (warps 0-7)
+CONSUMER_WARPS = 4 * WARPGROUPS
+PRODUCER_WARP = CONSUMER_WARPS  # warp 8 fetches work items and issues the bulk copies
+# A third warpgroup holds the producer warp: warps are spread over the 4 schedulers, each with
+# a quarter of the registers, so a lone 9th warp would cap every thread at 168 registers (3
+# warps on one scheduler). With a whole warpgroup the producer side gives its registers to the
+# consumers (setmaxnreg): 4 x 40 + 8 x 232 per thread-slot fits the 64 K register file.
+THREADS = 32 * (CONSUMER_WARPS + 4)
 PRODUCER_REGS = 40
+CONSUMER_REGS = 232
+GROUPS_PER_WARP = 2  # 16-row weight groups per consumer warp = wgmmas per warpgroup per slab
+ROW_TILE = CONSUMER_WARPS * GROUPS_PER_WARP * 16  # 256 weight rows per work item
 STAGES = 4  # NVFP4: 4 x 52 KiB of shared memory, one CTA per SM
+STG_PITCH = 36  # FC2 staging row: 32 fp32 + 4 pad, so both the fragment writes and the
+# 16-byte read-back hit 32 distinct banks
 MIN_BLOCKS = int(os.environ.get("MOE_GATED_MIN_BLOCKS", "1"))  # 0: no .minnctapersm (measuring)
 ITEM_SLOTS = 8  # work-item ring from the producer to the consumers (it leads by <= STAGES items)
 
@@ -80,15 +87,6 @@ class GatedConfig:
     pending: int = 1
     # timing-only variants (wrong results): "nodecode" feeds raw codes to the MMA, "nomma" skips it
     variant: str = "full"
-    # consumer warpgroups x 16-row weight groups per consumer warp (= wgmmas per warpgroup per
-    # slab); the accumulators of 2 groups x 128 tokens take 128 registers a thread
-    warpgroups: int = 2
-    groups_per_warp: int = 2
-
-    @property
-    def row_tile(self) -> int:
-        """Weight rows per work item."""
-        return 4 * self.warpgroups * self.groups_per_warp * 16
 
 
 class GatedGemm:
@@ -96,20 +94,10 @@ class GatedGemm:
         assert cfg.phase in ("fc1", "fc2")
         assert cfg.phase == "fc2" or cfg.activation in ("silu", "gelu_tanh", "swigluoai")
         self.cfg = cfg
-        self.consumer_warps = 4 * cfg.warpgroups
-        self.producer_warp = self.consumer_warps  # fetches work items, issues the bulk copies
-        self.threads = 32 * (self.consumer_warps + 4)
-        self.groups = cfg.groups_per_warp
-        self.row_groups_tile = cfg.row_tile // 16
-        # what the producer warpgroup frees, shared out, in multiples of 8 (setmaxnreg)
-        self.consumer_regs = min(232, (65536 - 128 * PRODUCER_REGS) // (32 * self.consumer_warps) // 8 * 8)
-        # FC2 staging row: the warp's 16 x groups fp32 + 4 pad (the fragment writes hit 32
-        # distinct banks; with 2 groups the 16-byte read-back too)
-        self.stg_pitch = 16 * self.groups + 4
         self.b_bytes = BN * TILE_K * 2
         self.scale_bytes = 16 * fm.scale_bytes_per_row(cfg.weight_format)  # per group tile
         self.a_group_bytes = fm.group_tile_bytes(cfg.weight_format)
-        self.stage_bytes = self.b_bytes + self.row_groups_tile * self.a_group_bytes
+        self.stage_bytes = self.b_bytes + CONSUMER_WARPS * GROUPS_PER_WARP * self.a_group_bytes
         # shared memory: the stages, then 8-byte mbarriers (full[STAGES], empty[STAGES],
         # item_full[ITEM_SLOTS]), the work-item ring (4 bytes per slot), the FC2 token table, the
         # epilogue staging
@@ -119,11 +107,11 @@ class GatedGemm:
         self.item_off = self.item_bar_off + 8 * ITEM_SLOTS
         # FC2: each consumer warp's copy of its tile's (pair, router weight), 8 bytes per token
         self.tok_off = self.item_off + 4 * ITEM_SLOTS
-        self.stg_off = self.tok_off + (self.consumer_warps * BN * 8 if cfg.phase == "fc2" else 0)
-        # per-warp epilogue staging: FC1 one group's 2 KiB chunk, FC2 an [8][stg_pitch] fp32 tile
-        self.stg_warp_bytes = BN * 16 if cfg.phase == "fc1" else 8 * self.stg_pitch * 4
-        self.smem_bytes = self.stg_off + self.consumer_warps * self.stg_warp_bytes
-        assert self.row_groups_tile * 2 <= 32  # one lane per copy of a K-tile's weights
+        self.stg_off = self.tok_off + (CONSUMER_WARPS * BN * 8 if cfg.phase == "fc2" else 0)
+        # per-warp epilogue staging: FC1 one group's 2 KiB chunk, FC2 an [8][STG_PITCH] fp32 tile
+        self.stg_warp_bytes = BN * 16 if cfg.phase == "fc1" else 8 * STG_PITCH * 4
+        self.smem_bytes = self.stg_off + CONSUMER_WARPS * self.stg_warp_bytes
+        assert CONSUMER_WARPS * GROUPS_PER_WARP * 2 == 32  # one lane per copy of a K-tile's weights
 
     # ------------------------------------------------------------------ host entry
     @cute.jit
@@ -140,7 +128,7 @@ class GatedGemm:
             wblob, sblob, gscale, bias, tile_expert, tile_start, tile_end, num_tiles,
             order, b_blocked, k_tiles, row_groups,
             out, out_stride, out_rows, route_w, act_alpha, act_beta, act_limit, queue, grid,
-        ).launch(grid=[grid, 1, 1], block=[self.threads, 1, 1], smem=self.smem_bytes, stream=stream,
+        ).launch(grid=[grid, 1, 1], block=[THREADS, 1, 1], smem=self.smem_bytes, stream=stream,
                  # .minnctapersm 1 pins the kernel's entry register count (168) for ptxas, which
                  # the setmaxnreg regions are allocated against (NVIDIA/cutlass#3406). Measured
                  # 1.3-1.4% faster at T=8192 (BENCHMARKS.md); the consumers' SASS changes only a
@@ -167,21 +155,21 @@ class GatedGemm:
         if tidx == 0:
             for st in cutlass.range_constexpr(STAGES):
                 ptx.mbarrier_init(s_base + self.full_off + st * 8, 1)  # the producer's expect_tx
-                ptx.mbarrier_init(s_base + self.empty_off + st * 8, self.consumer_warps)
+                ptx.mbarrier_init(s_base + self.empty_off + st * 8, CONSUMER_WARPS)
             for i in cutlass.range_constexpr(ITEM_SLOTS):
                 ptx.mbarrier_init(s_base + self.item_bar_off + i * 8, 1)
             ptx.fence_mbarrier_init()
         cute.arch.sync_threads()  # the only CTA-wide barrier
 
-        row_tiles = (row_groups + (self.row_groups_tile - 1)) // self.row_groups_tile
+        row_tiles = (row_groups + (ROW_TILE // 16 - 1)) // (ROW_TILE // 16)
         total = Int32(ptx.ld_u32(num_tiles)) * row_tiles
-        if warp >= self.producer_warp:
+        if warp >= PRODUCER_WARP:
             cute.arch.setmaxregister_decrease(PRODUCER_REGS)
-            if warp == self.producer_warp:
+            if warp == PRODUCER_WARP:
                 self._producer(s_base, lane, total, row_tiles, wblob, sblob, tile_expert, b_blocked,
                                k_tiles, row_groups, queue, grid)
         else:
-            cute.arch.setmaxregister_increase(self.consumer_regs)
+            cute.arch.setmaxregister_increase(CONSUMER_REGS)
             self._consumer(s_base, warp, lane, total, row_tiles, gscale, bias, tile_expert,
                            tile_start, tile_end, order, k_tiles, row_groups, out, out_stride,
                            out_rows, route_w, act_alpha, act_beta, act_limit)
@@ -204,7 +192,7 @@ class GatedGemm:
             rt = item % row_tiles
             e = ptx.ld_u32(tile_expert + Int64(tile) * 4)
             # lane l copies group l // 2 of the row tile: l even its codes, l odd its scales
-            cgroup = rt * self.row_groups_tile + lane // 2
+            cgroup = rt * (ROW_TILE // 16) + lane // 2
             ctile = (Int64(e) * Int64(row_groups) + Int64(cgroup)) * Int64(k_tiles)
             csrc = wblob + ctile * 1024
             cbytes = Int32(1024)
@@ -216,12 +204,9 @@ class GatedGemm:
                 cdst = cdst + 1024
                 cstep = Int64(self.scale_bytes)
             copy_ok = cgroup < row_groups
-            if cutlass.const_expr(self.row_groups_tile * 2 < 32):
-                if lane // 2 >= self.row_groups_tile:  # lanes past the row tile's groups
-                    copy_ok = cgroup < 0
-            groups_here = row_groups - rt * self.row_groups_tile
-            if groups_here > self.row_groups_tile:
-                groups_here = Int32(self.row_groups_tile)
+            groups_here = row_groups - rt * (ROW_TILE // 16)
+            if groups_here > ROW_TILE // 16:
+                groups_here = Int32(ROW_TILE // 16)
             stage_tx = self.b_bytes + groups_here * self.a_group_bytes
             b_tile = b_blocked + Int64(tile) * Int64(k_tiles) * self.b_bytes
             for kt in cutlass.range(k_tiles, unroll=1):
@@ -272,17 +257,17 @@ class GatedGemm:
             if active:
                 stage = s_base + (g % STAGES) * self.stage_bytes
                 words = [fm.load_group_words(stage + a_warp_off + gi * self.a_group_bytes, lane,
-                                             cfg.weight_format) for gi in range(self.groups)]
+                                             cfg.weight_format) for gi in range(GROUPS_PER_WARP)]
                 if cutlass.const_expr(cfg.variant == "nomma"):
-                    for gi in cutlass.range_constexpr(self.groups):
+                    for gi in cutlass.range_constexpr(GROUPS_PER_WARP):
                         acc[gi, 0, 0] = acc[gi, 0, 0] + Float32(ptx.f32_bits(words[gi][0] ^ words[gi][9]))
                 else:
                     accs = [[acc[gi, j // 4, j % 4] for j in range(n_tok // 2)]
-                            for gi in range(self.groups)]
+                            for gi in range(GROUPS_PER_WARP)]
                     res = wgmma_decode_k128(accs, [w[:8] for w in words], [w[8:] for w in words],
                                             cfg.weight_format, stage, n_tok, pending=cfg.pending,
                                             decode=cfg.variant != "nodecode", b_rows=BN)
-                    for gi in cutlass.range_constexpr(self.groups):
+                    for gi in cutlass.range_constexpr(GROUPS_PER_WARP):
                         for j in cutlass.range_constexpr(n_tok // 2):
                             acc[gi, j // 4, j % 4] = res[gi][j]
             # at most `pending` slabs of K-tile g are in flight: K-tile g - 1 is finished
@@ -330,9 +315,9 @@ class GatedGemm:
         # warp w owns groups 2w, 2w + 1 of the row tile. A warpgroup past the real rows sits
         # out (rows are padded to 128 = one warpgroup's share, so this is warpgroup-uniform)
         # but still waits for and releases every stage, which keeps the barrier phases in step.
-        group0 = rt * self.row_groups_tile + warp * self.groups
+        group0 = rt * (ROW_TILE // 16) + warp * GROUPS_PER_WARP
         active = group0 < row_groups
-        a_warp_off = self.b_bytes + warp * self.groups * self.a_group_bytes
+        a_warp_off = self.b_bytes + warp * GROUPS_PER_WARP * self.a_group_bytes
 
         tok = s_base + self.tok_off + warp * (BN * 8)
         if cutlass.const_expr(cfg.phase == "fc2"):
@@ -347,7 +332,7 @@ class GatedGemm:
                     ptx.st_shared_u32(tok + slot * 8 + 4, ptx.ld_nc_u32(route_w + Int64(pair_i) * 4))
             cute.arch.sync_warp()
 
-        acc = cute.make_rmem_tensor(cute.make_layout((self.groups, BN // 8, 4)), Float32)
+        acc = cute.make_rmem_tensor(cute.make_layout((GROUPS_PER_WARP, BN // 8, 4)), Float32)
         acc.fill(0.0)
         # An expert's last tile is usually partly filled (DeepSeek-V3 at T=2048: ~64 of 128
         # tokens): the MMA runs only as wide as the tile's tokens, rounded up to 32.
@@ -386,7 +371,7 @@ class GatedGemm:
         whatever their B columns held; FC2 never stores a result from those columns."""
         cfg = self.cfg
         r = lane // 4
-        for gi in cutlass.range_constexpr(self.groups):
+        for gi in cutlass.range_constexpr(GROUPS_PER_WARP):
             g = group0 + gi
             brow = bias + (Int64(e) * Int64(row_groups * 16) + Int64(g * 16 + r)) * 4
             b_lo = ptx.ld_nc_f32(brow)  # gate row r
@@ -413,39 +398,35 @@ class GatedGemm:
     @cute.jit
     def _epilogue_fc2(self, acc, e, p0, p1, group0, gs, stg, tok, lane, bias, row_groups,
                       out, out_stride, out_rows):
-        """The warp's 16 x G output rows (groups group0 ..) for 8 tokens at a time go through a
-        [8 tokens][16 G + 4 pad] fp32 staging tile; then lane (token lane // 4, rows 4 G (lane %
-        4) .. + 4 G - 1) stores G x 16 bytes of y[pair] = w * (acc * scale + bias). H and the
-        lane's first row are multiples of 4, so the stores are 16-byte aligned; H is a multiple of
-        32, so a warp's rows are all below out_rows or all past it."""
-        G = self.groups
-        pitch = self.stg_pitch
+        """The warp's 32 output rows (groups group0, group0 + 1) for 8 tokens at a time go
+        through a [8 tokens][32 + 4 pad] fp32 staging tile (conflict-free both ways); then lane
+        (token lane // 4, rows 8 (lane % 4) .. + 7) stores 2 x 16 bytes of y[pair] = w * (acc *
+        scale + bias). H and the lane's first row are multiples of 8, so the stores are 16-byte
+        aligned; H is a multiple of 32, so a warp's rows are all below out_rows or all past it."""
         r = lane // 4  # fragment: rows r, r + 8 of each group; read-back: token r of the 8
         q = lane % 4
-        row = group0 * 16 + q * 4 * G  # this lane's first output row in the read-back layout
+        row = group0 * 16 + q * 8  # this lane's first output row in the read-back layout
         brow = bias + (Int64(e) * Int64(row_groups * 16) + Int64(row)) * 4
-        bv = []
-        for i in cutlass.range_constexpr(G):
-            bv += [ptx.f32_bits(x) for x in ptx.ld_nc_v4(brow + 16 * i)]
+        b0 = ptx.ld_nc_v4(brow)
+        b1 = ptx.ld_nc_v4(brow + 16)
+        bv = [ptx.f32_bits(x) for x in list(b0) + list(b1)]
         for nb in cutlass.range_constexpr(BN // 8):
             if p0 + nb * 8 < p1:
-                for gi in cutlass.range_constexpr(self.groups):
+                for gi in cutlass.range_constexpr(GROUPS_PER_WARP):
                     for c in cutlass.range_constexpr(2):
                         for h in cutlass.range_constexpr(2):
-                            ptx.st_shared_f32(stg + ((2 * q + c) * pitch + gi * 16 + 8 * h + r) * 4,
+                            ptx.st_shared_f32(stg + ((2 * q + c) * STG_PITCH + gi * 16 + 8 * h + r) * 4,
                                               acc[gi, nb, 2 * h + c])
                 cute.arch.sync_warp()
-                v = []
-                for i in cutlass.range_constexpr(G):
-                    v += list(ptx.ld_shared_v4(stg + (r * pitch + q * 4 * G + 4 * i) * 4))
+                v = ptx.ld_shared_v4(stg + (r * STG_PITCH + q * 8) * 4) \
+                    + ptx.ld_shared_v4(stg + (r * STG_PITCH + q * 8 + 4) * 4)
                 n = nb * 8 + r
                 if p0 + n < p1:
                     if row < out_rows:
                         pw = ptx.ld_shared_v2(tok + n * 8)
                         wgt = ptx.f32_bits(pw[1])
-                        o = [(ptx.f32_bits(v[i]) * gs + bv[i]) * wgt for i in range(4 * G)]
+                        o = [(ptx.f32_bits(v[i]) * gs + bv[i]) * wgt for i in range(8)]
                         dst = out + (Int64(pw[0]) * Int64(out_stride) + Int64(row)) * 4
-                        for i in cutlass.range_constexpr(G):
-                            ptx.st_v4_f32(dst + 16 * i, o[4 * i], o[4 * i + 1], o[4 * i + 2],
-                                          o[4 * i + 3])
+                        ptx.st_v4_f32(dst, o[0], o[1], o[2], o[3])
+                        ptx.st_v4_f32(dst + 16, o[4], o[5], o[6], o[7])
                 cute.arch.sync_warp()  # the staging tile is rewritten for the next 8 tokens

@@ -23,7 +23,7 @@ from moe_common.types import Activation
 from moe_common.weights import MoEWeights
 
 from . import compile_cache
-from .kernel import BN
+from .kernel import BN, ROW_TILE
 from .limits import KERNEL_NAME
 
 
@@ -75,8 +75,8 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     # 3. FC1 + activation -> intermediate, written in FC2's tile-blocked B layout
     inter = bufs.get("inter_blocked", (cap, kt2, BN * TILE_K), torch.bfloat16)
     limit = activation.limit if activation.limit is not None else math.inf
-    cfg1, fc1 = compile_cache.get("fc1", weights.weight_format, activation.name)
-    grid1 = _persistent_grid(dev, cap * -(-prep.fc1_rows // cfg1.row_tile))
+    _, fc1 = compile_cache.get("fc1", weights.weight_format, activation.name)
+    grid1 = _persistent_grid(dev, cap * -(-prep.fc1_rows // ROW_TILE))
     fc1(prep.w13.data_ptr(), prep.w13_scale.data_ptr(), prep.fc1_alpha[quant_mode].data_ptr(),
         prep.w13_bias.data_ptr(), *tile_args, order.data_ptr(), x_blocked.data_ptr(), kt1,
         prep.fc1_rows // 16, inter.data_ptr(), kt2, Ip, 0, activation.alpha, activation.beta, limit,
@@ -89,8 +89,8 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     y = bufs.get("y", (P, H), torch.float32)
     route_w = topk_weights if topk_weights.dtype == torch.float32 else topk_weights.float()
     route_w = route_w.contiguous()
-    cfg2, fc2 = compile_cache.get("fc2", weights.weight_format, "none")
-    grid2 = _persistent_grid(dev, cap * -(-prep.fc2_rows // cfg2.row_tile))
+    _, fc2 = compile_cache.get("fc2", weights.weight_format, "none")
+    grid2 = _persistent_grid(dev, cap * -(-prep.fc2_rows // ROW_TILE))
     fc2(prep.w2.data_ptr(), prep.w2_scale.data_ptr(), prep.fc2_alpha[quant_mode].data_ptr(),
         prep.w2_bias.data_ptr(), *tile_args, order.data_ptr(), inter.data_ptr(), kt2,
         prep.fc2_rows // 16, y.data_ptr(), H, H, route_w.data_ptr(), 1.0, 1.0, math.inf,
