@@ -24,8 +24,7 @@ the stream over every warp of the GPU.
    (token, 16-row) counter; the unit that brings it to the token's number of local routes sums
    out[t, rows] = bf16(sum_j y[t * k + j, rows]) over the local routes in the order j = 0..k-1
    (bitwise deterministic, one rounding, whichever unit is last) and sets the counter back to 0.
-   Each expert's counter then counts its FC2 units past their wait, and the last sets it back
-   to 0 for the next launch.
+4. The last CTA to finish sets the expert counters back to 0 for the next launch.
 Measured (tools/static_fixed_cost.py, Qwen3-30B-A3B shape, T=1): launch 2.2 us, routing 1.3,
 the two grid barriers this replaced 4.3, the separate reduce pass 2.6.
 
@@ -61,7 +60,6 @@ MAX_LOCAL_EXPERTS = 512
 MAX_PAIRS = 2048  # and so at most MAX_PAIRS tokens
 EXPERTS_PER_THREAD = MAX_LOCAL_EXPERTS // THREADS
 TOKENS_PER_THREAD = MAX_PAIRS // THREADS
-REDUCE_BATCH = 8  # y loads in flight per lane in the top-k sum
 
 
 @dataclass(frozen=True)
@@ -99,7 +97,7 @@ class StaticMoE:
         self.team_off = self.ring_bytes
         self.team_bytes = WARPS * 2 * 512
         self.route_off = self.team_off + self.team_bytes
-        self.route_bytes = (4 * MAX_LOCAL_EXPERTS + 2 * MAX_PAIRS + 2 * THREADS + 4) * 4 + MAX_PAIRS
+        self.route_bytes = (4 * MAX_LOCAL_EXPERTS + 2 * MAX_PAIRS + 2 * THREADS + 4) * 4
         self.mbar_off = self.route_off + self.route_bytes  # [WARPS][depth] slot mbarriers
         self.smem_bytes = self.mbar_off + WARPS * cfg.depth * 8
 
@@ -153,7 +151,7 @@ class StaticMoE:
         s_scan = s_ord + MAX_PAIRS * 4            # [2][THREADS] scan scratch
         s_nact = s_scan + 2 * THREADS * 4         # number of active experts
         s_nloc = s_nact + 4                       # [T] local routes of each token
-        s_ploc = s_nloc + MAX_PAIRS * 4           # [P] bytes: 1 where pair p's expert is local
+        s_last = s_nloc + MAX_PAIRS * 4           # this CTA finished last (exit)
         pairs = tokens * top_k
 
         if tid % 32 == 0:  # one mbarrier per ring slot of each warp (the routing syncs after)
@@ -162,7 +160,7 @@ class StaticMoE:
             ptx.fence_mbarrier_init()
         if cutlass.const_expr("route" not in cfg.skip):
             self._route(ids, pairs, top_k, expert_offset, experts, tid, s_cnt, s_off, s_cur,
-                        s_act, s_ord, s_scan, s_nact, s_nloc, s_ploc)
+                        s_act, s_ord, s_scan, s_nact, s_nloc)
             self._zero_unrouted(out, tokens, hidden, s_nloc, bid, grid, tid)
         else:
             if tid == 0:
@@ -178,11 +176,25 @@ class StaticMoE:
         self._phase(True, n_act, groups1, groups1, k_tiles1, w13, s13, alpha1, b13, x, x_stride,
                     hidden, inter, inter_stride, y, route_w, top_k, act_alpha, act_beta, act_limit,
                     s_base, s_cnt, s_off, s_act, s_ord, tiles, bid, grid, tid, flags, groups1,
-                    out, red_cnt, s_nloc, s_ploc)
+                    ids, out, red_cnt, s_nloc, expert_offset, experts)
         self._phase(False, n_act, (hidden + 15) // 16, groups2, k_tiles2, w2, s2, alpha2, b2,
                     inter, inter_stride, hidden, inter, inter_stride, y, route_w, top_k,
                     act_alpha, act_beta, act_limit, s_base, s_cnt, s_off, s_act, s_ord, tiles, bid,
-                    grid, tid, flags, groups1, out, red_cnt, s_nloc, s_ploc)
+                    grid, tid, flags, groups1, ids, out, red_cnt, s_nloc, expert_offset, experts)
+        self._exit(flags, experts, grid, tid, s_last)
+
+    @cute.jit
+    def _exit(self, flags, experts, grid, tid, s_last):
+        """The last CTA to finish (every FC2 unit has passed its wait) zeroes the expert
+        counters and the finish count for the next launch or CUDA-graph replay."""
+        cute.arch.sync_threads()
+        if tid == 0:
+            done = ptx.atom_add_acq_rel(flags + Int64(experts) * 4, 1)
+            ptx.st_shared_u32(s_last, done + 1 - grid)  # 0: this CTA finished last
+        cute.arch.sync_threads()
+        if ptx.ld_shared_u32(s_last) == 0:
+            for e in cutlass.range(tid, experts + 1, THREADS, unroll=1):
+                ptx.st_u32(flags + Int64(e) * 4, 0)
 
     @cute.jit
     def _zero_unrouted(self, out, tokens, hidden, s_nloc, bid, grid, tid):
@@ -197,7 +209,7 @@ class StaticMoE:
     # ------------------------------------------------------------------ routing (per CTA)
     @cute.jit
     def _route(self, ids, pairs, top_k, expert_offset, experts, tid, s_cnt, s_off, s_cur, s_act,
-               s_ord, s_scan, s_nact, s_nloc, s_ploc):
+               s_ord, s_scan, s_nact, s_nloc):
         for i in cutlass.range_constexpr(EXPERTS_PER_THREAD):
             ptx.st_shared_u32(s_cnt + (tid + i * THREADS) * 4, 0)
         for i in cutlass.range_constexpr(TOKENS_PER_THREAD):
@@ -205,12 +217,9 @@ class StaticMoE:
         cute.arch.sync_threads()
         for p in cutlass.range(tid, pairs, THREADS, unroll=1):
             e = local_expert(ids, p, expert_offset, self.cfg.ids_bytes)
-            is_local = Int32(0)
             if cutlass.Uint32(e) < cutlass.Uint32(experts):
                 ptx.atom_add_shared(s_cnt + e * 4, 1)
                 ptx.atom_add_shared(s_nloc + (p // top_k) * 4, 1)
-                is_local = Int32(1)
-            ptx.st_shared_u8(s_ploc + p, is_local)
         cute.arch.sync_threads()
         # thread tid owns experts [tid * EPT, tid * EPT + EPT): pair and active-expert totals
         e0 = tid * EXPERTS_PER_THREAD
@@ -245,7 +254,7 @@ class StaticMoE:
     def _phase(self, fc1: cutlass.Constexpr, n_act, n_groups, blob_groups, k_tiles, w, s, alpha,
                bias, src, src_stride, hidden, inter, inter_stride, y, route_w, top_k,
                act_alpha, act_beta, act_limit, s_base, s_cnt, s_off, s_act, s_ord, tiles, bid, grid,
-               tid, flags, groups1, out, red_cnt, s_nloc, s_ploc):
+               tid, flags, groups1, ids, out, red_cnt, s_nloc, expert_offset, experts):
         """Every unit (active expert a, 16-row group g) of one GEMM, by teams of `team` warps.
 
         B (tokens) comes from src: FC1 the rows x[pair // k] (read-only, stride src_stride),
@@ -278,12 +287,6 @@ class StaticMoE:
                 # the bulk copies of those rows come after this (acquire, then proxy fence)
                 if lane == 0:
                     ptx.wait_geq_acquire(flags + Int64(e) * 4, groups1)
-                    # and counts itself past it: the last of the expert's FC2 warps (team x
-                    # units) to pass sets the counter back to 0 for the next launch, when no
-                    # other warp can still be waiting on it
-                    passed = ptx.atom_add_global(flags + Int64(e) * 4, 1)
-                    if passed == groups1 + n_groups * team - 1:
-                        ptx.st_u32(flags + Int64(e) * 4, 0)
                 ptx.sync_warp()
                 ptx.fence_proxy_async_global()
             for c0 in cutlass.range(0, cnt, BN, unroll=1):
@@ -311,8 +314,9 @@ class StaticMoE:
                     else:
                         self._fc2_epilogue(acc, alpha, bias, e, blob_groups, g, y, route_w,
                                            s_ord, first + c0, nch, hidden, r, q)
-                        self._reduce_if_last(y, out, red_cnt, s_ord, s_nloc, s_ploc, first + c0,
-                                             nch, g, n_groups, top_k, hidden, lane)
+                        self._reduce_if_last(ids, y, out, red_cnt, s_ord, s_nloc, first + c0, nch,
+                                             g, n_groups, top_k, hidden, expert_offset, experts,
+                                             lane)
             if cutlass.const_expr(fc1):
                 if member == 0:  # this unit's inter rows are written: count it for expert e
                     ptx.fence_proxy_async_global()  # generic stores -> FC2's bulk copies
@@ -488,15 +492,13 @@ class StaticMoE:
 
     # ------------------------------------------------------------------ top-k sum
     @cute.jit
-    def _reduce_if_last(self, y, out, red_cnt, s_ord, s_nloc, s_ploc, pos0, nch, g, n_groups,
-                        top_k, hidden, lane):
+    def _reduce_if_last(self, ids, y, out, red_cnt, s_ord, s_nloc, pos0, nch, g, n_groups, top_k,
+                        hidden, expert_offset, experts, lane):
         """After this chunk's y stores (rows 16g .. 16g + 15): count each pair on its token's
         (token, g) counter; for a token this brings to its number of local routes, lanes 0..15
         write out[t, 16g + lane] = bf16(sum over its local routes j = 0..k-1 of y[t * k + j]) and
         the counter goes back to 0. The counting atomics order this warp's y stores (bar.warp.sync,
-        release) before the last unit's loads (acquire). The loads go out 8 routes at a time
-        before any is added (one after another they cost two L2 round trips per route: Qwen3
-        T=8 90 us against 74 with the separate reduce pass)."""
+        release) before the last unit's loads (acquire)."""
         ptx.sync_warp()
         t = Int32(0)
         last = Int32(0)
@@ -512,19 +514,11 @@ class StaticMoE:
                 h = g * 16 + lane
                 if lane < 16:
                     acc = Float32(0.0)
-                    for j0 in cutlass.range(0, top_k, REDUCE_BATCH, unroll=1):
-                        vals = []
-                        for jj in cutlass.range_constexpr(REDUCE_BATCH):
-                            pair = t_n * top_k + j0 + jj
-                            v = Float32(0.0)
-                            if j0 + jj < top_k:
-                                if ptx.ld_shared_u8(s_ploc + pair) != 0:
-                                    v = ptx.ld_cg_f32(y + (Int64(pair) * Int64(hidden) + Int64(h)) * 4)
-                            vals.append(v)
-                        for jj in cutlass.range_constexpr(REDUCE_BATCH):
-                            if j0 + jj < top_k:
-                                if ptx.ld_shared_u8(s_ploc + t_n * top_k + j0 + jj) != 0:
-                                    acc = acc + vals[jj]
+                    for j in cutlass.range(top_k, unroll=1):
+                        pair = t_n * top_k + j
+                        e = local_expert(ids, pair, expert_offset, self.cfg.ids_bytes)
+                        if cutlass.Uint32(e) < cutlass.Uint32(experts):
+                            acc = acc + ptx.ld_cg_f32(y + (Int64(pair) * Int64(hidden) + Int64(h)) * 4)
                     ptx.st_u16(out + (Int64(t_n) * Int64(hidden) + Int64(h)) * 2,
                                ptx.bf16x2_from_f32(acc, acc))
                 if lane == n:

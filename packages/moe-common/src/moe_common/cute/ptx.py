@@ -315,17 +315,6 @@ def st_v2(addr, a, b, *, loc=None, ip=None):
 
 
 @dsl_user_op
-def st_shared_u8(addr, v, *, loc=None, ip=None):
-    _stmt([Int32(addr).ir_value(loc=loc, ip=ip), _i32(v, loc, ip)], "st.shared.u8 [$0], $1;", "r,r")
-
-
-@dsl_user_op
-def ld_shared_u8(addr, *, loc=None, ip=None) -> Int32:
-    return Int32(_asm(T.i32(), [Int32(addr).ir_value(loc=loc, ip=ip)],
-                      "ld.shared.u8 $0, [$1];", "=r,r", side_effects=True))
-
-
-@dsl_user_op
 def st_shared_u16(addr, v, *, loc=None, ip=None):
     """Store the low 16 bits of v to shared memory."""
     _stmt([Int32(addr).ir_value(loc=loc, ip=ip), _i32(v, loc, ip)],
