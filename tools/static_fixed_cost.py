@@ -1,8 +1,8 @@
 """moe-static's fixed cost, part by part (development tool; wrong outputs, timing only).
 
 Times one layer call (CUDA-graph replay, 20 calls per graph) with parts of the kernel left out
-(StaticConfig.skip): the launch alone, + routing, and the whole kernel, at a Qwen3-30B-A3B-sized
-layer (one routing repeated, so the experts' weights stay in L2: not the bench's cold stream).
+(StaticConfig.skip): the launch alone, + routing, + the two grid barriers, + the reduce, and
+the whole kernel, at a Qwen3-30B-A3B-sized layer.
 
     python3 tools/static_fixed_cost.py [--tokens 1 8]
 """
@@ -17,9 +17,14 @@ from dispatcher.bench import graph_time_us
 from moe_common.testing import random_layer, random_routing
 from moe_static import compile_cache
 
+PARTS = ("tasks", "route", "barriers", "reduce")
 SETS = [  # (label, parts skipped)
-    ("launch only", ("tasks", "route")),
-    ("+ route", ("tasks",)),
+    ("launch only", PARTS),
+    ("+ route", ("tasks", "barriers", "reduce")),
+    ("+ barriers", ("tasks", "route", "reduce")),
+    ("+ reduce", ("tasks", "route", "barriers")),
+    ("all but tasks", ("tasks",)),
+    ("no barriers (wrong)", ("barriers",)),
     ("whole kernel", ()),
 ]
 

@@ -15,8 +15,8 @@ ACTIVATIONS = ("silu", "gelu_tanh", "swigluoai", "relu2")
 # MOE_STATIC_TEAMS=a,b sets the warps per FC1 and per FC2 unit; MOE_STATIC_DEPTH the ring slots.
 TEAMS = tuple(int(v) for v in os.environ.get("MOE_STATIC_TEAMS", "2,2").split(","))
 DEPTH = int(os.environ.get("MOE_STATIC_DEPTH", "3"))
-# MOE_STATIC_SKIP=tasks,route leaves those parts out (wrong output: timing the fixed cost only;
-# tasks = the FC1 and FC2 units)
+# MOE_STATIC_SKIP=tasks,route,barriers,reduce leaves those parts out (wrong output: timing the
+# fixed cost only; tasks = the FC1 and FC2 units)
 SKIP = frozenset(v for v in os.environ.get("MOE_STATIC_SKIP", "").split(",") if v)
 # MOE_STATIC_VARIANT=nodecode|nob|nomma drops one stage of the stream (timing only, see kernel)
 VARIANT = os.environ.get("MOE_STATIC_VARIANT", "")
@@ -34,7 +34,7 @@ def compile_config(cfg: StaticConfig):
     z = Int64(0)
     i1 = Int32(1)
     args = ([z] * 11 + [Int32(128)] + [i1, i1, Int32(0), i1, Int32(128), i1, Int32(16), Int32(8), i1]
-            + [z, z, z, z, z, Float32(1.0), Float32(1.0), Float32(1.0), i1, jit.example_stream()])
+            + [z, z, z, z, Float32(1.0), Float32(1.0), Float32(1.0), i1, jit.example_stream()])
     return jit.compile_kernel(StaticMoE(cfg), *args)
 
 

@@ -5,9 +5,8 @@ read once and the FLOPs are negligible, so the kernel is built to keep HBM busy 
 the stream over every warp of the GPU.
 
 1. Routing, redundantly in every CTA (P = T * k <= MAX_PAIRS ids, a few KiB from L2): a shared
-   histogram of local experts (and of each token's local routes), a scan, the ascending list of
-   active experts and the routed pairs of each expert, in sorted positions. Every CTA derives the
-   same tables; no grid-wide step. Rows of tokens with no local route are zeroed here.
+   histogram of local experts, a scan, the ascending list of active experts and the routed pairs
+   of each expert, in sorted positions. Every CTA derives the same tables; no grid-wide step.
 2. FC1: units (active expert, 16-row weight group), taken by teams of `team_fc1` warps. The warps
    of a team split the group's K-tiles; each streams its tiles through its own ring of shared
    memory slots, filled by bulk copies (the tile's codes and scales and the chunk's token rows)
@@ -15,18 +14,14 @@ the stream over every warp of the GPU.
    e2m1 and runs mma.sync with the token rows as B (ldmatrix). The team adds its
    partial sums in a fixed order through shared memory, applies scale_2, bias and the activation
    and writes the bf16 intermediate inter[pair, column] to a global workspace (at decode sizes
-   a few KiB, L2-resident), one row per routed pair; a finished unit adds 1 to its expert's
-   counter (release).
-3. FC2: units (active expert, 16 rows of H), the same stream over the intermediate's K-tiles,
-   B from inter[pair], once the expert's counter shows all its FC1 units done (acquire): no
-   grid barrier, an FC2 unit waits only for its own expert. The epilogue writes
-   y[pair, h] = w[pair] * (scale_2 * acc + b2) (fp32), then counts each of its pairs on the
-   (token, 16-row) counter; the unit that brings it to the token's number of local routes sums
-   out[t, rows] = bf16(sum_j y[t * k + j, rows]) over the local routes in the order j = 0..k-1
-   (bitwise deterministic, one rounding, whichever unit is last) and sets the counter back to 0.
-4. The last CTA to finish sets the expert counters back to 0 for the next launch.
-Measured (tools/static_fixed_cost.py, Qwen3-30B-A3B shape, T=1): launch 2.2 us, routing 1.3,
-the two grid barriers this replaced 4.3, the separate reduce pass 2.6.
+   a few KiB, L2-resident), one row per routed pair.
+3. Grid barrier.
+4. FC2: units (active expert, 16 rows of H), the same stream over the intermediate's K-tiles,
+   B from inter[pair]; the epilogue writes y[pair, h] = w[pair] * (scale_2 * acc + b2) (fp32), each
+   element once.
+5. Grid barrier, then out[t, h] = bf16(sum_j y[t * k + j, h]) over the local routes of token t
+   in the order j = 0..k-1: bitwise deterministic, one rounding, every element written (0 when no
+   route of t is local).
 
 An expert with more than BN tokens is done in chunks of BN (its weights re-read from L2).
 Units of 16 rows keep every warp of the GPU on the stream even at T=1 (Qwen3-30B-A3B: 8 experts
@@ -57,9 +52,8 @@ SCALE_OFF = 1024  # per warp per ring slot: codes, the group's scales, BN token 
 B_OFF = SCALE_OFF + 256
 SLOT_BYTES = B_OFF + BN * B_ROW_BYTES  # 3456
 MAX_LOCAL_EXPERTS = 512
-MAX_PAIRS = 2048  # and so at most MAX_PAIRS tokens
+MAX_PAIRS = 2048
 EXPERTS_PER_THREAD = MAX_LOCAL_EXPERTS // THREADS
-TOKENS_PER_THREAD = MAX_PAIRS // THREADS
 
 
 @dataclass(frozen=True)
@@ -74,7 +68,7 @@ class StaticConfig:
     # ring slots per warp (depth - 1 K-tiles in flight); 2 measured the same as 3, 4 do not fit
     depth: int = 3
     # timing the fixed cost (wrong results): parts left out, a subset of "tasks" (FC1 and FC2
-    # units) and "route" (the routing tables and the zeroing of unrouted rows)
+    # units), "route", "barriers", "reduce"
     skip: frozenset = frozenset()
     # timing variants (wrong results): "nodecode" feeds raw code words as A, "nob" skips the B
     # ldmatrix, "nomma" skips the MMAs (the decode still runs: its results are summed into acc)
@@ -97,7 +91,7 @@ class StaticMoE:
         self.team_off = self.ring_bytes
         self.team_bytes = WARPS * 2 * 512
         self.route_off = self.team_off + self.team_bytes
-        self.route_bytes = (4 * MAX_LOCAL_EXPERTS + 2 * MAX_PAIRS + 2 * THREADS + 4) * 4
+        self.route_bytes = (4 * MAX_LOCAL_EXPERTS + MAX_PAIRS + 2 * THREADS + 4) * 4
         self.mbar_off = self.route_off + self.route_bytes  # [WARPS][depth] slot mbarriers
         self.smem_bytes = self.mbar_off + WARPS * cfg.depth * 8
 
@@ -110,17 +104,14 @@ class StaticMoE:
         ids: Int64, route_w: Int64, x: Int64, x_stride: Int32,
         tokens: Int32, top_k: Int32, expert_offset: Int32, experts: Int32,
         hidden: Int32, k_tiles1: Int32, groups1: Int32, groups2: Int32, k_tiles2: Int32,
-        inter: Int64, y: Int64, out: Int64, flags: Int64, red_cnt: Int64,
+        inter: Int64, y: Int64, out: Int64, barrier: Int64,
         act_alpha: Float32, act_beta: Float32, act_limit: Float32,
         grid: Int32, stream,
     ):
-        """flags: [experts + 1] int32 (FC1 units done per expert, CTAs finished), red_cnt:
-        [tokens, H / 16] int32 (routes summed per token and 16 rows); both zero before the launch
-        and left zero by it."""
         self.kernel(
             w13, s13, alpha1, b13, w2, s2, alpha2, b2, ids, route_w, x, x_stride,
             tokens, top_k, expert_offset, experts, hidden, k_tiles1, groups1, groups2, k_tiles2,
-            inter, y, out, flags, red_cnt, act_alpha, act_beta, act_limit,
+            inter, y, out, barrier, act_alpha, act_beta, act_limit,
         ).launch(grid=[grid, 1, 1], block=[THREADS, 1, 1], smem=self.smem_bytes, stream=stream,
                  cooperative=True)
 
@@ -133,7 +124,7 @@ class StaticMoE:
         ids: Int64, route_w: Int64, x: Int64, x_stride: Int32,
         tokens: Int32, top_k: Int32, expert_offset: Int32, experts: Int32,
         hidden: Int32, k_tiles1: Int32, groups1: Int32, groups2: Int32, k_tiles2: Int32,
-        inter: Int64, y: Int64, out: Int64, flags: Int64, red_cnt: Int64,
+        inter: Int64, y: Int64, out: Int64, barrier: Int64,
         act_alpha: Float32, act_beta: Float32, act_limit: Float32,
     ):
         cfg = self.cfg
@@ -150,8 +141,6 @@ class StaticMoE:
         s_ord = s_act + MAX_LOCAL_EXPERTS * 4     # [P] pair indices grouped by expert
         s_scan = s_ord + MAX_PAIRS * 4            # [2][THREADS] scan scratch
         s_nact = s_scan + 2 * THREADS * 4         # number of active experts
-        s_nloc = s_nact + 4                       # [T] local routes of each token
-        s_last = s_nloc + MAX_PAIRS * 4           # this CTA finished last (exit)
         pairs = tokens * top_k
 
         if tid % 32 == 0:  # one mbarrier per ring slot of each warp (the routing syncs after)
@@ -159,9 +148,8 @@ class StaticMoE:
                 ptx.mbarrier_init(s_base + self.mbar_off + ((tid // 32) * cfg.depth + i) * 8, 1)
             ptx.fence_mbarrier_init()
         if cutlass.const_expr("route" not in cfg.skip):
-            self._route(ids, pairs, top_k, expert_offset, experts, tid, s_cnt, s_off, s_cur,
-                        s_act, s_ord, s_scan, s_nact, s_nloc)
-            self._zero_unrouted(out, tokens, hidden, s_nloc, bid, grid, tid)
+            self._route(ids, pairs, expert_offset, experts, tid, s_cnt, s_off, s_cur, s_act,
+                        s_ord, s_scan, s_nact)
         else:
             if tid == 0:
                 ptx.st_shared_u32(s_nact, 0)
@@ -175,51 +163,36 @@ class StaticMoE:
         inter_stride = k_tiles2 * TILE_K  # bf16 columns per intermediate row
         self._phase(True, n_act, groups1, groups1, k_tiles1, w13, s13, alpha1, b13, x, x_stride,
                     hidden, inter, inter_stride, y, route_w, top_k, act_alpha, act_beta, act_limit,
-                    s_base, s_cnt, s_off, s_act, s_ord, tiles, bid, grid, tid, flags, groups1,
-                    ids, out, red_cnt, s_nloc, expert_offset, experts)
+                    s_base, s_cnt, s_off, s_act, s_ord, tiles, bid, grid, tid)
+        ptx.fence_proxy_async_global()  # inter (generic stores) is read by bulk copies next
+        self._grid_sync(barrier, grid, tid)
         self._phase(False, n_act, (hidden + 15) // 16, groups2, k_tiles2, w2, s2, alpha2, b2,
                     inter, inter_stride, hidden, inter, inter_stride, y, route_w, top_k,
                     act_alpha, act_beta, act_limit, s_base, s_cnt, s_off, s_act, s_ord, tiles, bid,
-                    grid, tid, flags, groups1, ids, out, red_cnt, s_nloc, expert_offset, experts)
-        self._exit(flags, experts, grid, tid, s_last)
+                    grid, tid)
+        self._grid_sync(barrier, grid, tid)
+        if cutlass.const_expr("reduce" not in cfg.skip):
+            self._reduce(ids, y, out, tokens, top_k, expert_offset, experts, hidden, bid, grid, tid)
 
     @cute.jit
-    def _exit(self, flags, experts, grid, tid, s_last):
-        """The last CTA to finish (every FC2 unit has passed its wait) zeroes the expert
-        counters and the finish count for the next launch or CUDA-graph replay."""
-        cute.arch.sync_threads()
-        if tid == 0:
-            done = ptx.atom_add_acq_rel(flags + Int64(experts) * 4, 1)
-            ptx.st_shared_u32(s_last, done + 1 - grid)  # 0: this CTA finished last
-        cute.arch.sync_threads()
-        if ptx.ld_shared_u32(s_last) == 0:
-            for e in cutlass.range(tid, experts + 1, THREADS, unroll=1):
-                ptx.st_u32(flags + Int64(e) * 4, 0)
-
-    @cute.jit
-    def _zero_unrouted(self, out, tokens, hidden, s_nloc, bid, grid, tid):
-        """out[t] = 0 for the tokens with no local route (no FC2 unit writes them)."""
-        quads = hidden // 4
-        for it in cutlass.range(bid * THREADS + tid, tokens * quads, grid * THREADS, unroll=1):
-            t = it // quads
-            if ptx.ld_shared_u32(s_nloc + t * 4) == 0:
-                ptx.st_v2(out + (Int64(t) * Int64(hidden) + Int64((it - t * quads) * 4)) * 2,
-                          Int32(0), Int32(0))
+    def _grid_sync(self, barrier, grid, tid):
+        cute.arch.sync_threads()  # the CTA's writes are ordered before thread 0's release
+        if cutlass.const_expr("barriers" not in self.cfg.skip):
+            if tid == 0:
+                ptx.grid_barrier_arrive_wait(barrier, grid - 1)
+            cute.arch.sync_threads()
 
     # ------------------------------------------------------------------ routing (per CTA)
     @cute.jit
-    def _route(self, ids, pairs, top_k, expert_offset, experts, tid, s_cnt, s_off, s_cur, s_act,
-               s_ord, s_scan, s_nact, s_nloc):
+    def _route(self, ids, pairs, expert_offset, experts, tid, s_cnt, s_off, s_cur, s_act, s_ord,
+               s_scan, s_nact):
         for i in cutlass.range_constexpr(EXPERTS_PER_THREAD):
             ptx.st_shared_u32(s_cnt + (tid + i * THREADS) * 4, 0)
-        for i in cutlass.range_constexpr(TOKENS_PER_THREAD):
-            ptx.st_shared_u32(s_nloc + (tid + i * THREADS) * 4, 0)
         cute.arch.sync_threads()
         for p in cutlass.range(tid, pairs, THREADS, unroll=1):
             e = local_expert(ids, p, expert_offset, self.cfg.ids_bytes)
             if cutlass.Uint32(e) < cutlass.Uint32(experts):
                 ptx.atom_add_shared(s_cnt + e * 4, 1)
-                ptx.atom_add_shared(s_nloc + (p // top_k) * 4, 1)
         cute.arch.sync_threads()
         # thread tid owns experts [tid * EPT, tid * EPT + EPT): pair and active-expert totals
         e0 = tid * EXPERTS_PER_THREAD
@@ -254,11 +227,11 @@ class StaticMoE:
     def _phase(self, fc1: cutlass.Constexpr, n_act, n_groups, blob_groups, k_tiles, w, s, alpha,
                bias, src, src_stride, hidden, inter, inter_stride, y, route_w, top_k,
                act_alpha, act_beta, act_limit, s_base, s_cnt, s_off, s_act, s_ord, tiles, bid, grid,
-               tid, flags, groups1, ids, out, red_cnt, s_nloc, expert_offset, experts):
+               tid):
         """Every unit (active expert a, 16-row group g) of one GEMM, by teams of `team` warps.
 
         B (tokens) comes from src: FC1 the rows x[pair // k] (read-only, stride src_stride),
-        FC2 the rows inter[pair] that the expert's FC1 units wrote (their counter acquired).
+        FC2 the rows inter[sorted position] this launch wrote before the grid barrier.
         """
         cfg = self.cfg
         team = cfg.team_fc1 if fc1 else cfg.team_fc2
@@ -282,13 +255,6 @@ class StaticMoE:
             cnt = ptx.ld_shared_u32(s_cnt + e * 4)
             first = ptx.ld_shared_u32(s_off + e * 4)
             tile0 = (Int64(e) * Int64(blob_groups) + Int64(g)) * Int64(k_tiles)
-            if cutlass.const_expr(not fc1):
-                # every FC1 unit of expert e (one per 16-row group) has written its inter rows;
-                # the bulk copies of those rows come after this (acquire, then proxy fence)
-                if lane == 0:
-                    ptx.wait_geq_acquire(flags + Int64(e) * 4, groups1)
-                ptx.sync_warp()
-                ptx.fence_proxy_async_global()
             for c0 in cutlass.range(0, cnt, BN, unroll=1):
                 nch = cutlass.min(cnt - c0, BN)
                 # this lane's B column n = lane // 4 (columns past the chunk repeat column 0:
@@ -314,15 +280,6 @@ class StaticMoE:
                     else:
                         self._fc2_epilogue(acc, alpha, bias, e, blob_groups, g, y, route_w,
                                            s_ord, first + c0, nch, hidden, r, q)
-                        self._reduce_if_last(ids, y, out, red_cnt, s_ord, s_nloc, first + c0, nch,
-                                             g, n_groups, top_k, hidden, expert_offset, experts,
-                                             lane)
-            if cutlass.const_expr(fc1):
-                if member == 0:  # this unit's inter rows are written: count it for expert e
-                    ptx.fence_proxy_async_global()  # generic stores -> FC2's bulk copies
-                    ptx.sync_warp()
-                    if lane == 0:
-                        ptx.red_add_release(flags + Int64(e) * 4, 1)
 
     @cute.jit
     def _b_source(self, fc1: cutlass.Constexpr, src, src_stride, top_k, s_ord, pos0, nch, lane):
@@ -490,36 +447,22 @@ class StaticMoE:
                 if h0 + 8 < hidden:
                     ptx.st_f32(dst + 32, wr * (acc[2 + c] * gs + b_hi))
 
-    # ------------------------------------------------------------------ top-k sum
+    # ------------------------------------------------------------------ final reduce
     @cute.jit
-    def _reduce_if_last(self, ids, y, out, red_cnt, s_ord, s_nloc, pos0, nch, g, n_groups, top_k,
-                        hidden, expert_offset, experts, lane):
-        """After this chunk's y stores (rows 16g .. 16g + 15): count each pair on its token's
-        (token, g) counter; for a token this brings to its number of local routes, lanes 0..15
-        write out[t, 16g + lane] = bf16(sum over its local routes j = 0..k-1 of y[t * k + j]) and
-        the counter goes back to 0. The counting atomics order this warp's y stores (bar.warp.sync,
-        release) before the last unit's loads (acquire)."""
-        ptx.sync_warp()
-        t = Int32(0)
-        last = Int32(0)
-        if lane < nch:
-            t = ptx.ld_shared_u32(s_ord + (pos0 + lane) * 4) // top_k
-            old = ptx.atom_add_acq_rel(red_cnt + (Int64(t) * Int64(n_groups) + Int64(g)) * 4, 1)
-            if old + 1 == ptx.ld_shared_u32(s_nloc + t * 4):
-                last = Int32(1)
-        ptx.sync_warp()
-        for n in cutlass.range_constexpr(BN):
-            t_n = ptx.shfl_idx_i32(t, n)
-            if ptx.shfl_idx_i32(last, n) != 0:
-                h = g * 16 + lane
-                if lane < 16:
-                    acc = Float32(0.0)
-                    for j in cutlass.range(top_k, unroll=1):
-                        pair = t_n * top_k + j
-                        e = local_expert(ids, pair, expert_offset, self.cfg.ids_bytes)
-                        if cutlass.Uint32(e) < cutlass.Uint32(experts):
-                            acc = acc + ptx.ld_cg_f32(y + (Int64(pair) * Int64(hidden) + Int64(h)) * 4)
-                    ptx.st_u16(out + (Int64(t_n) * Int64(hidden) + Int64(h)) * 2,
-                               ptx.bf16x2_from_f32(acc, acc))
-                if lane == n:
-                    ptx.st_u32(red_cnt + (Int64(t_n) * Int64(n_groups) + Int64(g)) * 4, 0)
+    def _reduce(self, ids, y, out, tokens, top_k, expert_offset, experts, hidden, bid, grid, tid):
+        """out[t, h0:h0+4] = bf16(sum over local routes j = 0..k-1 of y[t * k + j, h0:h0+4])."""
+        quads = hidden // 4
+        for it in cutlass.range(bid * THREADS + tid, tokens * quads, grid * THREADS, unroll=1):
+            t = it // quads
+            h0 = (it - t * quads) * 4
+            acc = cute.make_rmem_tensor(cute.make_layout(4), Float32)
+            acc.fill(0.0)
+            for j in cutlass.range(top_k, unroll=1):
+                pair = t * top_k + j
+                e = local_expert(ids, pair, expert_offset, self.cfg.ids_bytes)
+                if cutlass.Uint32(e) < cutlass.Uint32(experts):
+                    v = ptx.ld_cg_v4(y + (Int64(pair) * Int64(hidden) + Int64(h0)) * 4)
+                    for c in cutlass.range_constexpr(4):
+                        acc[c] = acc[c] + ptx.f32_bits(v[c])
+            ptx.st_v2(out + (Int64(t) * Int64(hidden) + Int64(h0)) * 2,
+                      ptx.bf16x2_from_f32(acc[0], acc[1]), ptx.bf16x2_from_f32(acc[2], acc[3]))

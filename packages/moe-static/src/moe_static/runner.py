@@ -2,8 +2,8 @@
 
 Weights are the shared fragment repack (moe_common.packed, cached per layer and shared with the
 other kernels). Workspace: the bf16 intermediate [T * k, Ip], the fp32 routed FC2 outputs
-[T * k, H], the per-expert FC1 counters and the per-(token, 16 rows) top-k counters (zeroed
-once, left zero by every launch). Nothing syncs with the host.
+[T * k, H] and the grid barrier's two counters (zeroed once, left zero by every launch).
+Nothing syncs with the host.
 """
 from __future__ import annotations
 
@@ -28,6 +28,12 @@ def _grid(device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+def workspace_bytes(tokens: int, top_k: int, hidden: int, intermediate: int) -> int:
+    """Bytes of workspace a call at T = tokens needs (intermediate and routed outputs)."""
+    ip = -(-intermediate // TILE_K) * TILE_K
+    return tokens * top_k * (ip * 2 + hidden * 4)
+
+
 def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activation,
         quant_mode: str = "w4a16", out=None, workspace=None, deterministic: bool = True):
     """The layer call in one launch. Always deterministic: each output element is summed by one
@@ -44,8 +50,7 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     bufs = Buffers(KERNEL_NAME, workspace, dev)
     inter = bufs.get("inter", (P * ip,), torch.bfloat16)
     y = bufs.get("y", (P * H,), torch.float32)
-    flags = bufs.get("flags", (weights.num_local_experts + 1,), torch.int32, zeroed=True)
-    red_cnt = bufs.get("reduce_counts", (T * (-(-H // 16)),), torch.int32, zeroed=True)
+    barrier = bufs.get("barrier", (2,), torch.int32, zeroed=True)
     if out is None:
         out = torch.empty(T, H, dtype=torch.bfloat16, device=dev)
     if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
@@ -61,6 +66,6 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
            ids.data_ptr(), route_w.data_ptr(), x.data_ptr(), x.stride(0),
            T, k, weights.local_expert_offset, weights.num_local_experts,
            H, prep.hidden_padded // TILE_K, prep.fc1_rows // 16, prep.fc2_rows // 16, ip // TILE_K,
-           inter.data_ptr(), y.data_ptr(), out.data_ptr(), flags.data_ptr(), red_cnt.data_ptr(),
+           inter.data_ptr(), y.data_ptr(), out.data_ptr(), barrier.data_ptr(),
            activation.alpha, activation.beta, limit, _grid(dev), jit.current_stream(dev))
     return out

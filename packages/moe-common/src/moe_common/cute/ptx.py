@@ -322,39 +322,37 @@ def st_shared_u16(addr, v, *, loc=None, ip=None):
 
 
 @dsl_user_op
-def red_add_release(addr, v, *, loc=None, ip=None):
-    """Device-scope release add on a global int32: this thread's earlier writes (and those a
-    bar.warp.sync or CTA barrier ordered before it) are visible to whoever acquires the value."""
-    _stmt([Int64(addr).ir_value(loc=loc, ip=ip), _i32(v, loc, ip)],
-          "red.release.gpu.global.add.u32 [$0], $1;", "l,r")
+def grid_barrier_arrive_wait(state, last, *, loc=None, ip=None):
+    """One thread per CTA: wait until every CTA of the (co-resident) grid has arrived.
 
-
-@dsl_user_op
-def atom_add_acq_rel(addr, v, *, loc=None, ip=None) -> Int32:
-    """Device-scope acquire-release atomic add on a global int32; returns the old value."""
-    return Int32(_asm(T.i32(), [Int64(addr).ir_value(loc=loc, ip=ip), _i32(v, loc, ip)],
-                      "atom.acq_rel.gpu.global.add.u32 $0, [$1], $2;", "=r,l,r", side_effects=True))
-
-
-@dsl_user_op
-def wait_geq_acquire(addr, target, *, loc=None, ip=None):
-    """Spin until the global int32 at addr is >= target (device-scope acquire load)."""
-    _stmt([Int64(addr).ir_value(loc=loc, ip=ip), _i32(target, loc, ip)],
-          "{\n.reg .pred p;\n.reg .b32 v;\n"
+    state: 2 x u32 in global memory, {count, generation}; count must be 0 before the first use
+    and is 0 again after every barrier (the last CTA to arrive resets it), so the same state
+    serves every call and every CUDA-graph replay. last = grid size - 1. The caller brackets this
+    with a CTA barrier, so the CTA's earlier writes are ordered before the release here and its
+    later reads after the acquire.
+    """
+    _stmt([Int64(state).ir_value(loc=loc, ip=ip), _i32(last, loc, ip)],
+          "{\n"
+          ".reg .pred p;\n"
+          ".reg .b32 g, old, gen;\n"
+          "fence.acq_rel.gpu;\n"
+          "ld.acquire.gpu.global.u32 gen, [$0+4];\n"
+          "atom.acq_rel.gpu.global.add.u32 old, [$0], 1;\n"
+          "setp.eq.u32 p, old, $1;\n"
+          "@!p bra WAIT_${:uid};\n"
+          "st.relaxed.gpu.global.u32 [$0], 0;\n"
+          "fence.acq_rel.gpu;\n"
+          "red.release.gpu.global.add.u32 [$0+4], 1;\n"
+          "bra DONE_${:uid};\n"
           "WAIT_${:uid}:\n"
-          "ld.acquire.gpu.global.u32 v, [$0];\n"
-          "setp.ge.s32 p, v, $1;\n"
-          "@p bra DONE_${:uid};\n"
+          "ld.acquire.gpu.global.u32 g, [$0+4];\n"
+          "setp.eq.u32 p, g, gen;\n"
+          "@!p bra DONE_${:uid};\n"
           "nanosleep.u32 20;\n"
           "bra WAIT_${:uid};\n"
-          "DONE_${:uid}:\n}", "l,r")
-
-
-@dsl_user_op
-def ld_cg_f32(addr, *, loc=None, ip=None) -> Float32:
-    """fp32 load from L2 (bypassing L1: another CTA wrote it during this launch)."""
-    return Float32(_asm(T.f32(), [Int64(addr).ir_value(loc=loc, ip=ip)],
-                        "ld.global.cg.f32 $0, [$1];", "=f,l", side_effects=True))
+          "DONE_${:uid}:\n"
+          "fence.acq_rel.gpu;\n"
+          "}", "l,r")
 
 
 @dsl_user_op
