@@ -17,9 +17,26 @@ def test_every_dispatchable_config_compiles_for_sm90a():
     from moe_static.compile_cache import all_configs, compile_config
 
     configs = all_configs()
-    assert len(configs) == 16  # 2 formats x 4 activations x (int32, int64 ids)
+    assert len(configs) == 32  # 2 formats x 4 activations x (int32, int64 ids) x 2 team shapes
     for cfg in configs:
         assert compile_config(cfg) is not None, cfg
+
+
+# (T, k, experts, FC1 groups, FC2 groups): Qwen3-30B-A3B (H=2048, I=768) and DeepSeek-V3
+# (H=7168, I=2048) on the H200's 132 SMs x 16 warps
+QWEN3, DEEPSEEK = (8, 128, 96, 128), (8, 256, 256, 448)
+
+
+@pytest.mark.parametrize("tokens,layer,teams", [
+    (1, QWEN3, (2, 2)),  # 768 FC1 units for 2112 warps: teams of 2 measured faster
+    (1, DEEPSEEK, (1, 1)),  # 2048 FC1 units: teams of 1 measured faster
+    (8, QWEN3, (1, 1)),
+    (64, DEEPSEEK, (1, 1)),
+])
+def test_team_choice_follows_the_measured_points(tokens, layer, teams):
+    from moe_static.runner import choose_teams
+
+    assert choose_teams(tokens, *layer, 132 * 16) == teams
 
 
 def test_shared_memory_fits_one_cta_per_sm():

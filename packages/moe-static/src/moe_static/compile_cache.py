@@ -11,9 +11,13 @@ FORMATS = ("nvfp4", "mxfp4")
 ACTIVATIONS = ("silu", "gelu_tanh", "swigluoai", "relu2")
 
 
+# Warps per FC1 and per FC2 unit that the runner chooses between (runner.choose_teams)
+TEAM_SHAPES = ((2, 2), (1, 1))
+
 # Development knobs for measuring variants (the defaults are the measured best):
-# MOE_STATIC_TEAMS=a,b sets the warps per FC1 and per FC2 unit; MOE_STATIC_DEPTH the ring slots.
-TEAMS = tuple(int(v) for v in os.environ.get("MOE_STATIC_TEAMS", "2,2").split(","))
+# MOE_STATIC_TEAMS=a,b forces the warps per FC1 and per FC2 unit; MOE_STATIC_DEPTH the ring slots.
+FORCED_TEAMS = (tuple(int(v) for v in os.environ["MOE_STATIC_TEAMS"].split(","))
+                if os.environ.get("MOE_STATIC_TEAMS") else None)
 DEPTH = int(os.environ.get("MOE_STATIC_DEPTH", "3"))
 # MOE_STATIC_SKIP=tasks,route,barriers,reduce leaves those parts out (wrong output: timing the
 # fixed cost only; tasks = the FC1 and FC2 units)
@@ -22,9 +26,11 @@ SKIP = frozenset(v for v in os.environ.get("MOE_STATIC_SKIP", "").split(",") if 
 VARIANT = os.environ.get("MOE_STATIC_VARIANT", "")
 
 
-def config(weight_format: str, activation: str, ids_bytes: int = 4) -> StaticConfig:
+def config(weight_format: str, activation: str, ids_bytes: int = 4,
+           teams: tuple = TEAM_SHAPES[0]) -> StaticConfig:
+    teams = FORCED_TEAMS or teams
     return StaticConfig(weight_format=weight_format, activation=activation, ids_bytes=ids_bytes,
-                        team_fc1=TEAMS[0], team_fc2=TEAMS[1], depth=DEPTH,
+                        team_fc1=teams[0], team_fc2=teams[1], depth=DEPTH,
                         skip=SKIP, variant=VARIANT)
 
 
@@ -38,11 +44,12 @@ def compile_config(cfg: StaticConfig):
     return jit.compile_kernel(StaticMoE(cfg), *args)
 
 
-def get(weight_format: str, activation: str, ids_bytes: int = 4):
-    cfg = config(weight_format, activation, ids_bytes)
+def get(weight_format: str, activation: str, ids_bytes: int = 4, teams: tuple = TEAM_SHAPES[0]):
+    cfg = config(weight_format, activation, ids_bytes, teams)
     return cfg, jit.compiled(("moe-static", cfg), lambda: compile_config(cfg))
 
 
 def all_configs():
     """Every configuration the dispatcher can pick (CPU CI compiles each for sm_90a)."""
-    return [config(f, a, b) for f in FORMATS for a in ACTIVATIONS for b in (4, 8)]
+    return [config(f, a, b, t) for f in FORMATS for a in ACTIVATIONS for b in (4, 8)
+            for t in TEAM_SHAPES]

@@ -19,6 +19,7 @@ from moe_common.types import Activation
 from moe_common.weights import MoEWeights
 
 from .compile_cache import get
+from .kernel import WARPS
 from .limits import KERNEL_NAME
 
 
@@ -28,10 +29,19 @@ def _grid(device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def workspace_bytes(tokens: int, top_k: int, hidden: int, intermediate: int) -> int:
-    """Bytes of workspace a call at T = tokens needs (intermediate and routed outputs)."""
-    ip = -(-intermediate // TILE_K) * TILE_K
-    return tokens * top_k * (ip * 2 + hidden * 4)
+def choose_teams(tokens: int, top_k: int, local_experts: int, fc1_groups: int, fc2_groups: int,
+                 warps: int) -> tuple:
+    """Warps per FC1 and per FC2 unit. A unit is (active expert, 16-row group); a team of two
+    warps splits a unit's K-tiles, which pays only while units are scarcer than warps. Measured
+    on the H200 (BENCHMARKS.md, fifth session, same run): Qwen3-30B-A3B T=1 (768 FC1 and 1024
+    FC2 units for 2112 warps) 22.3 us with teams of 2 against 29.5 with 1; DeepSeek-V3 T=1
+    (2048 and 3584 units) 79.2 us with 1 against 84.7 with 2, and 1 ahead at T = 8 and 64 on
+    both presets by 0-5%. Teams of one when both GEMMs have at least 0.9 units per warp (the
+    active experts bounded by min(T * k, local experts): the host does not see the routing)."""
+    active = min(tokens * top_k, local_experts)
+    if 10 * active * min(fc1_groups, fc2_groups) >= 9 * warps:
+        return (1, 1)
+    return (2, 2)
 
 
 def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activation,
@@ -59,7 +69,10 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     route_w = topk_weights if topk_weights.dtype == torch.float32 else topk_weights.float()
     route_w = route_w.contiguous()
     limit = activation.limit if activation.limit is not None else math.inf
-    _, kernel = get(weights.weight_format, activation.name, ids.element_size())
+    grid = _grid(dev)
+    teams = choose_teams(T, k, weights.num_local_experts, prep.fc1_rows // 16, -(-H // 16),
+                         grid * WARPS)
+    _, kernel = get(weights.weight_format, activation.name, ids.element_size(), teams)
     kernel(prep.w13.data_ptr(), prep.w13_scale.data_ptr(), prep.fc1_alpha[quant_mode].data_ptr(),
            prep.w13_bias.data_ptr(), prep.w2.data_ptr(), prep.w2_scale.data_ptr(),
            prep.fc2_alpha[quant_mode].data_ptr(), prep.w2_bias.data_ptr(),
@@ -67,5 +80,5 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
            T, k, weights.local_expert_offset, weights.num_local_experts,
            H, prep.hidden_padded // TILE_K, prep.fc1_rows // 16, prep.fc2_rows // 16, ip // TILE_K,
            inter.data_ptr(), y.data_ptr(), out.data_ptr(), barrier.data_ptr(),
-           activation.alpha, activation.beta, limit, _grid(dev), jit.current_stream(dev))
+           activation.alpha, activation.beta, limit, grid, jit.current_stream(dev))
     return out
