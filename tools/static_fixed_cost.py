@@ -2,7 +2,8 @@
 
 Times one layer call (CUDA-graph replay, 20 calls per graph) with parts of the kernel left out
 (StaticConfig.skip): the launch alone, + routing, + the two grid barriers, + the reduce, and
-the whole kernel, at a Qwen3-30B-A3B-sized layer.
+the whole kernel, at a Qwen3-30B-A3B-sized layer. One routing is replayed, so the hit experts'
+weights stay in L2: the whole-kernel time is not the bench's cold stream.
 
     python3 tools/static_fixed_cost.py [--tokens 1 8]
 """

@@ -61,7 +61,8 @@ class StaticConfig:
     weight_format: str  # "nvfp4" | "mxfp4"
     activation: str  # silu | gelu_tanh | swigluoai | relu2
     ids_bytes: int = 4  # topk_ids int32 or int64
-    # warps per FC1 / FC2 unit (they split its K-tiles); teams of 4 measured slower (DeepSeek-V3
+    # warps per FC1 / FC2 unit (they split its K-tiles): the runner picks 2 or 1 by how many
+    # units there are per warp (runner.choose_teams); teams of 4 measured slower (DeepSeek-V3
     # T=1 111.7 vs 104.2 us at 0db0d90, BENCHMARKS.md)
     team_fc1: int = 2
     team_fc2: int = 2
