@@ -315,13 +315,6 @@ def st_v2(addr, a, b, *, loc=None, ip=None):
 
 
 @dsl_user_op
-def st_shared_u16(addr, v, *, loc=None, ip=None):
-    """Store the low 16 bits of v to shared memory."""
-    _stmt([Int32(addr).ir_value(loc=loc, ip=ip), _i32(v, loc, ip)],
-          "{ .reg .b16 t; cvt.u16.u32 t, $1; st.shared.u16 [$0], t; }", "r,r")
-
-
-@dsl_user_op
 def grid_barrier_arrive_wait(state, last, *, loc=None, ip=None):
     """One thread per CTA: wait until every CTA of the (co-resident) grid has arrived.
 
@@ -355,12 +348,6 @@ def grid_barrier_arrive_wait(state, last, *, loc=None, ip=None):
           "}", "l,r")
 
 
-@dsl_user_op
-def shfl_bfly_f32(v, lane_mask, member_mask, *, loc=None, ip=None) -> Float32:
-    """v of lane (lane ^ lane_mask) among the lanes in member_mask (shfl.sync.bfly)."""
-    return Float32(_asm(T.f32(), [Float32(v).ir_value(loc=loc, ip=ip), _i32(lane_mask, loc, ip),
-                                  _i32(member_mask, loc, ip)],
-                        "shfl.sync.bfly.b32 $0, $1, $2, 0x1f, $3;", "=f,f,r,r", side_effects=True))
 # ---------------------------------------------------------------- mbarrier + bulk copy (TMA 1D)
 @dsl_user_op
 def mbarrier_init(addr, count, *, loc=None, ip=None):
