@@ -78,7 +78,9 @@ class StaticConfig:
     # units), "route", "barriers", "reduce"
     skip: frozenset = frozenset()
     # timing variants (wrong results): "nodecode" feeds raw code words as A, "nob" skips the B
-    # ldmatrix, "nomma" skips the MMAs (the decode still runs: its results are summed into acc)
+    # ldmatrix, "nomma" skips the MMAs (the decode still runs: its results are summed into acc);
+    # "noscalecopy" leaves the scales' bulk copy out, "splitcodes" copies the codes in two halves
+    # (one more copy per K-tile, the same bytes)
     variant: str = ""
 
     @property
@@ -420,9 +422,18 @@ class StaticMoE:
         if cutlass.const_expr(fc1):
             row_bytes = cutlass.min(hidden - kt * TILE_K, TILE_K) * 2
         if lane == 0:
-            ptx.mbarrier_arrive_expect_tx(mb, 1024 + scale_bytes + nch * row_bytes)
-            ptx.bulk_copy_g2s(slot, w_tile, 1024, mb)
-            ptx.bulk_copy_g2s(slot + SCALE_OFF, s_tile, scale_bytes, mb)
+            if cutlass.const_expr(self.cfg.variant == "noscalecopy"):  # 1 weight copy, 1 KiB
+                ptx.mbarrier_arrive_expect_tx(mb, 1024 + nch * row_bytes)
+                ptx.bulk_copy_g2s(slot, w_tile, 1024, mb)
+            elif cutlass.const_expr(self.cfg.variant == "splitcodes"):  # 3 weight copies
+                ptx.mbarrier_arrive_expect_tx(mb, 1024 + scale_bytes + nch * row_bytes)
+                ptx.bulk_copy_g2s(slot, w_tile, 512, mb)
+                ptx.bulk_copy_g2s(slot + 512, w_tile + 512, 512, mb)
+                ptx.bulk_copy_g2s(slot + SCALE_OFF, s_tile, scale_bytes, mb)
+            else:
+                ptx.mbarrier_arrive_expect_tx(mb, 1024 + scale_bytes + nch * row_bytes)
+                ptx.bulk_copy_g2s(slot, w_tile, 1024, mb)
+                ptx.bulk_copy_g2s(slot + SCALE_OFF, s_tile, scale_bytes, mb)
         if lane < nch:
             ptx.bulk_copy_g2s(slot + B_OFF + lane * B_ROW_BYTES, b_src + Int64(kt) * (TILE_K * 2),
                               row_bytes, mb)
