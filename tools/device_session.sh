@@ -69,7 +69,7 @@ for s in "$@"; do
     bench-nemotron) step bench-nemotron 400 "${BENCH[@]}" --preset nemotron-relu2 --tokens 512 2048 8192 --kernels auto torch-bf16 --no-check --json "$OUT/bench-nemotron.json" ;;
     static-variants)
       for v in ${STATIC_VARIANTS:-"MOE_STATIC_TEAMS=2,2" "MOE_STATIC_TEAMS=1,1" "MOE_STATIC_DEPTH=2" "MOE_STATIC_SKIP=tasks"}; do
-        step "variant-${v//[=,]/-}" 200 env $v "${BENCH[@]}" --preset qwen3-30b-a3b deepseek-v3 --tokens 1 8 64 --kernels moe-static --no-check
+        step "variant-${v//[=,]/-}" 200 env $v "${BENCH[@]}" --preset qwen3-30b-a3b deepseek-v3 --tokens ${STATIC_TOKENS:-1 8 64} --kernels moe-static --no-check
       done ;;
     generic-variants)
       for v in "MOE_GENERIC_WARPS64=8" "MOE_GENERIC_WARPS64=4"; do
