@@ -30,6 +30,7 @@ QWEN3, DEEPSEEK = (8, 128, 96, 128), (8, 256, 256, 448)
 @pytest.mark.parametrize("tokens,layer,teams", [
     (1, QWEN3, (2, 2)),  # 768 FC1 units for 2112 warps: teams of 2 measured faster
     (1, DEEPSEEK, (1, 1)),  # 2048 FC1 units: teams of 1 measured faster
+    (2, QWEN3, (1, 1)),  # 1536 FC1 units: teams of 1 measured faster
     (8, QWEN3, (1, 1)),
     (64, DEEPSEEK, (1, 1)),
 ])

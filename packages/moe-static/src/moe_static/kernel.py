@@ -80,7 +80,8 @@ class StaticConfig:
     # timing variants (wrong results): "nodecode" feeds raw code words as A, "nob" skips the B
     # ldmatrix, "nomma" skips the MMAs (the decode still runs: its results are summed into acc);
     # "noscalecopy" leaves the scales' bulk copy out, "splitcodes" copies the codes in two halves
-    # (one more copy per K-tile, the same bytes)
+    # (one more copy per K-tile, the same bytes); "ktmajor" reads the blobs as if they were
+    # laid out [expert][K-tile][group] (wrong data, the same bytes: DRAM locality)
     variant: str = ""
 
     @property
@@ -268,6 +269,10 @@ class StaticMoE:
             cnt = ptx.ld_shared_u32(s_cnt + e * 4)
             first = ptx.ld_shared_u32(s_off + e * 4)
             tile0 = (Int64(e) * Int64(blob_groups) + Int64(g)) * Int64(k_tiles)
+            kstep = Int64(1)  # blob tiles from one K-tile of the unit to the next
+            if cutlass.const_expr(cfg.variant == "ktmajor"):
+                tile0 = Int64(e) * Int64(blob_groups) * Int64(k_tiles) + Int64(g)
+                kstep = Int64(blob_groups)
             for c0 in cutlass.range(0, cnt, BN, unroll=1):
                 nch = cutlass.min(cnt - c0, BN)
                 # this lane's B column n = lane // 4 (columns past the chunk repeat column 0:
@@ -284,7 +289,8 @@ class StaticMoE:
                 if c0 == 0:
                     pf = Int32(1)
                 self._stream(fc1, acc, w + tile0 * 1024, s + tile0 * (16 * sbpr), k_tiles,
-                             member, team, b_src, nch, b_off, hidden, ring, mbar, tiles, lane, pf)
+                             member, team, b_src, nch, b_off, hidden, ring, mbar, tiles, lane, pf,
+                             kstep)
                 if cutlass.const_expr(team > 1):
                     self._team_sum(acc, s_base + self.team_off, my_team, member, team, parity,
                                    lane)
@@ -341,7 +347,7 @@ class StaticMoE:
 
     @cute.jit
     def _stream(self, fc1: cutlass.Constexpr, acc, w_unit, s_unit, k_tiles, member, team, b_src,
-                nch, b_off, hidden, ring, mbar, tiles, lane, pf):
+                nch, b_off, hidden, ring, mbar, tiles, lane, pf, kstep):
         """acc += this warp's share (K-tiles member, member + team, ..) of A_unit @ B.
 
         Tiles run through the warp's ring of `depth` slots, each filled by bulk copies (codes,
@@ -362,8 +368,8 @@ class StaticMoE:
             if j < n_mine:
                 kt = member + j * team
                 sl = (t0 + j) % cfg.depth
-                self._issue(fc1, ring + sl * SLOT_BYTES, mbar + sl * 8, w_unit + Int64(kt) * 1024,
-                            s_unit + Int64(kt) * (16 * sbpr), kt, b_src, nch, hidden, lane)
+                self._issue(fc1, ring + sl * SLOT_BYTES, mbar + sl * 8, w_unit + Int64(kt) * kstep * 1024,
+                            s_unit + Int64(kt) * kstep * (16 * sbpr), kt, b_src, nch, hidden, lane)
         for j in cutlass.range(n_mine, unroll=1):
             t = t0 + j
             sl = t % cfg.depth
@@ -373,8 +379,8 @@ class StaticMoE:
                 ptx.sync_warp()  # every lane is done with tile j - 1's slot, which nxt refills
                 kn = member + nxt * team
                 sn = (t0 + nxt) % cfg.depth
-                self._issue(fc1, ring + sn * SLOT_BYTES, mbar + sn * 8, w_unit + Int64(kn) * 1024,
-                            s_unit + Int64(kn) * (16 * sbpr), kn, b_src, nch, hidden, lane)
+                self._issue(fc1, ring + sn * SLOT_BYTES, mbar + sn * 8, w_unit + Int64(kn) * kstep * 1024,
+                            s_unit + Int64(kn) * kstep * (16 * sbpr), kn, b_src, nch, hidden, lane)
                 if cutlass.const_expr(cfg.prefetch > 0):
                     if lane == 0:
                         if pf != 0:

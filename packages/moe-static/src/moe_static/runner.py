@@ -36,10 +36,12 @@ def choose_teams(tokens: int, top_k: int, local_experts: int, fc1_groups: int, f
     on the H200 (BENCHMARKS.md, fifth session, same run): Qwen3-30B-A3B T=1 (768 FC1 and 1024
     FC2 units for 2112 warps) 22.3 us with teams of 2 against 29.5 with 1; DeepSeek-V3 T=1
     (2048 and 3584 units) 79.2 us with 1 against 84.7 with 2, and 1 ahead at T = 8 and 64 on
-    both presets by 0-5%. Teams of one when both GEMMs have at least 0.9 units per warp (the
-    active experts bounded by min(T * k, local experts): the host does not see the routing)."""
+    both presets by 0-5%. Sixth session, same run: Qwen3-30B-A3B T=2 (1536 and 2048 units) 30.7
+    us with 1 against 33.6 with 2. Teams of one when both GEMMs have at least half a unit per
+    warp, which splits the measured points 0.36 (2 faster) and 0.73 (1 faster); the active
+    experts are bounded by min(T * k, local experts): the host does not see the routing."""
     active = min(tokens * top_k, local_experts)
-    if 10 * active * min(fc1_groups, fc2_groups) >= 9 * warps:
+    if 2 * active * min(fc1_groups, fc2_groups) >= warps:
         return (1, 1)
     return (2, 2)
 
