@@ -96,9 +96,6 @@ class StaticMoE:
                 "one named barrier per team of 2 or more (ids 1..15)"
         assert cfg.depth >= 2
         self.cfg = cfg
-        # arrivals per slot fill: lane 0's expect_tx, plus every lane's cp.async arrival when
-        # some of the slot comes by cp.async (the "lsu" variants)
-        self.slot_arrivals = 33 if cfg.variant.startswith("lsu") else 1
         self.ring_bytes = WARPS * cfg.depth * SLOT_BYTES
         # team partial sums: per team 2 buffers (alternating units) x (team - 1) warps x 512 B;
         # teams x (team - 1) < WARPS for any team size
@@ -159,8 +156,7 @@ class StaticMoE:
 
         if tid % 32 == 0:  # one mbarrier per ring slot of each warp (the routing syncs after)
             for i in cutlass.range_constexpr(cfg.depth):
-                ptx.mbarrier_init(s_base + self.mbar_off + ((tid // 32) * cfg.depth + i) * 8,
-                                  self.slot_arrivals)
+                ptx.mbarrier_init(s_base + self.mbar_off + ((tid // 32) * cfg.depth + i) * 8, 1)
             ptx.fence_mbarrier_init()
         if cutlass.const_expr("route" not in cfg.skip):
             self._route(ids, pairs, expert_offset, experts, tid, s_cnt, s_off, s_cur, s_act,
@@ -431,9 +427,7 @@ class StaticMoE:
         row_bytes = Int32(TILE_K * 2)
         if cutlass.const_expr(fc1):
             row_bytes = cutlass.min(hidden - kt * TILE_K, TILE_K) * 2
-        if cutlass.const_expr(self.cfg.variant.startswith("lsu")):
-            self._issue_lsu(slot, mb, w_tile, s_tile, kt, b_src, nch, row_bytes, lane)
-        elif lane == 0:
+        if lane == 0:
             if cutlass.const_expr(self.cfg.variant == "noscalecopy"):  # 1 weight copy, 1 KiB
                 ptx.mbarrier_arrive_expect_tx(mb, 1024 + nch * row_bytes)
                 ptx.bulk_copy_g2s(slot, w_tile, 1024, mb)
@@ -449,39 +443,6 @@ class StaticMoE:
         if lane < nch:
             ptx.bulk_copy_g2s(slot + B_OFF + lane * B_ROW_BYTES, b_src + Int64(kt) * (TILE_K * 2),
                               row_bytes, mb)
-
-    @cute.jit
-    def _issue_lsu(self, slot, mb, w_tile, s_tile, kt, b_src, nch, row_bytes, lane):
-        """_issue with the scales ("lsu_scales") or the scales and token rows ("lsu_all") copied
-        16 bytes per lane by cp.async (the load/store path) instead of bulk copies (the TMA
-        unit); the codes stay one bulk copy."""
-        scale_bytes = 16 * fm.scale_bytes_per_row(self.cfg.weight_format)
-        rows_by_tma = self.cfg.variant == "lsu_scales"
-        if lane == 0:
-            tx = 1024
-            if cutlass.const_expr(rows_by_tma):
-                tx = 1024 + nch * row_bytes
-            ptx.mbarrier_arrive_expect_tx(mb, tx)
-            ptx.bulk_copy_g2s(slot, w_tile, 1024, mb)
-        if cutlass.const_expr(rows_by_tma):
-            if lane < nch:
-                ptx.bulk_copy_g2s(slot + B_OFF + lane * B_ROW_BYTES,
-                                  b_src + Int64(kt) * (TILE_K * 2), row_bytes, mb)
-        if lane < scale_bytes // 16:
-            ptx.cp_async_16(slot + SCALE_OFF + lane * 16, s_tile + lane * 16)
-        if cutlass.const_expr(not rows_by_tma):
-            # 16-byte chunk c of token row n: lane l takes chunks l, l + 32, .. of the BN x 16
-            # grid; the lane's own b_src is row lane's, so take row n's address by shuffle
-            for i in cutlass.range_constexpr(BN * 16 // 32):
-                idx = lane + 32 * i
-                n = idx // 16
-                c = idx % 16
-                src_n = ptx.shfl_idx_i64(b_src, n)
-                if n < nch:
-                    if c * 16 < row_bytes:
-                        ptx.cp_async_16(slot + B_OFF + n * B_ROW_BYTES + c * 16,
-                                        src_n + Int64(kt) * (TILE_K * 2) + Int64(c * 16))
-        ptx.cp_async_mbarrier_arrive_noinc(mb)
 
     @cute.jit
     def _slot_words(self, slot, lane):

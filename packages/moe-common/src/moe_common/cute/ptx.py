@@ -178,13 +178,6 @@ def cp_async_16_zfill(smem_addr, gmem_addr, nbytes, *, loc=None, ip=None):
 
 
 @dsl_user_op
-def cp_async_mbarrier_arrive_noinc(mbar, *, loc=None, ip=None):
-    """Arrive on the mbarrier once this thread's earlier cp.async copies have landed (the
-    arrival is counted in the barrier's initial count: .noinc)."""
-    _stmt([Int32(mbar).ir_value(loc=loc, ip=ip)], "cp.async.mbarrier.arrive.noinc.shared::cta.b64 [$0];", "r")
-
-
-@dsl_user_op
 def cp_async_commit(*, loc=None, ip=None):
     _stmt([], "cp.async.commit_group;", "")
 
@@ -449,13 +442,3 @@ def shfl_idx_i32(v, src_lane, *, loc=None, ip=None) -> Int32:
     """v of lane src_lane (shfl.sync.idx, full warp)."""
     return Int32(_asm(T.i32(), [_i32(v, loc, ip), _i32(src_lane, loc, ip)],
                       "shfl.sync.idx.b32 $0, $1, $2, 0x1f, 0xffffffff;", "=r,r,r", side_effects=True))
-
-
-@dsl_user_op
-def shfl_idx_i64(v, src_lane, *, loc=None, ip=None) -> Int64:
-    """64-bit v of lane src_lane (two shfl.sync.idx, full warp)."""
-    return Int64(_asm(T.i64(), [Int64(v).ir_value(loc=loc, ip=ip), _i32(src_lane, loc, ip)],
-                      "{\n.reg .b32 lo, hi;\nmov.b64 {lo, hi}, $1;\n"
-                      "shfl.sync.idx.b32 lo, lo, $2, 0x1f, 0xffffffff;\n"
-                      "shfl.sync.idx.b32 hi, hi, $2, 0x1f, 0xffffffff;\n"
-                      "mov.b64 $0, {lo, hi};\n}", "=l,l,r", side_effects=True))
