@@ -19,8 +19,6 @@ TEAM_SHAPES = ((2, 2), (1, 1))
 FORCED_TEAMS = (tuple(int(v) for v in os.environ["MOE_STATIC_TEAMS"].split(","))
                 if os.environ.get("MOE_STATIC_TEAMS") else None)
 DEPTH = int(os.environ.get("MOE_STATIC_DEPTH", "3"))
-# MOE_STATIC_PREFETCH=ahead,warmup: L2 prefetch distance beyond the ring and FC2 warm-up tiles
-PREFETCH = tuple(int(v) for v in os.environ.get("MOE_STATIC_PREFETCH", "0,0").split(","))
 # MOE_STATIC_SKIP=tasks,route,barriers,reduce leaves those parts out (wrong output: timing the
 # fixed cost only; tasks = the FC1 and FC2 units)
 SKIP = frozenset(v for v in os.environ.get("MOE_STATIC_SKIP", "").split(",") if v)
@@ -33,7 +31,6 @@ def config(weight_format: str, activation: str, ids_bytes: int = 4,
     teams = FORCED_TEAMS or teams
     return StaticConfig(weight_format=weight_format, activation=activation, ids_bytes=ids_bytes,
                         team_fc1=teams[0], team_fc2=teams[1], depth=DEPTH,
-                        prefetch=PREFETCH[0], warmup=PREFETCH[1],
                         skip=SKIP, variant=VARIANT)
 
 

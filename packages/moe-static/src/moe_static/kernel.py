@@ -68,20 +68,11 @@ class StaticConfig:
     team_fc2: int = 2
     # ring slots per warp (depth - 1 K-tiles in flight); 2 measured the same as 3, 4 do not fit
     depth: int = 3
-    # K-tiles a warp asks L2 to prefetch beyond its ring (cp.async.bulk.prefetch.L2), so more
-    # DRAM reads are in flight than the ring's depth - 1 tiles per warp
-    prefetch: int = 0
-    # K-tiles of each warp's first FC2 unit prefetched into L2 before the grid barrier, so the
-    # FC2 stream starts from L2 while the last FC1 units finish
-    warmup: int = 0
     # timing the fixed cost (wrong results): parts left out, a subset of "tasks" (FC1 and FC2
     # units), "route", "barriers", "reduce"
     skip: frozenset = frozenset()
     # timing variants (wrong results): "nodecode" feeds raw code words as A, "nob" skips the B
-    # ldmatrix, "nomma" skips the MMAs (the decode still runs: its results are summed into acc);
-    # "noscalecopy" leaves the scales' bulk copy out, "splitcodes" copies the codes in two halves
-    # (one more copy per K-tile, the same bytes); "ktmajor" reads the blobs as if they were
-    # laid out [expert][K-tile][group] (wrong data, the same bytes: DRAM locality)
+    # ldmatrix, "nomma" skips the MMAs (the decode still runs: its results are summed into acc)
     variant: str = ""
 
     @property
@@ -175,9 +166,6 @@ class StaticMoE:
         self._phase(True, n_act, groups1, groups1, k_tiles1, w13, s13, alpha1, b13, x, x_stride,
                     hidden, inter, inter_stride, y, route_w, top_k, act_alpha, act_beta, act_limit,
                     s_base, s_cnt, s_off, s_act, s_ord, tiles, bid, grid, tid)
-        if cutlass.const_expr(cfg.warmup > 0):
-            self._warmup(n_act, (hidden + 15) // 16, groups2, k_tiles2, w2, s2, s_act, bid, grid,
-                         tid)
         ptx.fence_proxy_async_global()  # inter (generic stores) is read by bulk copies next
         self._grid_sync(barrier, grid, tid)
         self._phase(False, n_act, (hidden + 15) // 16, groups2, k_tiles2, w2, s2, alpha2, b2,
@@ -269,10 +257,6 @@ class StaticMoE:
             cnt = ptx.ld_shared_u32(s_cnt + e * 4)
             first = ptx.ld_shared_u32(s_off + e * 4)
             tile0 = (Int64(e) * Int64(blob_groups) + Int64(g)) * Int64(k_tiles)
-            kstep = Int64(1)  # blob tiles from one K-tile of the unit to the next
-            if cutlass.const_expr(cfg.variant == "ktmajor"):
-                tile0 = Int64(e) * Int64(blob_groups) * Int64(k_tiles) + Int64(g)
-                kstep = Int64(blob_groups)
             for c0 in cutlass.range(0, cnt, BN, unroll=1):
                 nch = cutlass.min(cnt - c0, BN)
                 # this lane's B column n = lane // 4 (columns past the chunk repeat column 0:
@@ -285,12 +269,8 @@ class StaticMoE:
                     row = Int32(0)
                 b_off = row * B_ROW_BYTES + ((lane // 8) % 2) * 16 + (lane // 16) * 32
                 acc.fill(0.0)
-                pf = Int32(0)  # L2 prefetches for the first chunk only (later chunks hit L2)
-                if c0 == 0:
-                    pf = Int32(1)
                 self._stream(fc1, acc, w + tile0 * 1024, s + tile0 * (16 * sbpr), k_tiles,
-                             member, team, b_src, nch, b_off, hidden, ring, mbar, tiles, lane, pf,
-                             kstep)
+                             member, team, b_src, nch, b_off, hidden, ring, mbar, tiles, lane)
                 if cutlass.const_expr(team > 1):
                     self._team_sum(acc, s_base + self.team_off, my_team, member, team, parity,
                                    lane)
@@ -302,37 +282,6 @@ class StaticMoE:
                     else:
                         self._fc2_epilogue(acc, alpha, bias, e, blob_groups, g, y, route_w,
                                            s_ord, first + c0, nch, hidden, r, q)
-
-    @cute.jit
-    def _prefetch_tile(self, w_unit, s_unit, kt):
-        """Ask L2 for K-tile kt of a unit: its codes and its scales."""
-        scale_bytes = 16 * fm.scale_bytes_per_row(self.cfg.weight_format)
-        ptx.bulk_prefetch_l2(w_unit + Int64(kt) * 1024, 1024)
-        ptx.bulk_prefetch_l2(s_unit + Int64(kt) * scale_bytes, scale_bytes)
-
-    @cute.jit
-    def _warmup(self, n_act, n_groups, blob_groups, k_tiles, w, s, s_act, bid, grid, tid):
-        """Before the grid barrier: prefetch the first `warmup` K-tiles of this warp's share of
-        its first FC2 unit (the same unit and share _phase will give it)."""
-        cfg = self.cfg
-        team = cfg.team_fc2
-        teams = WARPS // team
-        warp = tid // 32
-        my_team = warp // team
-        member = warp - my_team * team
-        u = bid * teams + my_team
-        if tid % 32 == 0:
-            if u < n_act * n_groups:
-                a = u // n_groups
-                g = u - a * n_groups
-                e = ptx.ld_shared_u32(s_act + a * 4)
-                tile0 = (Int64(e) * Int64(blob_groups) + Int64(g)) * Int64(k_tiles)
-                sbpr = fm.scale_bytes_per_row(cfg.weight_format)
-                n_mine = (k_tiles - member + team - 1) // team
-                for j in cutlass.range_constexpr(cfg.warmup):
-                    if j < n_mine:
-                        self._prefetch_tile(w + tile0 * 1024, s + tile0 * (16 * sbpr),
-                                            member + j * team)
 
     @cute.jit
     def _b_source(self, fc1: cutlass.Constexpr, src, src_stride, top_k, s_ord, pos0, nch, lane):
@@ -347,29 +296,22 @@ class StaticMoE:
 
     @cute.jit
     def _stream(self, fc1: cutlass.Constexpr, acc, w_unit, s_unit, k_tiles, member, team, b_src,
-                nch, b_off, hidden, ring, mbar, tiles, lane, pf, kstep):
+                nch, b_off, hidden, ring, mbar, tiles, lane):
         """acc += this warp's share (K-tiles member, member + team, ..) of A_unit @ B.
 
         Tiles run through the warp's ring of `depth` slots, each filled by bulk copies (codes,
         scales, one per token row) that complete on the slot's mbarrier; the warp's running tile
-        count gives the slot and the phase parity, across units and phases. With pf != 0, lane 0
-        keeps L2 prefetches `prefetch` tiles ahead of the ring."""
+        count gives the slot and the phase parity, across units and phases."""
         cfg = self.cfg
         sbpr = fm.scale_bytes_per_row(cfg.weight_format)
         n_mine = (k_tiles - member + team - 1) // team
         t0 = tiles[0]
-        if cutlass.const_expr(cfg.prefetch > 0):
-            if lane == 0:
-                if pf != 0:
-                    for j in cutlass.range_constexpr(cfg.depth - 1, cfg.depth - 1 + cfg.prefetch):
-                        if j < n_mine:
-                            self._prefetch_tile(w_unit, s_unit, member + j * team)
         for j in cutlass.range_constexpr(cfg.depth - 1):
             if j < n_mine:
                 kt = member + j * team
                 sl = (t0 + j) % cfg.depth
-                self._issue(fc1, ring + sl * SLOT_BYTES, mbar + sl * 8, w_unit + Int64(kt) * kstep * 1024,
-                            s_unit + Int64(kt) * kstep * (16 * sbpr), kt, b_src, nch, hidden, lane)
+                self._issue(fc1, ring + sl * SLOT_BYTES, mbar + sl * 8, w_unit + Int64(kt) * 1024,
+                            s_unit + Int64(kt) * (16 * sbpr), kt, b_src, nch, hidden, lane)
         for j in cutlass.range(n_mine, unroll=1):
             t = t0 + j
             sl = t % cfg.depth
@@ -379,14 +321,8 @@ class StaticMoE:
                 ptx.sync_warp()  # every lane is done with tile j - 1's slot, which nxt refills
                 kn = member + nxt * team
                 sn = (t0 + nxt) % cfg.depth
-                self._issue(fc1, ring + sn * SLOT_BYTES, mbar + sn * 8, w_unit + Int64(kn) * kstep * 1024,
-                            s_unit + Int64(kn) * kstep * (16 * sbpr), kn, b_src, nch, hidden, lane)
-                if cutlass.const_expr(cfg.prefetch > 0):
-                    if lane == 0:
-                        if pf != 0:
-                            if nxt + cfg.prefetch < n_mine:
-                                self._prefetch_tile(w_unit, s_unit,
-                                                    member + (nxt + cfg.prefetch) * team)
+                self._issue(fc1, ring + sn * SLOT_BYTES, mbar + sn * 8, w_unit + Int64(kn) * 1024,
+                            s_unit + Int64(kn) * (16 * sbpr), kn, b_src, nch, hidden, lane)
             slot = ring + sl * SLOT_BYTES
             kt = member + j * team
             words = self._slot_words(slot, lane)
@@ -428,18 +364,9 @@ class StaticMoE:
         if cutlass.const_expr(fc1):
             row_bytes = cutlass.min(hidden - kt * TILE_K, TILE_K) * 2
         if lane == 0:
-            if cutlass.const_expr(self.cfg.variant == "noscalecopy"):  # 1 weight copy, 1 KiB
-                ptx.mbarrier_arrive_expect_tx(mb, 1024 + nch * row_bytes)
-                ptx.bulk_copy_g2s(slot, w_tile, 1024, mb)
-            elif cutlass.const_expr(self.cfg.variant == "splitcodes"):  # 3 weight copies
-                ptx.mbarrier_arrive_expect_tx(mb, 1024 + scale_bytes + nch * row_bytes)
-                ptx.bulk_copy_g2s(slot, w_tile, 512, mb)
-                ptx.bulk_copy_g2s(slot + 512, w_tile + 512, 512, mb)
-                ptx.bulk_copy_g2s(slot + SCALE_OFF, s_tile, scale_bytes, mb)
-            else:
-                ptx.mbarrier_arrive_expect_tx(mb, 1024 + scale_bytes + nch * row_bytes)
-                ptx.bulk_copy_g2s(slot, w_tile, 1024, mb)
-                ptx.bulk_copy_g2s(slot + SCALE_OFF, s_tile, scale_bytes, mb)
+            ptx.mbarrier_arrive_expect_tx(mb, 1024 + scale_bytes + nch * row_bytes)
+            ptx.bulk_copy_g2s(slot, w_tile, 1024, mb)
+            ptx.bulk_copy_g2s(slot + SCALE_OFF, s_tile, scale_bytes, mb)
         if lane < nch:
             ptx.bulk_copy_g2s(slot + B_OFF + lane * B_ROW_BYTES, b_src + Int64(kt) * (TILE_K * 2),
                               row_bytes, mb)
