@@ -323,14 +323,6 @@ class StaticMoE:
                 sn = (t0 + nxt) % cfg.depth
                 self._issue(fc1, ring + sn * SLOT_BYTES, mbar + sn * 8, w_unit + Int64(kn) * 1024,
                             s_unit + Int64(kn) * (16 * sbpr), kn, b_src, nch, hidden, lane)
-            if cutlass.const_expr(cfg.variant.startswith("lsu")):
-                # this lane's cp.async of tile j landed (the groups after it: the refills of
-                # tiles j + 1 .. j + depth - 1, or none in the unit's tail); then every lane's
-                if nxt < n_mine:
-                    ptx.cp_async_wait(cfg.depth - 1)
-                else:
-                    ptx.cp_async_wait(0)
-                ptx.sync_warp()
             slot = ring + sl * SLOT_BYTES
             kt = member + j * team
             words = self._slot_words(slot, lane)
@@ -371,14 +363,6 @@ class StaticMoE:
         row_bytes = Int32(TILE_K * 2)
         if cutlass.const_expr(fc1):
             row_bytes = cutlass.min(hidden - kt * TILE_K, TILE_K) * 2
-        if cutlass.const_expr(self.cfg.variant.startswith("lsu")):
-            self._issue_lsu(slot, mb, w_tile, s_tile, kt, b_src, nch, row_bytes, lane)
-        else:
-            self._issue_tma(slot, mb, w_tile, s_tile, kt, b_src, nch, row_bytes, lane)
-
-    @cute.jit
-    def _issue_tma(self, slot, mb, w_tile, s_tile, kt, b_src, nch, row_bytes, lane):
-        scale_bytes = 16 * fm.scale_bytes_per_row(self.cfg.weight_format)
         if lane == 0:
             ptx.mbarrier_arrive_expect_tx(mb, 1024 + scale_bytes + nch * row_bytes)
             ptx.bulk_copy_g2s(slot, w_tile, 1024, mb)
@@ -386,37 +370,6 @@ class StaticMoE:
         if lane < nch:
             ptx.bulk_copy_g2s(slot + B_OFF + lane * B_ROW_BYTES, b_src + Int64(kt) * (TILE_K * 2),
                               row_bytes, mb)
-
-    @cute.jit
-    def _issue_lsu(self, slot, mb, w_tile, s_tile, kt, b_src, nch, row_bytes, lane):
-        """Variant: the token rows ("lsu_rows"), or the rows and the scales ("lsu_all"), by
-        cp.async 16 bytes per lane (one commit group per fill, waited for in _stream) instead
-        of bulk copies; the codes stay one bulk copy on the slot's mbarrier."""
-        scale_bytes = 16 * fm.scale_bytes_per_row(self.cfg.weight_format)
-        scales_by_tma = self.cfg.variant == "lsu_rows"
-        if lane == 0:
-            tx = 1024
-            if cutlass.const_expr(scales_by_tma):
-                tx = 1024 + scale_bytes
-            ptx.mbarrier_arrive_expect_tx(mb, tx)
-            ptx.bulk_copy_g2s(slot, w_tile, 1024, mb)
-            if cutlass.const_expr(scales_by_tma):
-                ptx.bulk_copy_g2s(slot + SCALE_OFF, s_tile, scale_bytes, mb)
-        if cutlass.const_expr(not scales_by_tma):
-            if lane < scale_bytes // 16:
-                ptx.cp_async_16(slot + SCALE_OFF + lane * 16, s_tile + lane * 16)
-        # 16-byte chunk c of token row n; lane l takes chunks l, l + 32, .. of the BN x 16 grid
-        # (each lane's b_src is its own row's address: row n's comes by shuffle)
-        for i in cutlass.range_constexpr(BN * 16 // 32):
-            idx = lane + 32 * i
-            n = idx // 16
-            c = idx % 16
-            src_n = ptx.shfl_idx_i64(b_src, n)
-            if n < nch:
-                if c * 16 < row_bytes:
-                    ptx.cp_async_16(slot + B_OFF + n * B_ROW_BYTES + c * 16,
-                                    src_n + Int64(kt) * (TILE_K * 2) + Int64(c * 16))
-        ptx.cp_async_commit()
 
     @cute.jit
     def _slot_words(self, slot, lane):

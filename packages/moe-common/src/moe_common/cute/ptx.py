@@ -434,13 +434,3 @@ def shfl_idx_i32(v, src_lane, *, loc=None, ip=None) -> Int32:
     """v of lane src_lane (shfl.sync.idx, full warp)."""
     return Int32(_asm(T.i32(), [_i32(v, loc, ip), _i32(src_lane, loc, ip)],
                       "shfl.sync.idx.b32 $0, $1, $2, 0x1f, 0xffffffff;", "=r,r,r", side_effects=True))
-
-
-@dsl_user_op
-def shfl_idx_i64(v, src_lane, *, loc=None, ip=None) -> Int64:
-    """64-bit v of lane src_lane (two shfl.sync.idx, full warp)."""
-    return Int64(_asm(T.i64(), [Int64(v).ir_value(loc=loc, ip=ip), _i32(src_lane, loc, ip)],
-                      "{\n.reg .b32 lo, hi;\nmov.b64 {lo, hi}, $1;\n"
-                      "shfl.sync.idx.b32 lo, lo, $2, 0x1f, 0xffffffff;\n"
-                      "shfl.sync.idx.b32 hi, hi, $2, 0x1f, 0xffffffff;\n"
-                      "mov.b64 $0, {lo, hi};\n}", "=l,l,r", side_effects=True))
