@@ -312,47 +312,77 @@ class StaticMoE:
                 sl = (t0 + j) % cfg.depth
                 self._issue(fc1, ring + sl * SLOT_BYTES, mbar + sl * 8, w_unit + Int64(kt) * 1024,
                             s_unit + Int64(kt) * (16 * sbpr), kt, b_src, nch, hidden, lane)
-        for j in cutlass.range(n_mine, unroll=1):
-            t = t0 + j
-            sl = t % cfg.depth
-            ptx.mbarrier_wait(mbar + sl * 8, (t // cfg.depth) % 2)
-            nxt = j + cfg.depth - 1
-            if nxt < n_mine:
-                ptx.sync_warp()  # every lane is done with tile j - 1's slot, which nxt refills
-                kn = member + nxt * team
-                sn = (t0 + nxt) % cfg.depth
-                self._issue(fc1, ring + sn * SLOT_BYTES, mbar + sn * 8, w_unit + Int64(kn) * 1024,
-                            s_unit + Int64(kn) * (16 * sbpr), kn, b_src, nch, hidden, lane)
-            slot = ring + sl * SLOT_BYTES
+        # FC1 slabs past H (H is a multiple of 32: whole slabs) hold stale bytes in the last
+        # K-tile when H is not a multiple of 128, so that tile (the last of its member's share)
+        # masks B; it runs in a loop of its own, so the other tiles' loop has no masking (ptxas
+        # if-converts a branch inside one loop and issues both bodies)
+        n_full = n_mine
+        if cutlass.const_expr(fc1):
+            if hidden % TILE_K != 0:
+                if member == (k_tiles - 1) % team:
+                    n_full = n_mine - 1
+        for j in cutlass.range(n_full, unroll=1):
+            slot = self._next_tile(fc1, j, t0, n_mine, member, team, w_unit, s_unit, b_src, nch,
+                                   hidden, ring, mbar, lane)
+            self._tile_mma(acc, slot, b_off, self._slot_words(slot, lane), False, Int32(8))
+        for j in cutlass.range(n_full, n_mine, unroll=1):
+            slot = self._next_tile(fc1, j, t0, n_mine, member, team, w_unit, s_unit, b_src, nch,
+                                   hidden, ring, mbar, lane)
             kt = member + j * team
-            words = self._slot_words(slot, lane)
-            # FC1 slabs past H (H is a multiple of 32: whole slabs) hold stale bytes: B is 0 there
-            valid = Int32(8)
-            if cutlass.const_expr(fc1):
-                valid = cutlass.min((hidden - kt * TILE_K) // 16, 8)
-            b = []
-            for sp in cutlass.range_constexpr(4):  # slabs 2sp, 2sp + 1: lo and hi k-halves
-                if cutlass.const_expr(cfg.variant == "nob"):
-                    m = (Int32(0x3F803F80),) * 4
-                else:
-                    m = ptx.ldmatrix_x4(slot + B_OFF + b_off + sp * 64)
-                for h in cutlass.range_constexpr(2):
-                    ok = valid > 2 * sp + h
-                    b.append((m[2 * h] if ok else Int32(0), m[2 * h + 1] if ok else Int32(0)))
-            for k16 in cutlass.range_constexpr(8):
-                if cutlass.const_expr(cfg.variant == "nodecode"):
-                    a = (words[k16], words[k16], words[k16], words[k16])
-                else:
-                    a = fm.a_fragment(words, k16, cfg.weight_format)
-                if cutlass.const_expr(cfg.variant == "nomma"):
-                    for c in cutlass.range_constexpr(4):
-                        acc[c] = acc[c] + ptx.f32_bits(a[c] ^ b[k16][c % 2])
-                else:
-                    d = ptx.mma_bf16_16816((acc[0], acc[1], acc[2], acc[3]), a, b[k16])
-                    for c in cutlass.range_constexpr(4):
-                        acc[c] = d[c]
+            self._tile_mma(acc, slot, b_off, self._slot_words(slot, lane), True,
+                           cutlass.min((hidden - kt * TILE_K) // 16, 8))
         tiles[0] = t0 + n_mine
         ptx.sync_warp()  # the next unit's first copies may refill any slot
+
+    @cute.jit
+    def _next_tile(self, fc1: cutlass.Constexpr, j, t0, n_mine, member, team, w_unit, s_unit,
+                   b_src, nch, hidden, ring, mbar, lane):
+        """Wait for the warp's tile j (ring slot (t0 + j) % depth), refill the slot tile j - 1
+        used with tile j + depth - 1, and return tile j's slot."""
+        cfg = self.cfg
+        sbpr = fm.scale_bytes_per_row(cfg.weight_format)
+        t = t0 + j
+        sl = t % cfg.depth
+        ptx.mbarrier_wait(mbar + sl * 8, (t // cfg.depth) % 2)
+        nxt = j + cfg.depth - 1
+        if nxt < n_mine:
+            ptx.sync_warp()  # every lane is done with tile j - 1's slot, which nxt refills
+            kn = member + nxt * team
+            sn = (t0 + nxt) % cfg.depth
+            self._issue(fc1, ring + sn * SLOT_BYTES, mbar + sn * 8, w_unit + Int64(kn) * 1024,
+                        s_unit + Int64(kn) * (16 * sbpr), kn, b_src, nch, hidden, lane)
+        return ring + sl * SLOT_BYTES
+
+    @cute.jit
+    def _tile_mma(self, acc, slot, b_off, words, masked: cutlass.Constexpr, valid):
+        """acc += the K-tile's 16 x 128 weights (decoded from words) @ its B rows (ldmatrix at
+        slot + B_OFF + b_off). masked: B of slabs >= valid reads as 0 (two selects per slab,
+        10% of the loop's instructions (SASS), so only a partial last K-tile pays them)."""
+        cfg = self.cfg
+        b = []
+        for sp in cutlass.range_constexpr(4):  # slabs 2sp, 2sp + 1: lo and hi k-halves
+            if cutlass.const_expr(cfg.variant == "nob"):
+                m = (Int32(0x3F803F80),) * 4
+            else:
+                m = ptx.ldmatrix_x4(slot + B_OFF + b_off + sp * 64)
+            for h in cutlass.range_constexpr(2):
+                if cutlass.const_expr(masked):
+                    ok = valid > 2 * sp + h
+                    b.append((m[2 * h] if ok else Int32(0), m[2 * h + 1] if ok else Int32(0)))
+                else:
+                    b.append((m[2 * h], m[2 * h + 1]))
+        for k16 in cutlass.range_constexpr(8):
+            if cutlass.const_expr(cfg.variant == "nodecode"):
+                a = (words[k16], words[k16], words[k16], words[k16])
+            else:
+                a = fm.a_fragment(words, k16, cfg.weight_format)
+            if cutlass.const_expr(cfg.variant == "nomma"):
+                for c in cutlass.range_constexpr(4):
+                    acc[c] = acc[c] + ptx.f32_bits(a[c] ^ b[k16][c % 2])
+            else:
+                d = ptx.mma_bf16_16816((acc[0], acc[1], acc[2], acc[3]), a, b[k16])
+                for c in cutlass.range_constexpr(4):
+                    acc[c] = d[c]
 
     @cute.jit
     def _issue(self, fc1: cutlass.Constexpr, slot, mb, w_tile, s_tile, kt, b_src, nch, hidden,
