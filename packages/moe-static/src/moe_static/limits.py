@@ -9,11 +9,12 @@ MAX_LOCAL_EXPERTS = 512  # shared-memory routing tables (kernel.MAX_LOCAL_EXPERT
 MAX_PAIRS = 2048  # routed pairs T * top_k held in shared memory (kernel.MAX_PAIRS)
 DIM_MULTIPLE = 32
 # Routed pairs (T * top_k) up to which moe-static bids above the other kernels. Measured on the
-# H200 (BENCHMARKS.md, 2026-11-30 sixth session, fdcfc66, T = 1..128): moe-static is ahead of
-# moe-generic only at Qwen3-30B-A3B T=1 (22.2 vs 24.2 us) and 6% behind at DeepSeek-V3 T=1 with
-# the same 8 routed pairs (79.5 vs 74.7 us), behind everywhere else, so the measured cutover is
-# 0: it offers below moe-generic and runs only when forced (kernel="moe-static"). Raise this
-# when a faster moe-static measures ahead on every preset.
+# H200 (BENCHMARKS.md, 2026-11-30 sixth session, d1bf645, T = 1..128): moe-static is ahead of
+# moe-generic at Qwen3-30B-A3B T=1 (21.7 vs 24.3 us) and level at DeepSeek-V3 T=2 (142.5 vs
+# 143.8), but 3% behind at DeepSeek-V3 T=1 with the same 8 routed pairs (76.7 vs 74.4 us) and
+# behind elsewhere; the other presets were last timed on an older moe-static (gpt-oss-120b T=1
+# 15% behind). So the measured cutover is 0: it offers below moe-generic and runs only when
+# forced (kernel="moe-static"). Raise this when a faster moe-static measures ahead on every preset.
 CUTOVER_PAIRS = 0
 
 
