@@ -356,8 +356,8 @@ class StaticMoE:
     @cute.jit
     def _tile_mma(self, acc, slot, b_off, words, masked: cutlass.Constexpr, valid):
         """acc += the K-tile's 16 x 128 weights (decoded from words) @ its B rows (ldmatrix at
-        slot + B_OFF + b_off). masked: B of slabs >= valid reads as 0 (two selects per slab,
-        10% of the loop's instructions (SASS), so only a partial last K-tile pays them)."""
+        slot + B_OFF + b_off). masked: B of slabs >= valid reads as 0 (SEL, PLOP3, UISETP: 32 of
+        the FC1 loop's 278 SASS instructions, so only a partial last K-tile pays them)."""
         cfg = self.cfg
         b = []
         for sp in cutlass.range_constexpr(4):  # slabs 2sp, 2sp + 1: lo and hi k-halves
