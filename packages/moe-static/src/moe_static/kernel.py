@@ -303,15 +303,12 @@ class StaticMoE:
         scales, one per token row) that complete on the slot's mbarrier; the warp's running tile
         count gives the slot and the phase parity, across units and phases."""
         cfg = self.cfg
-        sbpr = fm.scale_bytes_per_row(cfg.weight_format)
         n_mine = (k_tiles - member + team - 1) // team
         t0 = tiles[0]
         for j in cutlass.range_constexpr(cfg.depth - 1):
             if j < n_mine:
-                kt = member + j * team
-                sl = (t0 + j) % cfg.depth
-                self._issue(fc1, ring + sl * SLOT_BYTES, mbar + sl * 8, w_unit + Int64(kt) * 1024,
-                            s_unit + Int64(kt) * (16 * sbpr), kt, b_src, nch, hidden, lane)
+                self._fill(fc1, t0 + j, member + j * team, w_unit, s_unit, b_src, nch, hidden,
+                           ring, mbar, lane)
         # FC1 slabs past H (H is a multiple of 32: whole slabs) hold stale bytes in the last
         # K-tile when H is not a multiple of 128, so that tile (the last of its member's share)
         # masks B; it runs in a loop of its own, so the other tiles' loop has no masking (ptxas
@@ -340,18 +337,24 @@ class StaticMoE:
         """Wait for the warp's tile j (ring slot (t0 + j) % depth), refill the slot tile j - 1
         used with tile j + depth - 1, and return tile j's slot."""
         cfg = self.cfg
-        sbpr = fm.scale_bytes_per_row(cfg.weight_format)
         t = t0 + j
         sl = t % cfg.depth
         ptx.mbarrier_wait(mbar + sl * 8, (t // cfg.depth) % 2)
         nxt = j + cfg.depth - 1
         if nxt < n_mine:
             ptx.sync_warp()  # every lane is done with tile j - 1's slot, which nxt refills
-            kn = member + nxt * team
-            sn = (t0 + nxt) % cfg.depth
-            self._issue(fc1, ring + sn * SLOT_BYTES, mbar + sn * 8, w_unit + Int64(kn) * 1024,
-                        s_unit + Int64(kn) * (16 * sbpr), kn, b_src, nch, hidden, lane)
+            self._fill(fc1, t0 + nxt, member + nxt * team, w_unit, s_unit, b_src, nch, hidden,
+                       ring, mbar, lane)
         return ring + sl * SLOT_BYTES
+
+    @cute.jit
+    def _fill(self, fc1: cutlass.Constexpr, t, kt, w_unit, s_unit, b_src, nch, hidden, ring, mbar,
+              lane):
+        """Start filling ring slot t % depth (the warp's t-th tile) with the unit's K-tile kt."""
+        sl = t % self.cfg.depth
+        sbpr = fm.scale_bytes_per_row(self.cfg.weight_format)
+        self._issue(fc1, ring + sl * SLOT_BYTES, mbar + sl * 8, w_unit + Int64(kt) * 1024,
+                    s_unit + Int64(kt) * (16 * sbpr), kt, b_src, nch, hidden, lane)
 
     @cute.jit
     def _tile_mma(self, acc, slot, b_off, words, masked: cutlass.Constexpr, valid):
