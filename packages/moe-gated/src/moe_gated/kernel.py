@@ -1,29 +1,31 @@
-"""The moe-gated CuTe DSL kernel: a persistent grouped GEMM with 128-token tiles on warpgroup MMA.
+"""The moe-gated CuTe DSL kernel: a persistent grouped GEMM with 256-token tiles on warpgroup MMA.
 
     FC1: inter[p, j]  = act(scale_2[e] * (src[order[p] // row_div] @ w13[e]^T) + b13[e])  (bf16)
     FC2: y[order[p], h] = w[order[p]] * (scale_2[e] * (inter[p] @ w2[e]^T) + b2[e])      (fp32)
 
-p runs over routed pairs sorted by expert (moe_common.cute.routing, 128-pair tiles).
+p runs over routed pairs sorted by expert (moe_common.cute.routing, 256-pair tiles).
 
 Branch pairing: the packed w13 (moe_common.packed) holds each 16-row group as [8 gate rows;
 8 up rows] of the same 8 intermediate columns, so the MMA puts gate (row r) and up (row r + 8)
 of one (column, token) in the same thread's accumulators and the activation is applied in the
 FC1 epilogue, with no second pass and no gate/up round trip through memory.
 
-Work: items (token tile, 256-row weight tile), taken from a device-side atomic queue by
+Work: items (token tile, 128-row weight tile), taken from a device-side atomic queue by
 persistent CTAs (one per SM), so an expert with many tokens is spread over every SM and skewed
 routing stays balanced. Consecutive tickets are the row tiles of one token tile, so the
 concurrently running CTAs share that tile's token rows in L2.
 
 Per CTA: a producer warp (in a third warpgroup, see THREADS) and 2 consumer warpgroups; consumer
-warp w owns weight groups (16 rows each) 2w and 2w + 1 of the row tile. Per 128-deep K-tile each
-consumer warpgroup issues, per k16 slab, two wgmma m64nNk16 with A (the weights, decoded
-e2m1 -> bf16 and scaled in registers) from registers and B (the tokens) from shared memory; N is
-the tile's token count rounded up to 32 (at most 128). 128 tokens per tile spend the decode
-(~20 integer instructions per 8 weights) on 4x the FLOPs of moe-generic's 32-token tiles, which
-is what bounds moe-generic's prefill (BENCHMARKS.md).
+warp w owns weight group w (16 rows) of the row tile. Per 128-deep K-tile each consumer
+warpgroup issues, per k16 slab, one wgmma m64nNk16 with A (the weights, decoded e2m1 -> bf16 and
+scaled in registers) from registers and B (the tokens) from shared memory; N is the tile's token
+count rounded up to 32, 64, 128, 192 or 256. The decode (~20 integer instructions per 8 weights)
+is paid once per weight tile and token tile, so the wider the token tile, the less decode per
+FLOP: until 71d38fc the tiles were 256 rows x 128 tokens (two groups per warp), and the decode
+cost 20% of the layer at DeepSeek-V3 T=8192 (BENCHMARKS.md); 128 x 256 halves it per FLOP
+and halves the decode each warp must fit between two of its warpgroup's wgmmas.
 
-Operands arrive by bulk copy (cp.async.bulk, the TMA engine's 1-D copy): B is one 32 KiB copy
+Operands arrive by bulk copy (cp.async.bulk, the TMA engine's 1-D copy): B is one 64 KiB copy
 per K-tile from a tile-blocked buffer already in wgmma's core-matrix order (FC1: token rows
 gathered by tile_gather; FC2: the intermediate, which FC1's epilogue writes in that order), and
 each 16-row weight group's codes and scales are two contiguous copies. A CTA-wide per-thread
@@ -54,7 +56,7 @@ from moe_common.cute import ptx
 from moe_common.cute.wgmma_decode import wgmma_decode_k128
 
 TILE_K = 128
-BN = 128  # tokens per tile = wgmma N
+BN = 256  # tokens per tile = the widest wgmma N
 WARPGROUPS = 2  # consumer warpgroups (warps 0-7)
 CONSUMER_WARPS = 4 * WARPGROUPS
 PRODUCER_WARP = CONSUMER_WARPS  # warp 8 fetches work items and issues the bulk copies
@@ -65,11 +67,11 @@ PRODUCER_WARP = CONSUMER_WARPS  # warp 8 fetches work items and issues the bulk 
 THREADS = 32 * (CONSUMER_WARPS + 4)
 PRODUCER_REGS = 40
 CONSUMER_REGS = 232
-GROUPS_PER_WARP = 2  # 16-row weight groups per consumer warp = wgmmas per warpgroup per slab
-ROW_TILE = CONSUMER_WARPS * GROUPS_PER_WARP * 16  # 256 weight rows per work item
-STAGES = 4  # NVFP4: 4 x 52 KiB of shared memory, one CTA per SM
-STG_PITCH = 36  # FC2 staging row: 32 fp32 + 4 pad, so both the fragment writes and the
-# 16-byte read-back hit 32 distinct banks
+GROUPS_PER_WARP = 1  # 16-row weight groups per consumer warp = wgmmas per warpgroup per slab
+ROW_TILE = CONSUMER_WARPS * GROUPS_PER_WARP * 16  # 128 weight rows per work item
+STAGES = 3  # NVFP4: 3 x 73 KiB of shared memory, one CTA per SM
+STG_TOKENS = 32  # FC1 epilogue: tokens per staged chunk (512 bytes per warp)
+SMEM_LIMIT = 227 * 1024  # sm_90's largest dynamic shared memory per CTA
 MIN_BLOCKS = int(os.environ.get("MOE_GATED_MIN_BLOCKS", "1"))  # 0: no .minnctapersm (measuring)
 ITEM_SLOTS = 8  # work-item ring from the producer to the consumers (it leads by <= STAGES items)
 
@@ -97,21 +99,22 @@ class GatedGemm:
         self.b_bytes = BN * TILE_K * 2
         self.scale_bytes = 16 * fm.scale_bytes_per_row(cfg.weight_format)  # per group tile
         self.a_group_bytes = fm.group_tile_bytes(cfg.weight_format)
-        self.stage_bytes = self.b_bytes + CONSUMER_WARPS * GROUPS_PER_WARP * self.a_group_bytes
+        self.groups = CONSUMER_WARPS * GROUPS_PER_WARP  # 16-row weight groups per row tile
+        self.stage_bytes = self.b_bytes + self.groups * self.a_group_bytes
         # shared memory: the stages, then 8-byte mbarriers (full[STAGES], empty[STAGES],
-        # item_full[ITEM_SLOTS]), the work-item ring (4 bytes per slot), the FC2 token table, the
-        # epilogue staging
+        # item_full[ITEM_SLOTS]), the work-item ring (4 bytes per slot), then per phase
+        # FC1: each consumer warp's epilogue staging (STG_TOKENS tokens x 16 bytes);
+        # FC2: the tile's (pair, router weight) table, 8 bytes per token, double-buffered
         self.full_off = STAGES * self.stage_bytes
         self.empty_off = self.full_off + 8 * STAGES
         self.item_bar_off = self.empty_off + 8 * STAGES
         self.item_off = self.item_bar_off + 8 * ITEM_SLOTS
-        # FC2: each consumer warp's copy of its tile's (pair, router weight), 8 bytes per token
-        self.tok_off = self.item_off + 4 * ITEM_SLOTS
-        self.stg_off = self.tok_off + (CONSUMER_WARPS * BN * 8 if cfg.phase == "fc2" else 0)
-        # per-warp epilogue staging: FC1 one group's 2 KiB chunk, FC2 an [8][STG_PITCH] fp32 tile
-        self.stg_warp_bytes = BN * 16 if cfg.phase == "fc1" else 8 * STG_PITCH * 4
-        self.smem_bytes = self.stg_off + CONSUMER_WARPS * self.stg_warp_bytes
-        assert CONSUMER_WARPS * GROUPS_PER_WARP * 2 == 32  # one lane per copy of a K-tile's weights
+        self.ep_off = self.item_off + 4 * ITEM_SLOTS
+        ep_bytes = CONSUMER_WARPS * STG_TOKENS * 16 if cfg.phase == "fc1" else 2 * BN * 8
+        self.smem_bytes = self.ep_off + ep_bytes
+        assert self.smem_bytes <= SMEM_LIMIT, (self.smem_bytes, SMEM_LIMIT)
+        assert 2 * self.groups <= 32  # one producer lane per copy of a K-tile's weights
+        assert BN == 32 * CONSUMER_WARPS  # one consumer thread per FC2 token-table entry
 
     # ------------------------------------------------------------------ host entry
     @cute.jit
@@ -191,7 +194,8 @@ class GatedGemm:
             tile = item // row_tiles
             rt = item % row_tiles
             e = ptx.ld_u32(tile_expert + Int64(tile) * 4)
-            # lane l copies group l // 2 of the row tile: l even its codes, l odd its scales
+            # lane l < 2 x groups copies group l // 2 of the row tile: l even its codes, l odd
+            # its scales
             cgroup = rt * (ROW_TILE // 16) + lane // 2
             ctile = (Int64(e) * Int64(row_groups) + Int64(cgroup)) * Int64(k_tiles)
             csrc = wblob + ctile * 1024
@@ -203,7 +207,7 @@ class GatedGemm:
                 cbytes = Int32(self.scale_bytes)
                 cdst = cdst + 1024
                 cstep = Int64(self.scale_bytes)
-            copy_ok = cgroup < row_groups
+            copy_ok = lane < 2 * self.groups and cgroup < row_groups
             groups_here = row_groups - rt * (ROW_TILE // 16)
             if groups_here > ROW_TILE // 16:
                 groups_here = Int32(ROW_TILE // 16)
@@ -284,7 +288,7 @@ class GatedGemm:
         g = Int32(0)  # K-tiles consumed
         item = self._next_item(s_base, i)
         while item < total:
-            self._work_item(item // row_tiles, item % row_tiles, g, s_base, warp, lane,
+            self._work_item(item // row_tiles, item % row_tiles, i, g, s_base, warp, lane,
                             gscale, bias, tile_expert, tile_start, tile_end, order, k_tiles,
                             row_groups, out, out_stride, out_rows, route_w, act_alpha, act_beta,
                             act_limit)
@@ -305,7 +309,7 @@ class GatedGemm:
             ptx.mbarrier_arrive(s_base + self.empty_off + (g % STAGES) * 8)
 
     @cute.jit
-    def _work_item(self, tile, rt, g0, s_base, warp, lane,
+    def _work_item(self, tile, rt, i, g0, s_base, warp, lane,
                    gscale, bias, tile_expert, tile_start, tile_end, order, k_tiles, row_groups,
                    out, out_stride, out_rows, route_w, act_alpha, act_beta, act_limit):
         cfg = self.cfg
@@ -319,56 +323,61 @@ class GatedGemm:
         active = group0 < row_groups
         a_warp_off = self.b_bytes + warp * GROUPS_PER_WARP * self.a_group_bytes
 
-        tok = s_base + self.tok_off + warp * (BN * 8)
+        # FC2's token table (pair, router weight): consumer thread c owns token slot c. The
+        # pair index is loaded now and the dependent weight load after the mainloop, so neither
+        # latency stalls a warp in front of its wgmmas.
+        ctid = warp * 32 + lane
+        tok = s_base + self.ep_off + (i % 2) * (BN * 8)
+        pair_c = Int32(0)
         if cutlass.const_expr(cfg.phase == "fc2"):
-            # The epilogue's per-token (pair, weight) lookups, loaded now so their latency hides
-            # behind the mainloop (in the epilogue they stalled on two dependent global loads
-            # per token, with the tensor cores idle).
-            for i in cutlass.range_constexpr(BN // 32):
-                slot = lane + 32 * i
-                if p0 + slot < p1:
-                    pair_i = ptx.ld_u32(order + Int64(p0 + slot) * 4)
-                    ptx.st_shared_u32(tok + slot * 8, pair_i)
-                    ptx.st_shared_u32(tok + slot * 8 + 4, ptx.ld_nc_u32(route_w + Int64(pair_i) * 4))
-            cute.arch.sync_warp()
+            if p0 + ctid < p1:
+                pair_c = ptx.ld_u32(order + Int64(p0 + ctid) * 4)
 
         acc = cute.make_rmem_tensor(cute.make_layout((GROUPS_PER_WARP, BN // 8, 4)), Float32)
         acc.fill(0.0)
-        # An expert's last tile is usually partly filled (DeepSeek-V3 at T=2048: ~64 of 128
-        # tokens): the MMA runs only as wide as the tile's tokens, rounded up to 32.
+        # An expert's last tile is usually partly filled (DeepSeek-V3 at T=8192: ~256 +- 16
+        # tokens per expert): the MMA runs only as wide as the tile's tokens, rounded up.
         cnt = p1 - p0
-        if cnt > 96:
-            self._mainloop(BN, acc, active, g0, s_base, lane, a_warp_off, k_tiles)
+        if cnt > 192:
+            self._mainloop(256, acc, active, g0, s_base, lane, a_warp_off, k_tiles)
+        elif cnt > 128:
+            self._mainloop(192, acc, active, g0, s_base, lane, a_warp_off, k_tiles)
         elif cnt > 64:
-            self._mainloop(96, acc, active, g0, s_base, lane, a_warp_off, k_tiles)
+            self._mainloop(128, acc, active, g0, s_base, lane, a_warp_off, k_tiles)
         elif cnt > 32:
             self._mainloop(64, acc, active, g0, s_base, lane, a_warp_off, k_tiles)
         else:
             self._mainloop(32, acc, active, g0, s_base, lane, a_warp_off, k_tiles)
 
+        if cutlass.const_expr(cfg.phase == "fc2"):
+            if p0 + ctid < p1:
+                ptx.st_shared_u32(tok + ctid * 8, pair_c)
+                ptx.st_shared_u32(tok + ctid * 8 + 4, ptx.ld_nc_u32(route_w + Int64(pair_c) * 4))
+            # every consumer warp has finished item i - 1's epilogue (it ran before this item's
+            # mainloop), so the other buffer is free for item i + 1
+            ptx.named_barrier(1, 32 * CONSUMER_WARPS)
+
         # ---- epilogue (overlaps the producer's loads of the next item): global scale, bias,
-        # then the activation (FC1) or the router weight (FC2). Results go out through a
-        # per-warp shared-memory staging buffer as 16-byte stores of whole token rows, instead
-        # of one 2-byte (FC1) or 4-byte (FC2) store per value from the MMA fragment.
+        # then the activation (FC1) or the router weight (FC2).
         if active:
             gs = ptx.ld_nc_f32(gscale + Int64(e) * 4)
-            stg = s_base + self.stg_off + warp * self.stg_warp_bytes
             if cutlass.const_expr(cfg.phase == "fc1"):
+                stg = s_base + self.ep_off + warp * (STG_TOKENS * 16)
                 self._epilogue_fc1(acc, tile, e, p0, p1, group0, gs, stg, lane, bias, row_groups,
                                    out, out_stride, act_alpha, act_beta, act_limit)
             else:
-                self._epilogue_fc2(acc, e, p0, p1, group0, gs, stg, tok, lane, bias, row_groups,
+                self._epilogue_fc2(acc, e, p0, p1, group0, gs, tok, lane, bias, row_groups,
                                    out, out_stride, out_rows)
 
     @cute.jit
     def _epilogue_fc1(self, acc, tile, e, p0, p1, group0, gs, stg, lane, bias, row_groups,
                       out, out_stride, act_alpha, act_beta, act_limit):
         """Group g's 8 intermediate columns j = 8g .. 8g + 7 for the tile's tokens are one
-        contiguous 2 KiB chunk of FC2's tile-blocked B (K-tile g // 16, chunk g % 16, token n at
+        contiguous 4 KiB chunk of FC2's tile-blocked B (K-tile g // 16, chunk g % 16, token n at
         n * 16 bytes). stmatrix.trans turns the fragment (thread: column r, tokens 2q, 2q + 1)
-        into that token-major order in shared memory; the warp then copies it out 16 bytes per
-        lane. Token slots past the tile's pairs (in the last 32-token block) get act() of
-        whatever their B columns held; FC2 never stores a result from those columns."""
+        of 32 tokens into that token-major order in shared memory; the warp then copies it out
+        16 bytes per lane. Token slots past the tile's pairs (in the last 32-token block) get
+        act() of whatever their B columns held; FC2 never stores a result from those columns."""
         cfg = self.cfg
         r = lane // 4
         for gi in cutlass.range_constexpr(GROUPS_PER_WARP):
@@ -378,55 +387,44 @@ class GatedGemm:
             b_hi = ptx.ld_nc_f32(brow + 32)  # up row r + 8
             chunk = out + (Int64(tile) * Int64(out_stride) + Int64(g // 16)) * self.b_bytes \
                 + Int64((g % 16) * BN * 16)
-            for m in cutlass.range_constexpr(BN // 32):
-                if p0 + m * 32 < p1:
+            for m in cutlass.range_constexpr(BN // STG_TOKENS):
+                if p0 + m * STG_TOKENS < p1:
                     regs = []
-                    for i in cutlass.range_constexpr(4):
-                        nb = 4 * m + i
+                    for i in cutlass.range_constexpr(STG_TOKENS // 8):
+                        nb = (STG_TOKENS // 8) * m + i
                         hv = [act.gated(cfg.activation, acc[gi, nb, c] * gs + b_lo,
                                         acc[gi, nb, 2 + c] * gs + b_hi, act_alpha, act_beta, act_limit)
                               for c in range(2)]
                         regs.append(ptx.bf16x2_from_f32(hv[0], hv[1]))
-                    ptx.stmatrix_x4_trans(stg + (m * 32 + lane) * 16, regs[0], regs[1], regs[2], regs[3])
-            cute.arch.sync_warp()
-            for m in cutlass.range_constexpr(BN // 32):
-                if p0 + m * 32 < p1:
-                    v = ptx.ld_shared_v4(stg + (m * 32 + lane) * 16)
-                    ptx.st_v4(chunk + Int64((m * 32 + lane) * 16), v[0], v[1], v[2], v[3])
-            cute.arch.sync_warp()  # the staging buffer is rewritten by the next group
+                    ptx.stmatrix_x4_trans(stg + lane * 16, regs[0], regs[1], regs[2], regs[3])
+                    cute.arch.sync_warp()
+                    v = ptx.ld_shared_v4(stg + lane * 16)
+                    ptx.st_v4(chunk + Int64((m * STG_TOKENS + lane) * 16), v[0], v[1], v[2], v[3])
+                    cute.arch.sync_warp()  # the staging buffer is rewritten by the next block
 
     @cute.jit
-    def _epilogue_fc2(self, acc, e, p0, p1, group0, gs, stg, tok, lane, bias, row_groups,
+    def _epilogue_fc2(self, acc, e, p0, p1, group0, gs, tok, lane, bias, row_groups,
                       out, out_stride, out_rows):
-        """The warp's 32 output rows (groups group0, group0 + 1) for 8 tokens at a time go
-        through a [8 tokens][32 + 4 pad] fp32 staging tile (conflict-free both ways); then lane
-        (token lane // 4, rows 8 (lane % 4) .. + 7) stores 2 x 16 bytes of y[pair] = w * (acc *
-        scale + bias). H and the lane's first row are multiples of 8, so the stores are 16-byte
-        aligned; H is a multiple of 32, so a warp's rows are all below out_rows or all past it."""
-        r = lane // 4  # fragment: rows r, r + 8 of each group; read-back: token r of the 8
+        """y[pair, row] = w * (acc * scale + bias) straight from the fragment: thread (r, q)
+        holds rows r and r + 8 of its group for tokens 2q and 2q + 1 of each 8-token block, so
+        one 4-byte store per lane writes 4 tokens x 8 consecutive rows, four whole 32-byte
+        sectors per warp instruction (a shared-memory transpose would not widen them: a warp
+        owns 16 rows, 64 bytes of a token's row)."""
+        r = lane // 4
         q = lane % 4
-        row = group0 * 16 + q * 8  # this lane's first output row in the read-back layout
-        brow = bias + (Int64(e) * Int64(row_groups * 16) + Int64(row)) * 4
-        b0 = ptx.ld_nc_v4(brow)
-        b1 = ptx.ld_nc_v4(brow + 16)
-        bv = [ptx.f32_bits(x) for x in list(b0) + list(b1)]
-        for nb in cutlass.range_constexpr(BN // 8):
-            if p0 + nb * 8 < p1:
-                for gi in cutlass.range_constexpr(GROUPS_PER_WARP):
+        for gi in cutlass.range_constexpr(GROUPS_PER_WARP):
+            rows = [(group0 + gi) * 16 + r + 8 * h for h in range(2)]
+            bv = [ptx.ld_nc_f32(bias + (Int64(e) * Int64(row_groups * 16) + Int64(rows[h])) * 4)
+                  for h in range(2)]
+            for nb in cutlass.range_constexpr(BN // 8):
+                if p0 + nb * 8 < p1:
                     for c in cutlass.range_constexpr(2):
-                        for h in cutlass.range_constexpr(2):
-                            ptx.st_shared_f32(stg + ((2 * q + c) * STG_PITCH + gi * 16 + 8 * h + r) * 4,
-                                              acc[gi, nb, 2 * h + c])
-                cute.arch.sync_warp()
-                v = ptx.ld_shared_v4(stg + (r * STG_PITCH + q * 8) * 4) \
-                    + ptx.ld_shared_v4(stg + (r * STG_PITCH + q * 8 + 4) * 4)
-                n = nb * 8 + r
-                if p0 + n < p1:
-                    if row < out_rows:
-                        pw = ptx.ld_shared_v2(tok + n * 8)
-                        wgt = ptx.f32_bits(pw[1])
-                        o = [(ptx.f32_bits(v[i]) * gs + bv[i]) * wgt for i in range(8)]
-                        dst = out + (Int64(pw[0]) * Int64(out_stride) + Int64(row)) * 4
-                        ptx.st_v4_f32(dst, o[0], o[1], o[2], o[3])
-                        ptx.st_v4_f32(dst + 16, o[4], o[5], o[6], o[7])
-                cute.arch.sync_warp()  # the staging tile is rewritten for the next 8 tokens
+                        n = nb * 8 + 2 * q + c
+                        if p0 + n < p1:
+                            pw = ptx.ld_shared_v2(tok + n * 8)
+                            wgt = ptx.f32_bits(pw[1])
+                            dst = out + Int64(pw[0]) * Int64(out_stride) * 4
+                            for h in cutlass.range_constexpr(2):
+                                if rows[h] < out_rows:
+                                    ptx.st_f32(dst + Int64(rows[h]) * 4,
+                                               (acc[gi, nb, 2 * h + c] * gs + bv[h]) * wgt)
