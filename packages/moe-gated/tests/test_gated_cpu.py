@@ -126,24 +126,40 @@ def test_shared_memory_fits_one_cta_per_sm(fmt):
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 def test_w4a4_requantize_of_the_tile_blocked_intermediate_matches_row_quantization(fmt):
-    """The blocked [tile, K-tile, chunk, token, 8] intermediate requantizes each (tile, token) row
-    with the tile's expert scale, exactly as quantizing the rows themselves would."""
+    """The tile-blocked intermediate requantizes each (tile, token) row with the tile's expert
+    scale, exactly as quantizing the rows themselves would."""
     import torch
 
     from moe_common.formats import get_format
     from moe_common.kernel_package import quantize_rows
     from moe_common.testing import random_layer
-    from moe_gated.runner import w4a4_requantize_blocked
+    from moe_gated.runner import blocked_to_rows, rows_to_blocked, w4a4_requantize_blocked
 
     bn, kt, tiles = 16, 2, 3
     w = random_layer(4, 128, 64, weight_format=fmt, w4a4=True, device="cpu")
     rows = torch.randn(tiles * bn, kt * 128).bfloat16()
-    blocked = rows.view(tiles, bn, kt, 16, 8).permute(0, 2, 3, 1, 4).contiguous()
+    blocked = rows_to_blocked(rows, tiles, bn)
     tile_expert = torch.tensor([2, 0, 3], dtype=torch.int32)
-    w4a4_requantize_blocked(blocked.view(tiles, kt, bn * 128), w, tile_expert, bn)
+    w4a4_requantize_blocked(blocked, w, tile_expert, bn)
     gs = None
     if fmt == "nvfp4":
         gs = w.fc2_input_scale.float()[tile_expert.long()].repeat_interleave(bn)
     want = quantize_rows(rows, get_format(fmt), gs)
-    got = blocked.permute(0, 3, 1, 2, 4).reshape(tiles * bn, kt * 128)
-    assert torch.equal(got, want)
+    assert torch.equal(blocked_to_rows(blocked, bn), want)
+
+
+def test_tile_blocked_layout():
+    """Token n, column j of tile t, K-tile kt sits at element ((n // 8) * 16 + j % 128 // 8) * 64
+    + (n % 8) * 8 + j % 8 of block [t, kt] (the layout tile_gather and FC1 write and the wgmma
+    descriptor reads), and the two conversions are inverse."""
+    import torch
+
+    from moe_gated.runner import blocked_to_rows, rows_to_blocked
+
+    bn, tiles, K = 16, 2, 256
+    rows = torch.arange(tiles * bn * K, dtype=torch.float32).view(tiles * bn, K)
+    blocked = rows_to_blocked(rows, tiles, bn)
+    for t, n, j in [(0, 0, 0), (0, 9, 5), (1, 15, 200), (1, 3, 127)]:
+        el = ((n // 8) * 16 + j % 128 // 8) * 64 + (n % 8) * 8 + j % 8
+        assert blocked[t, j // 128, el] == rows[t * bn + n, j]
+    assert torch.equal(blocked_to_rows(blocked, bn), rows)

@@ -14,7 +14,7 @@ ACTIVATIONS = ("silu", "gelu_tanh", "swigluoai")
 # MOE_GATED_PENDING=j leaves j wgmma slabs in flight across K-tiles;
 # MOE_GATED_VARIANT=nodecode|nomma times the kernel without the decode or without the MMA
 # (wrong output: timing only).
-PENDING = int(os.environ.get("MOE_GATED_PENDING", "1"))
+PENDING = int(os.environ.get("MOE_GATED_PENDING", "2"))
 VARIANT = os.environ.get("MOE_GATED_VARIANT", "full")
 
 

@@ -25,8 +25,8 @@ FLOP: until 71d38fc the tiles were 256 rows x 128 tokens (two groups per warp), 
 cost 20% of the layer at DeepSeek-V3 T=8192 (BENCHMARKS.md); 128 x 256 halves it per FLOP
 and halves the decode each warp must fit between two of its warpgroup's wgmmas.
 
-Operands arrive by bulk copy (cp.async.bulk, the TMA engine's 1-D copy): B is one 64 KiB copy
-per K-tile from a tile-blocked buffer already in wgmma's core-matrix order (FC1: token rows
+Operands arrive by bulk copy (cp.async.bulk, the TMA engine's 1-D copy): B is one copy of up to
+64 KiB per K-tile (as many tokens as the MMA is wide) from a tile-blocked buffer already in wgmma's core-matrix order (FC1: token rows
 gathered by tile_gather; FC2: the intermediate, which FC1's epilogue writes in that order), and
 each 16-row weight group's codes and scales are two contiguous copies. A CTA-wide per-thread
 cp.async ring measured 21.1 ms at DeepSeek-V3 T=8192 with its issue stalled on the load/store
@@ -57,6 +57,11 @@ from moe_common.cute.wgmma_decode import wgmma_decode_k128
 
 TILE_K = 128
 BN = 256  # tokens per tile = the widest wgmma N
+WIDTHS = (256, 192, 128, 64, 32)  # MMA widths: a tile's token count rounded up to one of these
+# B (tokens) in shared memory and in the tile-blocked buffers: K-major core matrices, each
+# 8-token group's 128 K columns contiguous (16 chunks x 8 tokens x 16 bytes), so a tile's first
+# n tokens are its first n x 256 bytes and a partly filled tile copies only its MMA width
+B_GROUP_BYTES = 8 * TILE_K * 2
 WARPGROUPS = 2  # consumer warpgroups (warps 0-7)
 CONSUMER_WARPS = 4 * WARPGROUPS
 PRODUCER_WARP = CONSUMER_WARPS  # warp 8 fetches work items and issues the bulk copies
@@ -81,12 +86,11 @@ class GatedConfig:
     phase: str  # "fc1" | "fc2"
     weight_format: str  # "nvfp4" | "mxfp4"
     activation: str = "silu"  # fc1: silu | gelu_tanh | swigluoai (alpha/beta/limit at run time)
-    # wgmma slabs left in flight when a K-tile's block returns. With 2, ptxas serializes every
-    # wgmma (C7512 "insufficient register resources", tests/test_gated_cpu.py), even though that
-    # build uses registers only up to R183 of the consumers' 232 (R223 with 1); draining at each
-    # K-tile's end turns it into C7515 (accumulators defined by non-wgmma instructions inside the
-    # pipeline stage): the accumulators' path through the asm statement is the obstacle
-    pending: int = 1
+    # wgmma slabs left in flight when a K-tile's block returns: 2 measured 1.2-1.7% faster
+    # than 1 at T=8192 (BENCHMARKS.md, 6073ca8). With the earlier two groups per warp, 2 made
+    # ptxas serialize every wgmma (C7512, checked by tests/test_gated_cpu.py); with one group
+    # per warp it assembles (highest register R209)
+    pending: int = 2
     # timing-only variants (wrong results): "nodecode" feeds raw codes to the MMA, "nomma" skips it
     variant: str = "full"
 
@@ -169,8 +173,8 @@ class GatedGemm:
         if warp >= PRODUCER_WARP:
             cute.arch.setmaxregister_decrease(PRODUCER_REGS)
             if warp == PRODUCER_WARP:
-                self._producer(s_base, lane, total, row_tiles, wblob, sblob, tile_expert, b_blocked,
-                               k_tiles, row_groups, queue, grid)
+                self._producer(s_base, lane, total, row_tiles, wblob, sblob, tile_expert, tile_start,
+                               tile_end, b_blocked, k_tiles, row_groups, queue, grid)
         else:
             cute.arch.setmaxregister_increase(CONSUMER_REGS)
             self._consumer(s_base, warp, lane, total, row_tiles, gscale, bias, tile_expert,
@@ -179,8 +183,8 @@ class GatedGemm:
 
     # ------------------------------------------------------------------ producer warp
     @cute.jit
-    def _producer(self, s_base, lane, total, row_tiles, wblob, sblob, tile_expert, b_blocked,
-                  k_tiles, row_groups, queue, grid):
+    def _producer(self, s_base, lane, total, row_tiles, wblob, sblob, tile_expert, tile_start,
+                  tile_end, b_blocked, k_tiles, row_groups, queue, grid):
         """Takes tickets from the device queue, hands each to the consumers through the item
         ring, and streams the item's K-tiles into the stages as the consumers free them."""
         i = Int32(0)  # items handed out
@@ -194,6 +198,11 @@ class GatedGemm:
             tile = item // row_tiles
             rt = item % row_tiles
             e = ptx.ld_u32(tile_expert + Int64(tile) * 4)
+            cnt = ptx.ld_u32(tile_end + Int64(tile) * 4) - ptx.ld_u32(tile_start + Int64(tile) * 4)
+            b_copy = Int32(self.b_bytes)  # the first (MMA width) tokens of each K-tile's block
+            for w in cutlass.range_constexpr(1, len(WIDTHS)):
+                if cnt <= WIDTHS[w]:
+                    b_copy = Int32(WIDTHS[w] * TILE_K * 2)
             # lane l < 2 x groups copies group l // 2 of the row tile: l even its codes, l odd
             # its scales
             cgroup = rt * (ROW_TILE // 16) + lane // 2
@@ -211,7 +220,7 @@ class GatedGemm:
             groups_here = row_groups - rt * (ROW_TILE // 16)
             if groups_here > ROW_TILE // 16:
                 groups_here = Int32(ROW_TILE // 16)
-            stage_tx = self.b_bytes + groups_here * self.a_group_bytes
+            stage_tx = b_copy + groups_here * self.a_group_bytes
             b_tile = b_blocked + Int64(tile) * Int64(k_tiles) * self.b_bytes
             for kt in cutlass.range(k_tiles, unroll=1):
                 s = g % STAGES
@@ -222,7 +231,7 @@ class GatedGemm:
                 bar = s_base + self.full_off + s * 8
                 if lane == 0:
                     ptx.mbarrier_arrive_expect_tx(bar, stage_tx)
-                    ptx.bulk_copy_g2s(stage, b_tile + Int64(kt) * self.b_bytes, self.b_bytes, bar)
+                    ptx.bulk_copy_g2s(stage, b_tile + Int64(kt) * self.b_bytes, b_copy, bar)
                 cute.arch.sync_warp()
                 if copy_ok:
                     ptx.bulk_copy_g2s(stage + cdst, csrc + Int64(kt) * cstep, cbytes, bar)
@@ -270,7 +279,8 @@ class GatedGemm:
                             for gi in range(GROUPS_PER_WARP)]
                     res = wgmma_decode_k128(accs, [w[:8] for w in words], [w[8:] for w in words],
                                             cfg.weight_format, stage, n_tok, pending=cfg.pending,
-                                            decode=cfg.variant != "nodecode", b_rows=BN)
+                                            decode=cfg.variant != "nodecode",
+                                            b_lbo=128, b_sbo=B_GROUP_BYTES)
                     for gi in cutlass.range_constexpr(GROUPS_PER_WARP):
                         for j in cutlass.range_constexpr(n_tok // 2):
                             acc[gi, j // 4, j % 4] = res[gi][j]
@@ -338,16 +348,17 @@ class GatedGemm:
         # An expert's last tile is usually partly filled (DeepSeek-V3 at T=8192: ~256 +- 16
         # tokens per expert): the MMA runs only as wide as the tile's tokens, rounded up.
         cnt = p1 - p0
-        if cnt > 192:
-            self._mainloop(256, acc, active, g0, s_base, lane, a_warp_off, k_tiles)
-        elif cnt > 128:
-            self._mainloop(192, acc, active, g0, s_base, lane, a_warp_off, k_tiles)
-        elif cnt > 64:
-            self._mainloop(128, acc, active, g0, s_base, lane, a_warp_off, k_tiles)
-        elif cnt > 32:
-            self._mainloop(64, acc, active, g0, s_base, lane, a_warp_off, k_tiles)
+        # (the producer copies B as wide as this choice, see WIDTHS)
+        if cnt > WIDTHS[1]:
+            self._mainloop(WIDTHS[0], acc, active, g0, s_base, lane, a_warp_off, k_tiles)
+        elif cnt > WIDTHS[2]:
+            self._mainloop(WIDTHS[1], acc, active, g0, s_base, lane, a_warp_off, k_tiles)
+        elif cnt > WIDTHS[3]:
+            self._mainloop(WIDTHS[2], acc, active, g0, s_base, lane, a_warp_off, k_tiles)
+        elif cnt > WIDTHS[4]:
+            self._mainloop(WIDTHS[3], acc, active, g0, s_base, lane, a_warp_off, k_tiles)
         else:
-            self._mainloop(32, acc, active, g0, s_base, lane, a_warp_off, k_tiles)
+            self._mainloop(WIDTHS[4], acc, active, g0, s_base, lane, a_warp_off, k_tiles)
 
         if cutlass.const_expr(cfg.phase == "fc2"):
             if p0 + ctid < p1:
@@ -372,11 +383,11 @@ class GatedGemm:
     @cute.jit
     def _epilogue_fc1(self, acc, tile, e, p0, p1, group0, gs, stg, lane, bias, row_groups,
                       out, out_stride, act_alpha, act_beta, act_limit):
-        """Group g's 8 intermediate columns j = 8g .. 8g + 7 for the tile's tokens are one
-        contiguous 4 KiB chunk of FC2's tile-blocked B (K-tile g // 16, chunk g % 16, token n at
-        n * 16 bytes). stmatrix.trans turns the fragment (thread: column r, tokens 2q, 2q + 1)
-        of 32 tokens into that token-major order in shared memory; the warp then copies it out
-        16 bytes per lane. Token slots past the tile's pairs (in the last 32-token block) get
+        """Group g's 8 intermediate columns j = 8g .. 8g + 7 are chunk g % 16 of K-tile g // 16
+        in FC2's tile-blocked B (token n's 16 bytes at (n // 8) * B_GROUP_BYTES + chunk * 128 +
+        (n % 8) * 16). stmatrix.trans turns the fragment (thread: column r, tokens 2q, 2q + 1)
+        of 32 tokens into token rows in shared memory; the warp then copies them out 16 bytes
+        per lane, 128 contiguous bytes per 8 tokens. Token slots past the tile's pairs (in the last 32-token block) get
         act() of whatever their B columns held; FC2 never stores a result from those columns."""
         cfg = self.cfg
         r = lane // 4
@@ -386,7 +397,7 @@ class GatedGemm:
             b_lo = ptx.ld_nc_f32(brow)  # gate row r
             b_hi = ptx.ld_nc_f32(brow + 32)  # up row r + 8
             chunk = out + (Int64(tile) * Int64(out_stride) + Int64(g // 16)) * self.b_bytes \
-                + Int64((g % 16) * BN * 16)
+                + Int64((g % 16) * 128 + (lane // 8) * B_GROUP_BYTES + (lane % 8) * 16)
             for m in cutlass.range_constexpr(BN // STG_TOKENS):
                 if p0 + m * STG_TOKENS < p1:
                     regs = []
@@ -399,7 +410,7 @@ class GatedGemm:
                     ptx.stmatrix_x4_trans(stg + lane * 16, regs[0], regs[1], regs[2], regs[3])
                     cute.arch.sync_warp()
                     v = ptx.ld_shared_v4(stg + lane * 16)
-                    ptx.st_v4(chunk + Int64((m * STG_TOKENS + lane) * 16), v[0], v[1], v[2], v[3])
+                    ptx.st_v4(chunk + m * (STG_TOKENS // 8) * B_GROUP_BYTES, v[0], v[1], v[2], v[3])
                     cute.arch.sync_warp()  # the staging buffer is rewritten by the next block
 
     @cute.jit

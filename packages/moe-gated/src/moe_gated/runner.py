@@ -103,15 +103,30 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     return out
 
 
+def blocked_to_rows(blocked, bn: int):
+    """The tile-blocked layout [tiles, K-tiles, bn / 8 token groups x 16 chunks x 8 tokens x 8]
+    (moe_gated.tile_gather) as rows [tiles * bn, K-tiles * 128] (a copy)."""
+    cap, kt, _ = blocked.shape
+    return (blocked.view(cap, kt, bn // 8, TILE_K // 8, 8, 8).permute(0, 2, 4, 1, 3, 5)
+            .reshape(cap * bn, kt * TILE_K))
+
+
+def rows_to_blocked(rows, tiles: int, bn: int):
+    """Inverse of blocked_to_rows: [tiles * bn, K] rows -> [tiles, K / 128, bn * 128]."""
+    kt = rows.shape[1] // TILE_K
+    return (rows.reshape(tiles, bn // 8, 8, kt, TILE_K // 8, 8).permute(0, 3, 1, 4, 2, 5)
+            .reshape(tiles, kt, bn * TILE_K))
+
+
 def w4a4_requantize_blocked(inter, weights, tile_expert, bn: int):
-    """w4a4 FC2 input: the tile-blocked intermediate [tiles, K-tiles, 16 chunks x bn tokens x 8]
-    requantized in place, row by row, with each tile's expert fc2_input_scale (NVFP4). Token
-    slots a tile does not use hold stale values; their columns are never stored."""
-    cap, kt, _ = inter.shape
-    rows = inter.view(cap, kt, TILE_K // 8, bn, 8).permute(0, 3, 1, 2, 4).reshape(cap * bn, kt * TILE_K)
+    """w4a4 FC2 input: the tile-blocked intermediate requantized in place, row by row, with
+    each tile's expert fc2_input_scale (NVFP4). Token slots a tile does not use hold stale
+    values; their columns are never stored."""
+    cap = inter.shape[0]
+    rows = blocked_to_rows(inter, bn)
     gs = None
     if weights.weight_format == "nvfp4":
         e = tile_expert.long().clamp(0, weights.num_local_experts - 1)
         gs = weights.fc2_input_scale.float()[e].repeat_interleave(bn)
     q = quantize_rows(torch.nan_to_num(rows), get_format(weights.weight_format), gs)
-    inter.copy_(q.view(cap, bn, kt, TILE_K // 8, 8).permute(0, 2, 3, 1, 4).reshape(inter.shape))
+    inter.copy_(rows_to_blocked(q, cap, bn))

@@ -1,9 +1,10 @@
 """Token rows gathered into moe-gated's tile-blocked B layout, so the GEMM loads a whole
 (token tile, K-tile) B operand with one bulk copy.
 
-    blocked[t, kt] (BN x 128 bf16, 32 KiB) = rows src[order[p] // row_div] for p in tile t,
+    blocked[t, kt] (BN x 128 bf16, 64 KiB) = rows src[order[p] // row_div] for p in tile t,
                                              columns kt*128 .. kt*128+127,
-    chunk ch (8 columns) of token n at byte (ch * BN + n) * 16: wgmma's K-major core matrices.
+    chunk ch (8 columns) of token n at byte (n // 8) * 2048 + ch * 128 + (n % 8) * 16: wgmma's
+    K-major core matrices, each 8-token group's 128 columns contiguous (kernel.B_GROUP_BYTES).
 
 Columns past the real K are written as zeros (they meet zero-padded weights, and 0 x garbage
 could be NaN). Token slots past a tile's pairs are not written: a token slot is one MMA column,
@@ -19,7 +20,7 @@ from cutlass import Int32, Int64
 
 from moe_common.cute import ptx
 
-from .kernel import BN, TILE_K
+from .kernel import B_GROUP_BYTES, BN, TILE_K
 
 THREADS = 256
 CHUNKS = BN * TILE_K // 8  # 16-byte chunks per block
@@ -44,7 +45,7 @@ class TileGather:
             p1 = ptx.ld_u32(tile_end + Int64(t) * 4)
             dst_block = blocked + (Int64(t) * Int64(k_tiles) + Int64(kt)) * (CHUNKS * 16)
             # a warp instruction moves 8 tokens x 4 chunks: 64 contiguous bytes of each of 8
-            # token rows in, one 128-byte run of a core-matrix column block out
+            # token rows in, 512 contiguous bytes out
             for i in cutlass.range_constexpr(CHUNKS // THREADS):
                 c = tidx + i * THREADS
                 blk = c // 32
@@ -58,4 +59,5 @@ class TileGather:
                         row = ptx.ld_u32(order + Int64(p) * 4) // row_div
                         v = ptx.ld_nc_v4(src + (Int64(row) * Int64(src_stride) + Int64(k0)) * 2)
                         v0, v1, v2, v3 = v[0], v[1], v[2], v[3]
-                    ptx.st_v4(dst_block + Int64((ch * BN + n) * 16), v0, v1, v2, v3)
+                    ptx.st_v4(dst_block + Int64((n // 8) * B_GROUP_BYTES + ch * 128 + (n % 8) * 16),
+                              v0, v1, v2, v3)

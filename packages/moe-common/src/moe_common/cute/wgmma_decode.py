@@ -7,7 +7,8 @@ masks as `decode.decode_fragment_word`), the block-scale multiply, the wgmmas an
 asm statement gives every slab its own PTX registers and leaves the scheduling to ptxas, which
 tracks wgmma register lifetimes itself.
 
-B: K-major core matrices in shared memory (see `ptx.wgmma_rs_k128` for the layout).
+B: K-major core matrices (8 tokens x 16 bytes) in shared memory, without swizzle; their strides
+are the descriptor's (`b_lbo`, `b_sbo`).
 """
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ def _slab_ptx(g: int, s: int, code: str, s_r: str, s_r8: str, sel: int) -> list:
 
 @dsl_user_op
 def wgmma_decode_k128(accs, codes, scales, weight_format: str, b_smem, n: int, pending=None,
-                      decode: bool = True, b_rows=None, *, loc=None, ip=None):
+                      decode: bool = True, b_lbo=None, b_sbo: int = 128, *, loc=None, ip=None):
     """accs[g] (64 x n fp32) += decode(codes[g], scales[g]) (64 x 128) @ B (128 x n).
 
     pending=None: one commit group for the tile and a wait for all of it before returning.
@@ -54,8 +55,11 @@ def wgmma_decode_k128(accs, codes, scales, weight_format: str, b_smem, n: int, p
     last j slabs of this tile are still running when the block returns (the caller waits with
     ptx.wgmma_wait before reading accs or reusing B's shared memory); at most j + 1 slabs' A
     registers are live.
-    b_rows: tokens per 16-byte K-chunk of the B layout (its row count, default n), so an
-    n-token MMA can read the first n tokens of a wider B tile.
+    b_lbo / b_sbo: bytes between core matrices adjacent in K / in tokens. The default is
+    chunk-major (each 8-column K-chunk holds the n tokens' 16 bytes in a row: b_lbo = 16 n,
+    b_sbo = 128); b_lbo = 16 x (a wider tile's tokens) lets an n-token MMA read the first n
+    tokens of that tile, and (128, 16 x 128) is token-group-major (each 8-token group's 128 K
+    columns contiguous, so a tile's first n tokens are its first 256 n bytes).
     decode=False feeds the raw code words as A (wrong results: for timing the decode's cost only).
 
     codes[g]: the 8 fragment-ordered code words of this lane (one per k16 slab); scales[g]: the
@@ -63,7 +67,8 @@ def wgmma_decode_k128(accs, codes, scales, weight_format: str, b_smem, n: int, p
     s // 2; MXFP4: 2 + 2 words, block s // 2 in half (s // 2) % 2 of word s // 4).
     """
     h = n // 2
-    b_rows = n if b_rows is None else b_rows
+    b_lbo = 16 * n if b_lbo is None else b_lbo
+    assert b_lbo % 16 == 0 and b_sbo % 16 == 0 and b_lbo < (1 << 18) and b_sbo < (1 << 18)
     G = len(accs)
     nsw = 4 if weight_format == "nvfp4" else 2
     ops = [Float32(x).ir_value(loc=loc, ip=ip) for acc in accs for x in acc]
@@ -82,7 +87,7 @@ def wgmma_decode_k128(accs, codes, scales, weight_format: str, b_smem, n: int, p
              f".reg .b32 {', '.join(regs)};",
              f"setp.ne.b32 p, ${one}, 0;",
              f"cvt.u64.u32 d0, ${addr};", "shr.u64 d0, d0, 4;", "and.b64 d0, d0, 16383;",
-             f"or.b64 d0, d0, {(b_rows << 16) | (8 << 32)};"]
+             f"or.b64 d0, d0, {((b_lbo >> 4) << 16) | ((b_sbo >> 4) << 32)};"]
     for s in range(8):
         for g in range(G):
             w0 = base + g * per_g
@@ -96,7 +101,7 @@ def wgmma_decode_k128(accs, codes, scales, weight_format: str, b_smem, n: int, p
                 lines += _slab_ptx(g, s, code, s_r, s_r8, 0x3232 if half else 0x1010)
             else:
                 lines += [f"mov.b32 a{g}_{s}{j}, {code};" for j in range(4)]
-        lines.append(f"add.s64 ds, d0, {s * 2 * b_rows};")
+        lines.append(f"add.s64 ds, d0, {s * 2 * (b_lbo >> 4)};")  # slab s: K-chunks 2s, 2s + 1
         lines.append("wgmma.fence.sync.aligned;")  # A registers were just written
         for g in range(G):
             d = ", ".join(f"${g * h + i}" for i in range(h))
