@@ -11,17 +11,18 @@ FORMATS = ("nvfp4", "mxfp4")
 ACTIVATIONS = ("silu", "gelu_tanh", "swigluoai")
 
 # Development knobs for measuring variants (the defaults are the measured best):
-# MOE_GATED_PENDING=j leaves j wgmma slabs in flight across K-tiles;
-# MOE_GATED_VARIANT=nodecode|nomma times the kernel without the decode or without the MMA
-# (wrong output: timing only).
+# MOE_GATED_PENDING=j leaves j wgmma slabs in flight across K-tiles (MOE_GATED_PENDING_NARROW
+# for MMA widths <= 64); MOE_GATED_VARIANT=nodecode|nomma|nostore times the kernel without the
+# decode, without the MMA or without the epilogues' global stores (wrong output: timing only).
 PENDING = int(os.environ.get("MOE_GATED_PENDING", "2"))
+PENDING_NARROW = int(os.environ.get("MOE_GATED_PENDING_NARROW", "2"))  # MMA widths <= 64
 VARIANT = os.environ.get("MOE_GATED_VARIANT", "full")
 
 
 def config(phase: str, weight_format: str, activation: str) -> GatedConfig:
     return GatedConfig(phase=phase, weight_format=weight_format,
                        activation=activation if phase == "fc1" else "none",
-                       pending=PENDING, variant=VARIANT)
+                       pending=PENDING, pending_narrow=PENDING_NARROW, variant=VARIANT)
 
 
 def compile_config(cfg: GatedConfig):

@@ -91,7 +91,11 @@ class GatedConfig:
     # ptxas serialize every wgmma (C7512, checked by tests/test_gated_cpu.py); with one group
     # per warp it assembles (highest register R209)
     pending: int = 2
-    # timing-only variants (wrong results): "nodecode" feeds raw codes to the MMA, "nomma" skips it
+    # the same for MMA widths <= 64 (an expert's few leftover tokens): their wgmmas are short,
+    # so more of them must be in flight to cover each slab's decode
+    pending_narrow: int = 2
+    # timing-only variants (wrong results): "nodecode" feeds raw codes to the MMA, "nomma" skips
+    # it, "nostore" skips the epilogues' global stores
     variant: str = "full"
 
 
@@ -278,7 +282,7 @@ class GatedGemm:
                     accs = [[acc[gi, j // 4, j % 4] for j in range(n_tok // 2)]
                             for gi in range(GROUPS_PER_WARP)]
                     res = wgmma_decode_k128(accs, [w[:8] for w in words], [w[8:] for w in words],
-                                            cfg.weight_format, stage, n_tok, pending=cfg.pending,
+                                            cfg.weight_format, stage, n_tok, pending=cfg.pending if n_tok > 64 else cfg.pending_narrow,
                                             decode=cfg.variant != "nodecode",
                                             b_lbo=128, b_sbo=B_GROUP_BYTES)
                     for gi in cutlass.range_constexpr(GROUPS_PER_WARP):
@@ -410,7 +414,8 @@ class GatedGemm:
                     ptx.stmatrix_x4_trans(stg + lane * 16, regs[0], regs[1], regs[2], regs[3])
                     cute.arch.sync_warp()
                     v = ptx.ld_shared_v4(stg + lane * 16)
-                    ptx.st_v4(chunk + m * (STG_TOKENS // 8) * B_GROUP_BYTES, v[0], v[1], v[2], v[3])
+                    if cutlass.const_expr(cfg.variant != "nostore"):
+                        ptx.st_v4(chunk + m * (STG_TOKENS // 8) * B_GROUP_BYTES, v[0], v[1], v[2], v[3])
                     cute.arch.sync_warp()  # the staging buffer is rewritten by the next block
 
     @cute.jit
@@ -437,5 +442,6 @@ class GatedGemm:
                             dst = out + Int64(pw[0]) * Int64(out_stride) * 4
                             for h in cutlass.range_constexpr(2):
                                 if rows[h] < out_rows:
-                                    ptx.st_f32(dst + Int64(rows[h]) * 4,
-                                               (acc[gi, nb, 2 * h + c] * gs + bv[h]) * wgt)
+                                    if cutlass.const_expr(self.cfg.variant != "nostore"):
+                                        ptx.st_f32(dst + Int64(rows[h]) * 4,
+                                                   (acc[gi, nb, 2 * h + c] * gs + bv[h]) * wgt)
