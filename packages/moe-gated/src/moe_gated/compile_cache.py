@@ -13,16 +13,21 @@ ACTIVATIONS = ("silu", "gelu_tanh", "swigluoai")
 # Development knobs for measuring variants (the defaults are the measured best):
 # MOE_GATED_PENDING=j leaves j wgmma slabs in flight across K-tiles (MOE_GATED_PENDING_NARROW
 # for MMA widths <= 64); MOE_GATED_VARIANT=nodecode|nomma|nostore times the kernel without the
-# decode, without the MMA or without the epilogues' global stores (wrong output: timing only).
+# decode, without the MMA or without the epilogues' global stores (wrong output: timing only);
+# a suffix -fc1 or -fc2 applies the variant to that phase only.
 PENDING = int(os.environ.get("MOE_GATED_PENDING", "2"))
 PENDING_NARROW = int(os.environ.get("MOE_GATED_PENDING_NARROW", "2"))  # MMA widths <= 64
 VARIANT = os.environ.get("MOE_GATED_VARIANT", "full")
 
 
 def config(phase: str, weight_format: str, activation: str) -> GatedConfig:
+    variant = VARIANT
+    if variant.endswith("-fc1") or variant.endswith("-fc2"):  # e.g. nostore-fc2: one phase only
+        variant, only = variant.rsplit("-", 1)
+        variant = variant if only == phase else "full"
     return GatedConfig(phase=phase, weight_format=weight_format,
                        activation=activation if phase == "fc1" else "none",
-                       pending=PENDING, pending_narrow=PENDING_NARROW, variant=VARIANT)
+                       pending=PENDING, pending_narrow=PENDING_NARROW, variant=variant)
 
 
 def compile_config(cfg: GatedConfig):
