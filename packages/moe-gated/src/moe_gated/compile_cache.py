@@ -17,6 +17,7 @@ ACTIVATIONS = ("silu", "gelu_tanh", "swigluoai")
 # a suffix -fc1 or -fc2 applies the variant to that phase only.
 PENDING = int(os.environ.get("MOE_GATED_PENDING", "2"))
 PENDING_NARROW = int(os.environ.get("MOE_GATED_PENDING_NARROW", "2"))  # MMA widths <= 64
+PREFETCH = int(os.environ.get("MOE_GATED_PREFETCH", "0"))  # K-tiles ahead prefetched into L2
 VARIANT = os.environ.get("MOE_GATED_VARIANT", "full")
 
 
@@ -27,7 +28,7 @@ def config(phase: str, weight_format: str, activation: str) -> GatedConfig:
         variant = variant if only == phase else "full"
     return GatedConfig(phase=phase, weight_format=weight_format,
                        activation=activation if phase == "fc1" else "none",
-                       pending=PENDING, pending_narrow=PENDING_NARROW, variant=variant)
+                       pending=PENDING, pending_narrow=PENDING_NARROW, prefetch=PREFETCH, variant=variant)
 
 
 def compile_config(cfg: GatedConfig):

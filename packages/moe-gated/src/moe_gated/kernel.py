@@ -94,6 +94,10 @@ class GatedConfig:
     # the same for MMA widths <= 64 (an expert's few leftover tokens): their wgmmas are short,
     # so more of them must be in flight to cover each slab's decode
     pending_narrow: int = 2
+    # K-tiles ahead of the one being copied whose operands the producer also prefetches into L2
+    # (0: none). An expert's few leftover tokens make items whose K-loop is short of work and
+    # waits on each K-tile's DRAM latency (BENCHMARKS.md, seventh session)
+    prefetch: int = 0
     # timing-only variants (wrong results): "nodecode" feeds raw codes to the MMA, "nomma" skips
     # it, "nostore" skips the epilogues' global stores
     variant: str = "full"
@@ -239,6 +243,13 @@ class GatedGemm:
                 cute.arch.sync_warp()
                 if copy_ok:
                     ptx.bulk_copy_g2s(stage + cdst, csrc + Int64(kt) * cstep, cbytes, bar)
+                if cutlass.const_expr(self.cfg.prefetch > 0):
+                    if kt + self.cfg.prefetch < k_tiles:
+                        ahead = Int64(kt + self.cfg.prefetch)
+                        if lane == 0:
+                            ptx.bulk_prefetch_l2(b_tile + ahead * self.b_bytes, b_copy)
+                        if copy_ok:
+                            ptx.bulk_prefetch_l2(csrc + ahead * cstep, cbytes)
                 g = g + 1
             i = i + 1
             if lane == 0:
@@ -441,7 +452,10 @@ class GatedGemm:
                             wgt = ptx.f32_bits(pw[1])
                             dst = out + Int64(pw[0]) * Int64(out_stride) * 4
                             for h in cutlass.range_constexpr(2):
-                                if rows[h] < out_rows:
-                                    if cutlass.const_expr(self.cfg.variant != "nostore"):
-                                        ptx.st_f32(dst + Int64(rows[h]) * 4,
-                                                   (acc[gi, nb, 2 * h + c] * gs + bv[h]) * wgt)
+                                # nostore: a bound no row meets, but one the compiler cannot see
+                                # through (with the results dead, ptxas shrinks the wgmmas to N=8)
+                                bound = out_rows if cutlass.const_expr(self.cfg.variant != "nostore") \
+                                    else out_rows - (1 << 30)
+                                if rows[h] < bound:
+                                    ptx.st_f32(dst + Int64(rows[h]) * 4,
+                                               (acc[gi, nb, 2 * h + c] * gs + bv[h]) * wgt)

@@ -393,6 +393,14 @@ def bulk_copy_g2s(smem_addr, gmem_addr, nbytes, mbar, *, loc=None, ip=None):
           "r,l,r,r")
 
 
+@dsl_user_op
+def bulk_prefetch_l2(gmem_addr, nbytes, *, loc=None, ip=None):
+    """cp.async.bulk.prefetch.L2: bring nbytes (16-byte aligned, a multiple of 16) at gmem_addr
+    into L2, with no destination and no completion (a hint)."""
+    _stmt([Int64(gmem_addr).ir_value(loc=loc, ip=ip), _i32(nbytes, loc, ip)],
+          "cp.async.bulk.prefetch.L2.global [$0], $1;", "l,r")
+
+
 
 # ---------------------------------------------------------------- per-warp streams (moe-static)
 @dsl_user_op
