@@ -11,13 +11,11 @@ FORMATS = ("nvfp4", "mxfp4")
 ACTIVATIONS = ("silu", "gelu_tanh", "swigluoai")
 
 # Development knobs for measuring variants (the defaults are the measured best):
-# MOE_GATED_PENDING=j leaves j wgmma slabs in flight across K-tiles (MOE_GATED_PENDING_NARROW
-# for MMA widths <= 64); MOE_GATED_VARIANT=nodecode|nomma|nostore times the kernel without the
+# MOE_GATED_PENDING=j leaves j wgmma slabs in flight across K-tiles; MOE_GATED_VARIANT=nodecode|nomma|nostore times the kernel without the
 # decode, without the MMA or without the epilogues' global stores (wrong output: timing only);
 # a suffix -fc1 or -fc2 applies the variant to that phase only.
 PENDING = int(os.environ.get("MOE_GATED_PENDING", "2"))
-PENDING_NARROW = int(os.environ.get("MOE_GATED_PENDING_NARROW", "2"))  # MMA widths <= 64
-PREFETCH = int(os.environ.get("MOE_GATED_PREFETCH", "0"))  # K-tiles ahead prefetched into L2
+Y_STORE = os.environ.get("MOE_GATED_Y_STORE", "wb")  # FC2's y stores: wb | cs (streaming)
 VARIANT = os.environ.get("MOE_GATED_VARIANT", "full")
 
 
@@ -28,7 +26,7 @@ def config(phase: str, weight_format: str, activation: str) -> GatedConfig:
         variant = variant if only == phase else "full"
     return GatedConfig(phase=phase, weight_format=weight_format,
                        activation=activation if phase == "fc1" else "none",
-                       pending=PENDING, pending_narrow=PENDING_NARROW, prefetch=PREFETCH, variant=variant)
+                       pending=PENDING, y_store=Y_STORE, variant=variant)
 
 
 def compile_config(cfg: GatedConfig):

@@ -91,13 +91,9 @@ class GatedConfig:
     # ptxas serialize every wgmma (C7512, checked by tests/test_gated_cpu.py); with one group
     # per warp it assembles (highest register R209)
     pending: int = 2
-    # the same for MMA widths <= 64 (an expert's few leftover tokens): their wgmmas are short,
-    # so more of them must be in flight to cover each slab's decode
-    pending_narrow: int = 2
-    # K-tiles ahead of the one being copied whose operands the producer also prefetches into L2
-    # (0: none). An expert's few leftover tokens make items whose K-loop is short of work and
-    # waits on each K-tile's DRAM latency (BENCHMARKS.md, seventh session)
-    prefetch: int = 0
+    # FC2's y stores: "wb" (default caching) or "cs" (streaming: y is read once, by the top-k
+    # reduce, so its lines are evicted first and the weights and B tiles stay in L2)
+    y_store: str = "wb"
     # timing-only variants (wrong results): "nodecode" feeds raw codes to the MMA, "nomma" skips
     # it, "nostore" skips the epilogues' global stores
     variant: str = "full"
@@ -243,13 +239,6 @@ class GatedGemm:
                 cute.arch.sync_warp()
                 if copy_ok:
                     ptx.bulk_copy_g2s(stage + cdst, csrc + Int64(kt) * cstep, cbytes, bar)
-                if cutlass.const_expr(self.cfg.prefetch > 0):
-                    if kt + self.cfg.prefetch < k_tiles:
-                        ahead = Int64(kt + self.cfg.prefetch)
-                        if lane == 0:
-                            ptx.bulk_prefetch_l2(b_tile + ahead * self.b_bytes, b_copy)
-                        if copy_ok:
-                            ptx.bulk_prefetch_l2(csrc + ahead * cstep, cbytes)
                 g = g + 1
             i = i + 1
             if lane == 0:
@@ -293,7 +282,7 @@ class GatedGemm:
                     accs = [[acc[gi, j // 4, j % 4] for j in range(n_tok // 2)]
                             for gi in range(GROUPS_PER_WARP)]
                     res = wgmma_decode_k128(accs, [w[:8] for w in words], [w[8:] for w in words],
-                                            cfg.weight_format, stage, n_tok, pending=cfg.pending if n_tok > 64 else cfg.pending_narrow,
+                                            cfg.weight_format, stage, n_tok, pending=cfg.pending,
                                             decode=cfg.variant != "nodecode",
                                             b_lbo=128, b_sbo=B_GROUP_BYTES)
                     for gi in cutlass.range_constexpr(GROUPS_PER_WARP):
@@ -458,4 +447,5 @@ class GatedGemm:
                                     else out_rows - (1 << 30)
                                 if rows[h] < bound:
                                     ptx.st_f32(dst + Int64(rows[h]) * 4,
-                                               (acc[gi, nb, 2 * h + c] * gs + bv[h]) * wgt)
+                                               (acc[gi, nb, 2 * h + c] * gs + bv[h]) * wgt,
+                                               streaming=self.cfg.y_store == "cs")

@@ -133,8 +133,10 @@ def st_u16(addr, a, *, loc=None, ip=None):
 
 
 @dsl_user_op
-def st_f32(addr, a, *, loc=None, ip=None):
-    _stmt([Int64(addr).ir_value(loc=loc, ip=ip), Float32(a).ir_value(loc=loc, ip=ip)], "st.global.f32 [$0], $1;", "l,f")
+def st_f32(addr, a, streaming: bool = False, *, loc=None, ip=None):
+    """st.global.f32, or st.global.cs.f32 (streaming: evict first) with streaming=True."""
+    op = "st.global.cs.f32" if streaming else "st.global.f32"
+    _stmt([Int64(addr).ir_value(loc=loc, ip=ip), Float32(a).ir_value(loc=loc, ip=ip)], f"{op} [$0], $1;", "l,f")
 
 
 @dsl_user_op
@@ -391,14 +393,6 @@ def bulk_copy_g2s(smem_addr, gmem_addr, nbytes, mbar, *, loc=None, ip=None):
            _i32(nbytes, loc, ip), Int32(mbar).ir_value(loc=loc, ip=ip)],
           "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$0], [$1], $2, [$3];",
           "r,l,r,r")
-
-
-@dsl_user_op
-def bulk_prefetch_l2(gmem_addr, nbytes, *, loc=None, ip=None):
-    """cp.async.bulk.prefetch.L2: bring nbytes (16-byte aligned, a multiple of 16) at gmem_addr
-    into L2, with no destination and no completion (a hint)."""
-    _stmt([Int64(gmem_addr).ir_value(loc=loc, ip=ip), _i32(nbytes, loc, ip)],
-          "cp.async.bulk.prefetch.L2.global [$0], $1;", "l,r")
 
 
 
