@@ -100,10 +100,13 @@ def main():
     ap.add_argument("--kernel", default="generic", choices=["generic", "static", "gated"])
     args = ap.parse_args()
     if args.sanitize and args.kernel == "gated":
-        # gated activations only; the second case's FC2 (H=320, rows padded to 384) ends on a
-        # half-empty 256-row tile
+        # gated activations only; the first two take the tall geometry (the second's FC2,
+        # H=320 with rows padded to 384, ends on a half-empty 256-row tile), the last two the
+        # wide one (>= 256 routed pairs per expert)
         rows = check_generic([(70, 4, 256, 128, 4, "nvfp4", "silu", "w4a4", True, True),
-                              (300, 4, 320, 96, 1, "mxfp4", "swigluoai", "w4a16", True, False)],
+                              (300, 4, 320, 96, 1, "mxfp4", "swigluoai", "w4a16", True, False),
+                              (300, 4, 256, 128, 4, "nvfp4", "gelu_tanh", "w4a16", False, False),
+                              (600, 4, 320, 96, 2, "mxfp4", "silu", "w4a4", True, True)],
                              args.kernel)
         sys.exit(0 if all(r["ok"] for r in rows) else 1)
     if args.sanitize:

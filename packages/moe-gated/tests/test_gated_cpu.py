@@ -10,10 +10,12 @@ from moe_gated.limits import CUTOVER_ROWS_PER_EXPERT, priority, unsupported_reas
 
 def test_every_dispatchable_config_compiles_for_sm90a():
     from moe_gated.compile_cache import all_configs, compile_config, tile_gather
+    from moe_gated.kernel import GEOMETRIES
 
-    assert tile_gather() is not None
+    for bn, _ in GEOMETRIES.values():
+        assert tile_gather(bn) is not None
     configs = all_configs()
-    assert len(configs) == 8  # 2 formats x (3 gated FC1 activations + FC2)
+    assert len(configs) == 16  # 2 geometries x 2 formats x (3 gated FC1 activations + FC2)
     for cfg in configs:
         assert compile_config(cfg) is not None, cfg
 
@@ -40,7 +42,7 @@ def _ptxas():
     return shutil.which("ptxas")
 
 
-@pytest.mark.parametrize("index", [0, 7])  # FC1 NVFP4 silu, FC2 MXFP4
+@pytest.mark.parametrize("index", [0, 7, 8, 15])  # wide, tall: FC1 NVFP4 silu, FC2 MXFP4
 def test_wgmma_runs_asynchronously(index, tmp_path):
     """ptxas serializes every wgmma (a wait for completion after each, C7512) when the consumer
     warps' live registers do not fit; with pending=2 slabs in flight that happened and the
@@ -116,12 +118,34 @@ def test_direct_call_raises_value_error_with_the_reason():
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 def test_shared_memory_fits_one_cta_per_sm(fmt):
     from moe_gated.compile_cache import config
-    from moe_gated.kernel import GatedGemm
+    from moe_gated.kernel import GEOMETRIES, GatedGemm
 
-    for phase, act in (("fc1", "silu"), ("fc2", "none")):
-        k = GatedGemm(config(phase, fmt, act))
-        assert k.smem_bytes <= 227 * 1024, (phase, fmt, k.smem_bytes)
-        assert k.stage_bytes % 128 == 0  # bulk-copy and wgmma descriptor alignment of every stage
+    for geometry in GEOMETRIES:
+        for phase, act in (("fc1", "silu"), ("fc2", "none")):
+            k = GatedGemm(config(phase, fmt, act, geometry))
+            assert k.smem_bytes <= 227 * 1024, (geometry, phase, fmt, k.smem_bytes)
+            assert k.stages >= 3, (geometry, phase, fmt, k.stages)
+            assert k.stage_bytes % 128 == 0  # bulk-copy and wgmma descriptor alignment of every stage
+
+
+def test_geometry_choice_and_workspace_sizes():
+    """Wide tiles from 256 routed pairs per expert on; and the routing table and tile-blocked
+    buffers grow with the pair count whichever geometry a call takes, so a workspace warmed at
+    the largest T serves every smaller T (FusedMoE freezes it after warm-up)."""
+    from moe_gated.runner import _token_slots, geometry_for, tiles_capacity
+
+    assert geometry_for(256 * 128, 128) == "wide"
+    assert geometry_for(256 * 128 - 1, 128) == "tall"
+    for E in (1, 8, 128, 256):
+        for P in (1, 100, 4096, 32767, 32768, 65535, 65536):
+            for P2 in (P - 1, P // 2, 1):
+                if P2 < 1:
+                    continue
+                assert _token_slots(P2, E) <= _token_slots(P, E)
+                assert max(tiles_capacity(P2, E, b) for b in (128, 256)) <= \
+                    max(tiles_capacity(P, E, b) for b in (128, 256))
+            for bn in (128, 256):
+                assert _token_slots(P, E) >= tiles_capacity(P, E, bn) * bn
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])

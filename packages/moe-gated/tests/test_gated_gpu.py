@@ -56,9 +56,21 @@ def test_matches_reference(shape, act, fmt, mode, bias):
     _run(shape, act, fmt, mode, bias)
 
 
+@pytest.mark.parametrize("geometry", ["wide", "tall"])
+@pytest.mark.parametrize("fmt,mode", [("nvfp4", "w4a4"), ("mxfp4", "w4a16")])
+def test_each_tile_geometry(geometry, fmt, mode, monkeypatch):
+    # the runner picks the geometry from the pairs per expert; force each one, on experts with
+    # several full tiles and on experts with one partly filled tile
+    from moe_gated import runner
+
+    monkeypatch.setattr(runner, "WIDE_MIN_PAIRS_PER_EXPERT", 0 if geometry == "wide" else 10**9)
+    _run((777, 8, 2880, 704, 4), "silu", fmt, mode, bias=True)
+    _run((300, 16, 512, 256, 4), "gelu_tanh", fmt, mode)
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_skewed_routing_and_empty_experts(fmt):
-    # Zipf-like routing: a few experts get many 128-pair tiles, the tail gets none
+    # Zipf-like routing: a few experts get many full tiles, the tail gets none
     T, E, k = 4096, 64, 4
     _, ti = random_routing(T, E, k, skew=3.0)
     assert int((torch.bincount(ti.view(-1).long(), minlength=E) == 0).sum()) > 0

@@ -1,40 +1,39 @@
-"""The moe-gated CuTe DSL kernel: a persistent grouped GEMM with 256-token tiles on warpgroup MMA.
+"""The moe-gated CuTe DSL kernel: a persistent grouped GEMM with large tiles on warpgroup MMA.
 
     FC1: inter[p, j]  = act(scale_2[e] * (src[order[p] // row_div] @ w13[e]^T) + b13[e])  (bf16)
     FC2: y[order[p], h] = w[order[p]] * (scale_2[e] * (inter[p] @ w2[e]^T) + b2[e])      (fp32)
 
-p runs over routed pairs sorted by expert (moe_common.cute.routing, 256-pair tiles).
+p runs over routed pairs sorted by expert (moe_common.cute.routing, tiles of up to bn pairs).
 
 Branch pairing: the packed w13 (moe_common.packed) holds each 16-row group as [8 gate rows;
 8 up rows] of the same 8 intermediate columns, so the MMA puts gate (row r) and up (row r + 8)
 of one (column, token) in the same thread's accumulators and the activation is applied in the
 FC1 epilogue, with no second pass and no gate/up round trip through memory.
 
-Work: items (token tile, 128-row weight tile), taken from a device-side atomic queue by
-persistent CTAs (one per SM), so an expert with many tokens is spread over every SM and skewed
-routing stays balanced. Consecutive tickets are the row tiles of one token tile, so the
-concurrently running CTAs share that tile's token rows in L2.
+Work: items (token tile, weight row tile), taken from a device-side atomic queue by persistent
+CTAs (one per SM), so an expert with many tokens is spread over every SM and skewed routing
+stays balanced. Consecutive tickets are the row tiles of one token tile, so the concurrently
+running CTAs share that tile's token rows in L2.
 
 Per CTA: a producer warp (in a third warpgroup, see THREADS) and 2 consumer warpgroups; consumer
-warp w owns weight group w (16 rows) of the row tile. Per 128-deep K-tile each consumer
-warpgroup issues, per k16 slab, one wgmma m64nNk16 with A (the weights, decoded e2m1 -> bf16 and
+warp w owns gpw weight groups (16 rows each) of the row tile. Per 128-deep K-tile each consumer
+warpgroup issues, per k16 slab, gpw wgmma m64nNk16 with A (the weights, decoded e2m1 -> bf16 and
 scaled in registers) from registers and B (the tokens) from shared memory; N is the tile's token
-count rounded up to 32, 64, 128, 192 or 256. The decode (~20 integer instructions per 8 weights)
-is paid once per weight tile and token tile, so the wider the token tile, the less decode per
-FLOP: until 71d38fc the tiles were 256 rows x 128 tokens (two groups per warp), and the decode
-cost 20% of the layer at DeepSeek-V3 T=8192 (BENCHMARKS.md); 128 x 256 halves it per FLOP
-and halves the decode each warp must fit between two of its warpgroup's wgmmas.
+count rounded up to one of WIDTHS. The decode (~20 integer instructions per 8 weights) is paid
+once per weight tile and token tile, so the wider the token tile, the less decode per FLOP:
+GEOMETRIES has the two tile shapes, 128 rows x 256 tokens ("wide") and 256 x 128 ("tall").
 
-Operands arrive by bulk copy (cp.async.bulk, the TMA engine's 1-D copy): B is one copy of up to
-64 KiB per K-tile (as many tokens as the MMA is wide) from a tile-blocked buffer already in wgmma's core-matrix order (FC1: token rows
-gathered by tile_gather; FC2: the intermediate, which FC1's epilogue writes in that order), and
-each 16-row weight group's codes and scales are two contiguous copies. A CTA-wide per-thread
-cp.async ring measured 21.1 ms at DeepSeek-V3 T=8192 with its issue stalled on the load/store
-unit (ncu: 21% of warp samples on one LDGSTS address register, long scoreboard); the bulk
-copies take one instruction per 1-32 KiB instead of one per 16 bytes per thread.
+Operands arrive by bulk copy (cp.async.bulk, the TMA engine's 1-D copy): B is one copy per
+K-tile of as many tokens as the MMA is wide from a tile-blocked buffer already in wgmma's
+core-matrix order (FC1: token rows gathered by tile_gather; FC2: the intermediate, which FC1's
+epilogue writes in that order), and each 16-row weight group's codes and scales are two
+contiguous copies. A CTA-wide per-thread cp.async ring measured 21.1 ms at DeepSeek-V3 T=8192
+with its issue stalled on the load/store unit (ncu: 21% of warp samples on one LDGSTS address
+register, long scoreboard); the bulk copies take one instruction per 1-64 KiB instead of one
+per 16 bytes per thread.
 
-Pipeline: a STAGES-deep ring with a full mbarrier (the producer's transaction bytes) and an
-empty mbarrier (one arrival per consumer warp) per stage; there is no CTA barrier in the
+Pipeline: a ring of `stages` stages with a full mbarrier (the producer's transaction bytes) and
+an empty mbarrier (one arrival per consumer warp) per stage; there is no CTA barrier in the
 mainloop. The producer takes tickets itself and hands items to the consumers through a small
 ring, so it loads the next item's K-tiles while the consumers run the epilogue. wgmma runs
 asynchronously: each slab is its own commit group and at most `pending` slabs stay in flight
@@ -56,8 +55,16 @@ from moe_common.cute import ptx
 from moe_common.cute.wgmma_decode import wgmma_decode_k128
 
 TILE_K = 128
-BN = 256  # tokens per tile = the widest wgmma N
-WIDTHS = (256, 192, 128, 64, 32)  # MMA widths: a tile's token count rounded up to one of these
+# Tile geometries, (tokens per tile, 16-row weight groups per consumer warp): "wide" (256 x 1:
+# 128 weight rows) pays the decode once per 256 tokens and is the faster one when experts get
+# whole 256-token tiles; "tall" (128 x 2: 256 weight rows) does twice the decode per FLOP but
+# moves half the B bytes per FLOP and gives each warp two independent decode+MMA chains, so it
+# wins where tiles are partly filled (BENCHMARKS.md, seventh session). The runner picks one per
+# call from the routed pairs per expert.
+GEOMETRIES = {"wide": (256, 1), "tall": (128, 2)}
+# MMA widths per tile size: a tile's token count is rounded up to one of these
+WIDTHS = {256: (256, 192, 128, 64, 32), 128: (128, 96, 64, 32)}
+MAX_STAGES = 4
 # B (tokens) in shared memory and in the tile-blocked buffers: K-major core matrices, each
 # 8-token group's 128 K columns contiguous (16 chunks x 8 tokens x 16 bytes), so a tile's first
 # n tokens are its first n x 256 bytes and a partly filled tile copies only its MMA width
@@ -72,13 +79,15 @@ PRODUCER_WARP = CONSUMER_WARPS  # warp 8 fetches work items and issues the bulk 
 THREADS = 32 * (CONSUMER_WARPS + 4)
 PRODUCER_REGS = 40
 CONSUMER_REGS = 232
-GROUPS_PER_WARP = 1  # 16-row weight groups per consumer warp = wgmmas per warpgroup per slab
-ROW_TILE = CONSUMER_WARPS * GROUPS_PER_WARP * 16  # 128 weight rows per work item
-STAGES = 3  # NVFP4: 3 x 73 KiB of shared memory, one CTA per SM
 STG_TOKENS = 32  # FC1 epilogue: tokens per staged chunk (512 bytes per warp)
 SMEM_LIMIT = 227 * 1024  # sm_90's largest dynamic shared memory per CTA
 MIN_BLOCKS = int(os.environ.get("MOE_GATED_MIN_BLOCKS", "1"))  # 0: no .minnctapersm (measuring)
-ITEM_SLOTS = 8  # work-item ring from the producer to the consumers (it leads by <= STAGES items)
+ITEM_SLOTS = 8  # work-item ring from the producer to the consumers (it leads by <= stages items)
+
+
+def row_tile(geometry: str) -> int:
+    """Weight rows per work item."""
+    return CONSUMER_WARPS * GEOMETRIES[geometry][1] * 16
 
 
 @dataclass(frozen=True)
@@ -86,11 +95,12 @@ class GatedConfig:
     phase: str  # "fc1" | "fc2"
     weight_format: str  # "nvfp4" | "mxfp4"
     activation: str = "silu"  # fc1: silu | gelu_tanh | swigluoai (alpha/beta/limit at run time)
-    # wgmma slabs left in flight when a K-tile's block returns: 2 measured 1.2-1.7% faster
-    # than 1 at T=8192 (BENCHMARKS.md, 6073ca8). With the earlier two groups per warp, 2 made
-    # ptxas serialize every wgmma (C7512, checked by tests/test_gated_cpu.py); with one group
-    # per warp it assembles (highest register R209)
-    pending: int = 2
+    geometry: str = "wide"  # see GEOMETRIES
+    # wgmma slabs left in flight when a K-tile's block returns (None: the geometry's default).
+    # wide: 2, measured 1.2-1.7% faster than 1 at T=8192 (BENCHMARKS.md, 6073ca8). tall: 1;
+    # with two groups per warp, 2 makes ptxas serialize every wgmma (C7512, checked by
+    # tests/test_gated_cpu.py)
+    pending: int | None = None
     # FC2's y stores: "wb" (default caching) or "cs" (streaming: y is read once, by the top-k
     # reduce, so its lines are evicted first and the weights and B tiles stay in L2)
     y_store: str = "wb"
@@ -104,25 +114,32 @@ class GatedGemm:
         assert cfg.phase in ("fc1", "fc2")
         assert cfg.phase == "fc2" or cfg.activation in ("silu", "gelu_tanh", "swigluoai")
         self.cfg = cfg
-        self.b_bytes = BN * TILE_K * 2
+        self.bn, self.gpw = GEOMETRIES[cfg.geometry]
+        self.row_tile = row_tile(cfg.geometry)
+        self.widths = WIDTHS[self.bn]
+        self.pending = cfg.pending if cfg.pending is not None else (2 if self.gpw == 1 else 1)
+        self.b_bytes = self.bn * TILE_K * 2
         self.scale_bytes = 16 * fm.scale_bytes_per_row(cfg.weight_format)  # per group tile
         self.a_group_bytes = fm.group_tile_bytes(cfg.weight_format)
-        self.groups = CONSUMER_WARPS * GROUPS_PER_WARP  # 16-row weight groups per row tile
+        self.groups = CONSUMER_WARPS * self.gpw  # 16-row weight groups per row tile
         self.stage_bytes = self.b_bytes + self.groups * self.a_group_bytes
-        # shared memory: the stages, then 8-byte mbarriers (full[STAGES], empty[STAGES],
+        ep_bytes = CONSUMER_WARPS * STG_TOKENS * 16 if cfg.phase == "fc1" else 2 * self.bn * 8
+        fixed = 8 * ITEM_SLOTS + 4 * ITEM_SLOTS + ep_bytes
+        # as many stages as fit (NVFP4 wide: 3 x 73 KiB; tall: 4 x 50 KiB), one CTA per SM
+        self.stages = min(MAX_STAGES, (SMEM_LIMIT - fixed) // (self.stage_bytes + 16))
+        # shared memory: the stages, then 8-byte mbarriers (full[stages], empty[stages],
         # item_full[ITEM_SLOTS]), the work-item ring (4 bytes per slot), then per phase
         # FC1: each consumer warp's epilogue staging (STG_TOKENS tokens x 16 bytes);
         # FC2: the tile's (pair, router weight) table, 8 bytes per token, double-buffered
-        self.full_off = STAGES * self.stage_bytes
-        self.empty_off = self.full_off + 8 * STAGES
-        self.item_bar_off = self.empty_off + 8 * STAGES
+        self.full_off = self.stages * self.stage_bytes
+        self.empty_off = self.full_off + 8 * self.stages
+        self.item_bar_off = self.empty_off + 8 * self.stages
         self.item_off = self.item_bar_off + 8 * ITEM_SLOTS
         self.ep_off = self.item_off + 4 * ITEM_SLOTS
-        ep_bytes = CONSUMER_WARPS * STG_TOKENS * 16 if cfg.phase == "fc1" else 2 * BN * 8
         self.smem_bytes = self.ep_off + ep_bytes
-        assert self.smem_bytes <= SMEM_LIMIT, (self.smem_bytes, SMEM_LIMIT)
+        assert self.stages >= 3 and self.smem_bytes <= SMEM_LIMIT, (self.stages, self.smem_bytes)
         assert 2 * self.groups <= 32  # one producer lane per copy of a K-tile's weights
-        assert BN == 32 * CONSUMER_WARPS  # one consumer thread per FC2 token-table entry
+        assert self.bn <= 32 * CONSUMER_WARPS  # one consumer thread per FC2 token-table entry
 
     # ------------------------------------------------------------------ host entry
     @cute.jit
@@ -164,7 +181,7 @@ class GatedGemm:
         sbuf = smem.allocate_array(cutlass.Uint8, self.smem_bytes, byte_alignment=128)
         s_base = Int32(sbuf.toint())
         if tidx == 0:
-            for st in cutlass.range_constexpr(STAGES):
+            for st in cutlass.range_constexpr(self.stages):
                 ptx.mbarrier_init(s_base + self.full_off + st * 8, 1)  # the producer's expect_tx
                 ptx.mbarrier_init(s_base + self.empty_off + st * 8, CONSUMER_WARPS)
             for i in cutlass.range_constexpr(ITEM_SLOTS):
@@ -172,7 +189,7 @@ class GatedGemm:
             ptx.fence_mbarrier_init()
         cute.arch.sync_threads()  # the only CTA-wide barrier
 
-        row_tiles = (row_groups + (ROW_TILE // 16 - 1)) // (ROW_TILE // 16)
+        row_tiles = (row_groups + (self.row_tile // 16 - 1)) // (self.row_tile // 16)
         total = Int32(ptx.ld_u32(num_tiles)) * row_tiles
         if warp >= PRODUCER_WARP:
             cute.arch.setmaxregister_decrease(PRODUCER_REGS)
@@ -204,12 +221,12 @@ class GatedGemm:
             e = ptx.ld_u32(tile_expert + Int64(tile) * 4)
             cnt = ptx.ld_u32(tile_end + Int64(tile) * 4) - ptx.ld_u32(tile_start + Int64(tile) * 4)
             b_copy = Int32(self.b_bytes)  # the first (MMA width) tokens of each K-tile's block
-            for w in cutlass.range_constexpr(1, len(WIDTHS)):
-                if cnt <= WIDTHS[w]:
-                    b_copy = Int32(WIDTHS[w] * TILE_K * 2)
+            for w in cutlass.range_constexpr(1, len(self.widths)):
+                if cnt <= self.widths[w]:
+                    b_copy = Int32(self.widths[w] * TILE_K * 2)
             # lane l < 2 x groups copies group l // 2 of the row tile: l even its codes, l odd
             # its scales
-            cgroup = rt * (ROW_TILE // 16) + lane // 2
+            cgroup = rt * (self.row_tile // 16) + lane // 2
             ctile = (Int64(e) * Int64(row_groups) + Int64(cgroup)) * Int64(k_tiles)
             csrc = wblob + ctile * 1024
             cbytes = Int32(1024)
@@ -221,16 +238,16 @@ class GatedGemm:
                 cdst = cdst + 1024
                 cstep = Int64(self.scale_bytes)
             copy_ok = lane < 2 * self.groups and cgroup < row_groups
-            groups_here = row_groups - rt * (ROW_TILE // 16)
-            if groups_here > ROW_TILE // 16:
-                groups_here = Int32(ROW_TILE // 16)
+            groups_here = row_groups - rt * (self.row_tile // 16)
+            if groups_here > self.row_tile // 16:
+                groups_here = Int32(self.row_tile // 16)
             stage_tx = b_copy + groups_here * self.a_group_bytes
             b_tile = b_blocked + Int64(tile) * Int64(k_tiles) * self.b_bytes
             for kt in cutlass.range(k_tiles, unroll=1):
-                s = g % STAGES
+                s = g % self.stages
                 # the stage's previous use released by every consumer warp (the first use of
                 # each stage passes at once: parity of the phase before a fresh barrier's first)
-                ptx.mbarrier_wait(s_base + self.empty_off + s * 8, ((g // STAGES) % 2) ^ 1)
+                ptx.mbarrier_wait(s_base + self.empty_off + s * 8, ((g // self.stages) % 2) ^ 1)
                 stage = s_base + s * self.stage_bytes
                 bar = s_base + self.full_off + s * 8
                 if lane == 0:
@@ -255,7 +272,7 @@ class GatedGemm:
     @cute.jit
     def _post_item(self, s_base, lane, i, item):
         """Write item number i into its ring slot and complete the slot's mbarrier phase. The
-        producer leads by at most STAGES items (each has >= 1 K-tile), so a slot is never
+        producer leads by at most `stages` items (each has >= 1 K-tile), so a slot is never
         rewritten before every consumer has read it."""
         if lane == 0:
             slot = i % ITEM_SLOTS
@@ -270,22 +287,22 @@ class GatedGemm:
         cfg = self.cfg
         for kt in cutlass.range(k_tiles, unroll=1):
             g = g0 + kt
-            ptx.mbarrier_wait(s_base + self.full_off + (g % STAGES) * 8, (g // STAGES) % 2)
+            ptx.mbarrier_wait(s_base + self.full_off + (g % self.stages) * 8, (g // self.stages) % 2)
             if active:
-                stage = s_base + (g % STAGES) * self.stage_bytes
+                stage = s_base + (g % self.stages) * self.stage_bytes
                 words = [fm.load_group_words(stage + a_warp_off + gi * self.a_group_bytes, lane,
-                                             cfg.weight_format) for gi in range(GROUPS_PER_WARP)]
+                                             cfg.weight_format) for gi in range(self.gpw)]
                 if cutlass.const_expr(cfg.variant == "nomma"):
-                    for gi in cutlass.range_constexpr(GROUPS_PER_WARP):
+                    for gi in cutlass.range_constexpr(self.gpw):
                         acc[gi, 0, 0] = acc[gi, 0, 0] + Float32(ptx.f32_bits(words[gi][0] ^ words[gi][9]))
                 else:
                     accs = [[acc[gi, j // 4, j % 4] for j in range(n_tok // 2)]
-                            for gi in range(GROUPS_PER_WARP)]
+                            for gi in range(self.gpw)]
                     res = wgmma_decode_k128(accs, [w[:8] for w in words], [w[8:] for w in words],
-                                            cfg.weight_format, stage, n_tok, pending=cfg.pending,
+                                            cfg.weight_format, stage, n_tok, pending=self.pending,
                                             decode=cfg.variant != "nodecode",
                                             b_lbo=128, b_sbo=B_GROUP_BYTES)
-                    for gi in cutlass.range_constexpr(GROUPS_PER_WARP):
+                    for gi in cutlass.range_constexpr(self.gpw):
                         for j in cutlass.range_constexpr(n_tok // 2):
                             acc[gi, j // 4, j % 4] = res[gi][j]
             # at most `pending` slabs of K-tile g are in flight: K-tile g - 1 is finished
@@ -320,7 +337,7 @@ class GatedGemm:
     def _release(self, s_base, lane, g):
         """This warp is done with K-tile g's stage (its wgmmas on it have completed)."""
         if lane == 0:
-            ptx.mbarrier_arrive(s_base + self.empty_off + (g % STAGES) * 8)
+            ptx.mbarrier_arrive(s_base + self.empty_off + (g % self.stages) * 8)
 
     @cute.jit
     def _work_item(self, tile, rt, i, g0, s_base, warp, lane,
@@ -333,39 +350,33 @@ class GatedGemm:
         # warp w owns groups 2w, 2w + 1 of the row tile. A warpgroup past the real rows sits
         # out (rows are padded to 128 = one warpgroup's share, so this is warpgroup-uniform)
         # but still waits for and releases every stage, which keeps the barrier phases in step.
-        group0 = rt * (ROW_TILE // 16) + warp * GROUPS_PER_WARP
+        group0 = rt * (self.row_tile // 16) + warp * self.gpw
         active = group0 < row_groups
-        a_warp_off = self.b_bytes + warp * GROUPS_PER_WARP * self.a_group_bytes
+        a_warp_off = self.b_bytes + warp * self.gpw * self.a_group_bytes
 
         # FC2's token table (pair, router weight): consumer thread c owns token slot c. The
         # pair index is loaded now and the dependent weight load after the mainloop, so neither
         # latency stalls a warp in front of its wgmmas.
         ctid = warp * 32 + lane
-        tok = s_base + self.ep_off + (i % 2) * (BN * 8)
+        tok = s_base + self.ep_off + (i % 2) * (self.bn * 8)
         pair_c = Int32(0)
         if cutlass.const_expr(cfg.phase == "fc2"):
-            if p0 + ctid < p1:
+            if ctid < self.bn and p0 + ctid < p1:
                 pair_c = ptx.ld_u32(order + Int64(p0 + ctid) * 4)
 
-        acc = cute.make_rmem_tensor(cute.make_layout((GROUPS_PER_WARP, BN // 8, 4)), Float32)
+        acc = cute.make_rmem_tensor(cute.make_layout((self.gpw, self.bn // 8, 4)), Float32)
         acc.fill(0.0)
         # An expert's last tile is usually partly filled (DeepSeek-V3 at T=8192: ~256 +- 16
         # tokens per expert): the MMA runs only as wide as the tile's tokens, rounded up.
         cnt = p1 - p0
         # (the producer copies B as wide as this choice, see WIDTHS)
-        if cnt > WIDTHS[1]:
-            self._mainloop(WIDTHS[0], acc, active, g0, s_base, lane, a_warp_off, k_tiles)
-        elif cnt > WIDTHS[2]:
-            self._mainloop(WIDTHS[1], acc, active, g0, s_base, lane, a_warp_off, k_tiles)
-        elif cnt > WIDTHS[3]:
-            self._mainloop(WIDTHS[2], acc, active, g0, s_base, lane, a_warp_off, k_tiles)
-        elif cnt > WIDTHS[4]:
-            self._mainloop(WIDTHS[3], acc, active, g0, s_base, lane, a_warp_off, k_tiles)
-        else:
-            self._mainloop(WIDTHS[4], acc, active, g0, s_base, lane, a_warp_off, k_tiles)
+        for w in cutlass.range_constexpr(len(self.widths)):
+            below = self.widths[w + 1] if w + 1 < len(self.widths) else 0
+            if cnt > below and cnt <= self.widths[w]:
+                self._mainloop(self.widths[w], acc, active, g0, s_base, lane, a_warp_off, k_tiles)
 
         if cutlass.const_expr(cfg.phase == "fc2"):
-            if p0 + ctid < p1:
+            if ctid < self.bn and p0 + ctid < p1:
                 ptx.st_shared_u32(tok + ctid * 8, pair_c)
                 ptx.st_shared_u32(tok + ctid * 8 + 4, ptx.ld_nc_u32(route_w + Int64(pair_c) * 4))
             # every consumer warp has finished item i - 1's epilogue (it ran before this item's
@@ -395,14 +406,14 @@ class GatedGemm:
         act() of whatever their B columns held; FC2 never stores a result from those columns."""
         cfg = self.cfg
         r = lane // 4
-        for gi in cutlass.range_constexpr(GROUPS_PER_WARP):
+        for gi in cutlass.range_constexpr(self.gpw):
             g = group0 + gi
             brow = bias + (Int64(e) * Int64(row_groups * 16) + Int64(g * 16 + r)) * 4
             b_lo = ptx.ld_nc_f32(brow)  # gate row r
             b_hi = ptx.ld_nc_f32(brow + 32)  # up row r + 8
             chunk = out + (Int64(tile) * Int64(out_stride) + Int64(g // 16)) * self.b_bytes \
                 + Int64((g % 16) * 128 + (lane // 8) * B_GROUP_BYTES + (lane % 8) * 16)
-            for m in cutlass.range_constexpr(BN // STG_TOKENS):
+            for m in cutlass.range_constexpr(self.bn // STG_TOKENS):
                 if p0 + m * STG_TOKENS < p1:
                     regs = []
                     for i in cutlass.range_constexpr(STG_TOKENS // 8):
@@ -428,11 +439,11 @@ class GatedGemm:
         owns 16 rows, 64 bytes of a token's row)."""
         r = lane // 4
         q = lane % 4
-        for gi in cutlass.range_constexpr(GROUPS_PER_WARP):
+        for gi in cutlass.range_constexpr(self.gpw):
             rows = [(group0 + gi) * 16 + r + 8 * h for h in range(2)]
             bv = [ptx.ld_nc_f32(bias + (Int64(e) * Int64(row_groups * 16) + Int64(rows[h])) * 4)
                   for h in range(2)]
-            for nb in cutlass.range_constexpr(BN // 8):
+            for nb in cutlass.range_constexpr(self.bn // 8):
                 if p0 + nb * 8 < p1:
                     for c in cutlass.range_constexpr(2):
                         n = nb * 8 + 2 * q + c

@@ -1,6 +1,6 @@
 """Host side of moe-gated: routing, the two persistent grouped GEMMs, the top-k reduce.
 
-A call is: routing into 128-pair tiles (moe_common's routing kernel) -> [w4a4: quantized token
+A call is: routing into tiles of the chosen geometry's width (moe_common's routing kernel) -> [w4a4: quantized token
 rows] -> token rows gathered into tile-blocked B -> FC1 + activation (persistent, queue-driven),
 writing the intermediate tile-blocked -> [w4a4: requantized intermediate] -> FC2 + router weight
 into y [T * k, H] fp32 -> fixed-order top-k reduce -> bf16 out. Every step is
@@ -23,13 +23,29 @@ from moe_common.types import Activation
 from moe_common.weights import MoEWeights
 
 from . import compile_cache
-from .kernel import BN, ROW_TILE
+from .kernel import GEOMETRIES, row_tile
 from .limits import KERNEL_NAME
 
+# Mean routed pairs per local expert from which the wide geometry (256-token tiles) is used.
+# Measured on the H200 (BENCHMARKS.md, seventh session), wide against tall: at 256 pairs per
+# expert 3-6% faster (DeepSeek-V3, gpt-oss-120b T=8192) or level (Qwen3.5 T=8192); at 512-1024
+# 6-13% faster; at 64-128 (T=2048) 8-25% slower, at 32 (T=512) 23-30% slower.
+WIDE_MIN_PAIRS_PER_EXPERT = 256
 
-def tiles_capacity(pairs: int, local_experts: int) -> int:
-    """Bound on the routing's tile count (sum over experts of ceil(c / BN)); grows with P."""
-    return -(-pairs // BN) + min(pairs, local_experts)
+
+def geometry_for(pairs: int, local_experts: int) -> str:
+    return "wide" if pairs >= WIDE_MIN_PAIRS_PER_EXPERT * local_experts else "tall"
+
+
+def tiles_capacity(pairs: int, local_experts: int, bn: int) -> int:
+    """Bound on the routing's tile count (sum over experts of ceil(c / bn)); grows with P."""
+    return -(-pairs // bn) + min(pairs, local_experts)
+
+
+def _token_slots(pairs: int, local_experts: int) -> int:
+    """Token slots of the tile-blocked buffers, enough for either geometry (a workspace warmed
+    at one T may later serve a call that takes the other geometry)."""
+    return max(tiles_capacity(pairs, local_experts, bn) * bn for bn, _ in GEOMETRIES.values())
 
 
 def _persistent_grid(device, max_items: int) -> int:
@@ -53,44 +69,49 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     stream = jit.current_stream(dev)
     ids = topk_ids.contiguous()
     idb = ids.element_size()
-    cap = tiles_capacity(P, E)
+    geometry = geometry_for(P, E)
+    bn, _ = GEOMETRIES[geometry]
+    cap = tiles_capacity(P, E, bn)
+    slots = _token_slots(P, E)
 
-    # 1. routing tables: (expert, up to 128 sorted pairs) tiles
-    routed = route_pairs(bufs, ids, off, E, BN, cap, stream)
+    # 1. routing tables: (expert, up to bn sorted pairs) tiles; the table is sized for the
+    # narrower geometry's tile count either way (see _token_slots)
+    table_cap = max(tiles_capacity(P, E, b) for b, _ in GEOMETRIES.values())
+    routed = route_pairs(bufs, ids, off, E, bn, table_cap, stream)
     order, tiles, num_tiles = routed
     tile_args = routed.tile_args
     queues = bufs.get("queues", (2, 2), torch.int32, zeroed=True)
 
-    # 2. token rows gathered into tile-blocked B (one 32 KiB bulk copy per tile and K-tile)
+    # 2. token rows gathered into tile-blocked B (one bulk copy per tile and K-tile)
     if quant_mode == "w4a4":
         src, row_div = w4a4_fc1_rows(x, weights, ids, bufs.get("xq", (P, H), torch.bfloat16)), 1
     else:
         src, row_div = x, k
     kt1, kt2 = Hp // TILE_K, Ip // TILE_K
-    x_blocked = bufs.get("x_blocked", (cap, kt1, BN * TILE_K), torch.bfloat16)
-    compile_cache.tile_gather()(src.data_ptr(), src.stride(0), H, order.data_ptr(), row_div,
-                                tiles[1].data_ptr(), tiles[2].data_ptr(), num_tiles.data_ptr(),
-                                x_blocked.data_ptr(), kt1, cap, stream)
+    x_blocked = bufs.get("x_blocked", (slots // bn, kt1, bn * TILE_K), torch.bfloat16)
+    compile_cache.tile_gather(bn)(src.data_ptr(), src.stride(0), H, order.data_ptr(), row_div,
+                                  tiles[1].data_ptr(), tiles[2].data_ptr(), num_tiles.data_ptr(),
+                                  x_blocked.data_ptr(), kt1, cap, stream)
 
     # 3. FC1 + activation -> intermediate, written in FC2's tile-blocked B layout
-    inter = bufs.get("inter_blocked", (cap, kt2, BN * TILE_K), torch.bfloat16)
+    inter = bufs.get("inter_blocked", (slots // bn, kt2, bn * TILE_K), torch.bfloat16)
     limit = activation.limit if activation.limit is not None else math.inf
-    _, fc1 = compile_cache.get("fc1", weights.weight_format, activation.name)
-    grid1 = _persistent_grid(dev, cap * -(-prep.fc1_rows // ROW_TILE))
+    _, fc1 = compile_cache.get("fc1", weights.weight_format, activation.name, geometry)
+    grid1 = _persistent_grid(dev, cap * -(-prep.fc1_rows // row_tile(geometry)))
     fc1(prep.w13.data_ptr(), prep.w13_scale.data_ptr(), prep.fc1_alpha[quant_mode].data_ptr(),
         prep.w13_bias.data_ptr(), *tile_args, order.data_ptr(), x_blocked.data_ptr(), kt1,
         prep.fc1_rows // 16, inter.data_ptr(), kt2, Ip, 0, activation.alpha, activation.beta, limit,
         queues[0].data_ptr(), grid1, stream)
 
     if quant_mode == "w4a4":
-        w4a4_requantize_blocked(inter, weights, tiles[0], BN)
+        w4a4_requantize_blocked(inter[:cap], weights, tiles[0][:cap], bn)
 
     # 4. FC2 + router weight -> y [P, H] fp32 in original pair order
     y = bufs.get("y", (P, H), torch.float32)
     route_w = topk_weights if topk_weights.dtype == torch.float32 else topk_weights.float()
     route_w = route_w.contiguous()
-    _, fc2 = compile_cache.get("fc2", weights.weight_format, "none")
-    grid2 = _persistent_grid(dev, cap * -(-prep.fc2_rows // ROW_TILE))
+    _, fc2 = compile_cache.get("fc2", weights.weight_format, "none", geometry)
+    grid2 = _persistent_grid(dev, cap * -(-prep.fc2_rows // row_tile(geometry)))
     fc2(prep.w2.data_ptr(), prep.w2_scale.data_ptr(), prep.fc2_alpha[quant_mode].data_ptr(),
         prep.w2_bias.data_ptr(), *tile_args, order.data_ptr(), inter.data_ptr(), kt2,
         prep.fc2_rows // 16, y.data_ptr(), H, H, route_w.data_ptr(), 1.0, 1.0, math.inf,

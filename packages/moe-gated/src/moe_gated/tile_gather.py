@@ -1,7 +1,7 @@
 """Token rows gathered into moe-gated's tile-blocked B layout, so the GEMM loads a whole
 (token tile, K-tile) B operand with one bulk copy.
 
-    blocked[t, kt] (BN x 128 bf16, 64 KiB) = rows src[order[p] // row_div] for p in tile t,
+    blocked[t, kt] (bn x 128 bf16)         = rows src[order[p] // row_div] for p in tile t,
                                              columns kt*128 .. kt*128+127,
     chunk ch (8 columns) of token n at byte (n // 8) * 2048 + ch * 128 + (n % 8) * 16: wgmma's
     K-major core matrices, each 8-token group's 128 columns contiguous (kernel.B_GROUP_BYTES).
@@ -20,13 +20,17 @@ from cutlass import Int32, Int64
 
 from moe_common.cute import ptx
 
-from .kernel import B_GROUP_BYTES, BN, TILE_K
+from .kernel import B_GROUP_BYTES, TILE_K
 
 THREADS = 256
-CHUNKS = BN * TILE_K // 8  # 16-byte chunks per block
 
 
 class TileGather:
+    def __init__(self, bn: int):
+        self.bn = bn  # tokens per tile
+        self.chunks = bn * TILE_K // 8  # 16-byte chunks per block
+        assert self.chunks % THREADS == 0
+
     @cute.jit
     def __call__(self, src: Int64, src_stride: Int32, k_real: Int32, order: Int64, row_div: Int32,
                  tile_start: Int64, tile_end: Int64, num_tiles: Int64, blocked: Int64,
@@ -43,14 +47,14 @@ class TileGather:
         if t < ptx.ld_u32(num_tiles):
             p0 = ptx.ld_u32(tile_start + Int64(t) * 4)
             p1 = ptx.ld_u32(tile_end + Int64(t) * 4)
-            dst_block = blocked + (Int64(t) * Int64(k_tiles) + Int64(kt)) * (CHUNKS * 16)
+            dst_block = blocked + (Int64(t) * Int64(k_tiles) + Int64(kt)) * (self.chunks * 16)
             # a warp instruction moves 8 tokens x 4 chunks: 64 contiguous bytes of each of 8
             # token rows in, 512 contiguous bytes out
-            for i in cutlass.range_constexpr(CHUNKS // THREADS):
+            for i in cutlass.range_constexpr(self.chunks // THREADS):
                 c = tidx + i * THREADS
                 blk = c // 32
-                n = (blk % (BN // 8)) * 8 + c % 8
-                ch = (blk // (BN // 8)) * 4 + (c % 32) // 8
+                n = (blk % (self.bn // 8)) * 8 + c % 8
+                ch = (blk // (self.bn // 8)) * 4 + (c % 32) // 8
                 k0 = kt * TILE_K + ch * 8
                 v0, v1, v2, v3 = Int32(0), Int32(0), Int32(0), Int32(0)
                 p = p0 + n
