@@ -22,7 +22,7 @@ VARIANT = os.environ.get("MOE_GATED_VARIANT", "full")
 
 def config(phase: str, weight_format: str, activation: str, geometry: str = "wide") -> GatedConfig:
     variant = VARIANT
-    if variant.endswith("-fc1") or variant.endswith("-fc2"):  # e.g. nostore-fc2: one phase only
+    if variant.endswith(("-fc1", "-fc2")):  # e.g. nostore-fc2: one phase only
         variant, only = variant.rsplit("-", 1)
         variant = variant if only == phase else "full"
     return GatedConfig(phase=phase, weight_format=weight_format,
