@@ -11,6 +11,7 @@ once at allocation and left at zero by every launch.
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 
@@ -34,6 +35,9 @@ WIDE_MIN_PAIRS_PER_EXPERT = 256
 
 
 def geometry_for(pairs: int, local_experts: int) -> str:
+    forced = os.environ.get("MOE_GATED_GEOMETRY")  # development knob: wide | tall (measuring)
+    if forced in GEOMETRIES:
+        return forced
     return "wide" if pairs >= WIDE_MIN_PAIRS_PER_EXPERT * local_experts else "tall"
 
 
