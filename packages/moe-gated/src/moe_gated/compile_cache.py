@@ -16,7 +16,6 @@ ACTIVATIONS = ("silu", "gelu_tanh", "swigluoai")
 # or without the epilogues' global stores (wrong output: timing only); a suffix -fc1 or -fc2
 # applies the variant to that phase only.
 PENDING = int(os.environ["MOE_GATED_PENDING"]) if "MOE_GATED_PENDING" in os.environ else None
-Y_STORE = os.environ.get("MOE_GATED_Y_STORE", "wb")  # FC2's y stores: wb | cs (streaming)
 VARIANT = os.environ.get("MOE_GATED_VARIANT", "full")
 
 
@@ -27,7 +26,7 @@ def config(phase: str, weight_format: str, activation: str, geometry: str = "wid
         variant = variant if only == phase else "full"
     return GatedConfig(phase=phase, weight_format=weight_format,
                        activation=activation if phase == "fc1" else "none", geometry=geometry,
-                       pending=PENDING, y_store=Y_STORE, variant=variant)
+                       pending=PENDING, variant=variant)
 
 
 def compile_config(cfg: GatedConfig):

@@ -101,9 +101,6 @@ class GatedConfig:
     # with two groups per warp, 2 makes ptxas serialize every wgmma (C7512, checked by
     # tests/test_gated_cpu.py)
     pending: int | None = None
-    # FC2's y stores: "wb" (default caching) or "cs" (streaming: y is read once, by the top-k
-    # reduce, so its lines are evicted first and the weights and B tiles stay in L2)
-    y_store: str = "wb"
     # timing-only variants (wrong results): "nodecode" feeds raw codes to the MMA, "nomma" skips
     # it, "nostore" skips the epilogues' global stores
     variant: str = "full"
@@ -458,5 +455,4 @@ class GatedGemm:
                                     else out_rows - (1 << 30)
                                 if rows[h] < bound:
                                     ptx.st_f32(dst + Int64(rows[h]) * 4,
-                                               (acc[gi, nb, 2 * h + c] * gs + bv[h]) * wgt,
-                                               streaming=self.cfg.y_store == "cs")
+                                               (acc[gi, nb, 2 * h + c] * gs + bv[h]) * wgt)

@@ -28,9 +28,10 @@ from .kernel import GEOMETRIES, row_tile
 from .limits import KERNEL_NAME
 
 # Mean routed pairs per local expert from which the wide geometry (256-token tiles) is used.
-# Measured on the H200 (BENCHMARKS.md, seventh session), wide against tall: at 256 pairs per
-# expert 3-6% faster (DeepSeek-V3, gpt-oss-120b T=8192) or level (Qwen3.5 T=8192); at 512-1024
-# 6-13% faster; at 64-128 (T=2048) 8-25% slower, at 32 (T=512) 23-30% slower.
+# Measured on the H200 (BENCHMARKS.md, seventh session, 1ed3350), each geometry forced, wide
+# against tall: at 256 pairs per expert 2.5-7% faster (Qwen3-30B-A3B T=4096, DeepSeek-V3 and
+# gpt-oss-120b T=8192); at 128, 1-3% slower (DeepSeek-V3, gpt-oss-120b T=4096, Qwen3-30B-A3B
+# T=2048); at 64, 24-26% slower (DeepSeek-V3, gpt-oss-120b T=2048).
 WIDE_MIN_PAIRS_PER_EXPERT = 256
 
 

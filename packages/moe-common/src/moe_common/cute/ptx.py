@@ -133,10 +133,8 @@ def st_u16(addr, a, *, loc=None, ip=None):
 
 
 @dsl_user_op
-def st_f32(addr, a, streaming: bool = False, *, loc=None, ip=None):
-    """st.global.f32, or st.global.cs.f32 (streaming: evict first) with streaming=True."""
-    op = "st.global.cs.f32" if streaming else "st.global.f32"
-    _stmt([Int64(addr).ir_value(loc=loc, ip=ip), Float32(a).ir_value(loc=loc, ip=ip)], f"{op} [$0], $1;", "l,f")
+def st_f32(addr, a, *, loc=None, ip=None):
+    _stmt([Int64(addr).ir_value(loc=loc, ip=ip), Float32(a).ir_value(loc=loc, ip=ip)], "st.global.f32 [$0], $1;", "l,f")
 
 
 @dsl_user_op
