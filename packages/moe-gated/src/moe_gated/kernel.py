@@ -85,6 +85,14 @@ MIN_BLOCKS = int(os.environ.get("MOE_GATED_MIN_BLOCKS", "1"))  # 0: no .minnctap
 ITEM_SLOTS = 8  # work-item ring from the producer to the consumers (it leads by <= stages items)
 
 
+def _store_fragments(acc, res):
+    """acc[g, j // 4, j % 4] = res[g][j]: a plain trace-time loop (unrolled like
+    range_constexpr, without its warning about 128-iteration static loops)."""
+    for g, vals in enumerate(res):
+        for j, v in enumerate(vals):
+            acc[g, j // 4, j % 4] = v
+
+
 def row_tile(geometry: str) -> int:
     """Weight rows per work item."""
     return CONSUMER_WARPS * GEOMETRIES[geometry][1] * 16
@@ -299,9 +307,7 @@ class GatedGemm:
                                             cfg.weight_format, stage, n_tok, pending=self.pending,
                                             decode=cfg.variant != "nodecode",
                                             b_lbo=128, b_sbo=B_GROUP_BYTES)
-                    for gi in cutlass.range_constexpr(self.gpw):
-                        for j in cutlass.range_constexpr(n_tok // 2):
-                            acc[gi, j // 4, j % 4] = res[gi][j]
+                    _store_fragments(acc, res)
             # at most `pending` slabs of K-tile g are in flight: K-tile g - 1 is finished
             if kt > 0:
                 self._release(s_base, lane, g - 1)
