@@ -20,8 +20,9 @@ ACTS = ("silu", "gelu_tanh", "swigluoai")
 FORMATS = ("nvfp4", "mxfp4")
 MODES = ("w4a16", "w4a4")
 
-# (T, E, H, I, top_k): H and I include 2880 and 704 (padded internally; 2880 also leaves the
-# last 256-row tile half full)
+# (T, E, H, I, top_k): H and I include 2880 and 704 (padded internally; with the tall geometry
+# 2880 also leaves the last 256-row tile half full, see test_each_tile_geometry). The first two
+# shapes take the tall geometry (< 256 routed pairs per expert), the others the wide one.
 SHAPES = [(256, 8, 1024, 768, 4), (512, 128, 2048, 768, 8), (1024, 16, 2880, 704, 4),
           (2048, 32, 512, 2880, 6), (4096, 64, 768, 256, 8), (16384, 8, 256, 384, 2)]
 
