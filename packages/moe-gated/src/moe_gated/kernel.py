@@ -350,9 +350,10 @@ class GatedGemm:
         e = ptx.ld_u32(tile_expert + Int64(tile) * 4)
         p0 = ptx.ld_u32(tile_start + Int64(tile) * 4)
         p1 = ptx.ld_u32(tile_end + Int64(tile) * 4)
-        # warp w owns groups 2w, 2w + 1 of the row tile. A warpgroup past the real rows sits
-        # out (rows are padded to 128 = one warpgroup's share, so this is warpgroup-uniform)
-        # but still waits for and releases every stage, which keeps the barrier phases in step.
+        # warp w owns groups gpw * w .. gpw * w + gpw - 1 of the row tile. Rows are padded to
+        # 128, so a wide row tile is always full and in a tall one a whole warpgroup (128 rows)
+        # may be past the real rows: it sits out but still waits for and releases every stage,
+        # which keeps the barrier phases in step.
         group0 = rt * (self.row_tile // 16) + warp * self.gpw
         active = group0 < row_groups
         a_warp_off = self.b_bytes + warp * self.gpw * self.a_group_bytes
@@ -405,8 +406,9 @@ class GatedGemm:
         in FC2's tile-blocked B (token n's 16 bytes at (n // 8) * B_GROUP_BYTES + chunk * 128 +
         (n % 8) * 16). stmatrix.trans turns the fragment (thread: column r, tokens 2q, 2q + 1)
         of 32 tokens into token rows in shared memory; the warp then copies them out 16 bytes
-        per lane, 128 contiguous bytes per 8 tokens. Token slots past the tile's pairs (in the last 32-token block) get
-        act() of whatever their B columns held; FC2 never stores a result from those columns."""
+        per lane, 128 contiguous bytes per 8 tokens. Token slots past the tile's pairs (in the
+        last 32-token block) get act() of whatever their B columns held; FC2 never stores a
+        result from those columns."""
         cfg = self.cfg
         r = lane // 4
         for gi in cutlass.range_constexpr(self.gpw):
