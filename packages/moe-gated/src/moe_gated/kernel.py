@@ -444,6 +444,9 @@ class GatedGemm:
         owns 16 rows, 64 bytes of a token's row)."""
         r = lane // 4
         q = lane % 4
+        # nostore: a bound no row meets, but one the compiler cannot see through (with the
+        # results dead, ptxas shrinks the wgmmas to N=8)
+        bound = out_rows if cutlass.const_expr(self.cfg.variant != "nostore") else out_rows - (1 << 30)
         for gi in cutlass.range_constexpr(self.gpw):
             rows = [(group0 + gi) * 16 + r + 8 * h for h in range(2)]
             bv = [ptx.ld_nc_f32(bias + (Int64(e) * Int64(row_groups * 16) + Int64(rows[h])) * 4)
@@ -457,10 +460,6 @@ class GatedGemm:
                             wgt = ptx.f32_bits(pw[1])
                             dst = out + Int64(pw[0]) * Int64(out_stride) * 4
                             for h in cutlass.range_constexpr(2):
-                                # nostore: a bound no row meets, but one the compiler cannot see
-                                # through (with the results dead, ptxas shrinks the wgmmas to N=8)
-                                bound = out_rows if cutlass.const_expr(self.cfg.variant != "nostore") \
-                                    else out_rows - (1 << 30)
                                 if rows[h] < bound:
                                     ptx.st_f32(dst + Int64(rows[h]) * 4,
                                                (acc[gi, nb, 2 * h + c] * gs + bv[h]) * wgt)

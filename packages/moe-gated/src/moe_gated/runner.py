@@ -1,11 +1,11 @@
 """Host side of moe-gated: routing, the two persistent grouped GEMMs, the top-k reduce.
 
-A call is: routing into tiles of the chosen geometry's width (moe_common's routing kernel) -> [w4a4: quantized token
-rows] -> token rows gathered into tile-blocked B -> FC1 + activation (persistent, queue-driven),
-writing the intermediate tile-blocked -> [w4a4: requantized intermediate] -> FC2 + router weight
-into y [T * k, H] fp32 -> fixed-order top-k reduce -> bf16 out. Every step is
-asynchronous on the current stream and nothing syncs with the host, so the call can be captured
-in a CUDA graph once compiled and its workspace allocated. The work queues' counters are zeroed
+A call is: routing into tiles of the chosen geometry's width (moe_common's routing kernel) ->
+[w4a4: quantized token rows] -> token rows gathered into tile-blocked B -> FC1 + activation
+(persistent, queue-driven), writing the intermediate tile-blocked -> [w4a4: requantized
+intermediate] -> FC2 + router weight into y [T * k, H] fp32 -> fixed-order top-k reduce -> bf16
+out. Every step is asynchronous on the current stream and nothing syncs with the host, so the
+call can be captured in a CUDA graph once compiled and its workspace allocated. The work queues' counters are zeroed
 once at allocation and left at zero by every launch.
 """
 from __future__ import annotations
