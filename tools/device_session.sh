@@ -55,7 +55,7 @@ for s in "$@"; do
     static-fixed) step static-fixed 300 python3 tools/static_fixed_cost.py --tokens 1 8 ;;
     gated-decode-cost)  # GATED_VARIANTS: env settings, one bench each at T=8192
       for v in ${GATED_VARIANTS:-"MOE_GATED_VARIANT=full" "MOE_GATED_VARIANT=nodecode" "MOE_GATED_VARIANT=nomma"}; do
-        step "gatedvar-${v//[=,]/-}" 200 env ${v//,/ } "${BENCH[@]}" --preset ${GATED_PRESETS:-deepseek-v3 qwen3-30b-a3b} --tokens 8192 --kernels moe-gated --no-check
+        step "gatedvar-${v//[=,]/-}" 200 env ${v//,/ } "${BENCH[@]}" --preset ${GATED_PRESETS:-deepseek-v3 qwen3-30b-a3b} --tokens ${GATED_TOKENS:-8192} --kernels moe-gated --no-check
       done ;;
     static-tests) step static-tests 300 python3 -m pytest packages/moe-static -m gpu -q -x ;;
     generic-tests) step generic-tests 400 python3 -m pytest packages/moe-generic tests dispatcher/tests -m gpu -q ;;
