@@ -57,6 +57,19 @@ for s in "$@"; do
       for v in ${GATED_VARIANTS:-"MOE_GATED_VARIANT=full" "MOE_GATED_VARIANT=nodecode" "MOE_GATED_VARIANT=nomma"}; do
         step "gatedvar-${v//[=,]/-}" 200 env ${v//,/ } "${BENCH[@]}" --preset ${GATED_PRESETS:-deepseek-v3 qwen3-30b-a3b} --tokens ${GATED_TOKENS:-8192} --kernels moe-gated --no-check
       done ;;
+    gated-clocks)  # SM clock, power and throttle reasons (nvidia-smi every 200 ms) while a bench replays
+      for k in ${CLOCK_KERNELS:-moe-gated torch-bf16}; do
+        nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active --format=csv -lms 200 > "$OUT/clocks-$k.csv" 2>&1 &
+        smi=$!
+        step "clocks-$k" 300 "${BENCH[@]}" --preset ${CLOCK_PRESET:-deepseek-v3} --tokens 8192 --kernels $k --no-check
+        kill $smi
+      done ;;
+    static-ab)  # same run: moe-static (and moe-common) from the tree at $AB_DIR, then this tree's; STATIC_TOKENS
+      for side in old new; do
+        pp=$PYTHONPATH
+        [ $side = old ] && pp="$AB_DIR/packages/moe-static/src:$AB_DIR/packages/moe-common/src:$PYTHONPATH"
+        step "static-ab-$side" 300 env PYTHONPATH="$pp" "${BENCH[@]}" --preset qwen3-30b-a3b deepseek-v3 --tokens ${STATIC_TOKENS:-1 8 64} --kernels moe-static --no-check
+      done ;;
     static-tests) step static-tests 300 python3 -m pytest packages/moe-static -m gpu -q -x ;;
     generic-tests) step generic-tests 400 python3 -m pytest packages/moe-generic tests dispatcher/tests -m gpu -q ;;
     sanitize-static) step sanitize-static 200 compute-sanitizer --tool memcheck --report-api-errors no python3 tools/gpu_check.py --kernel static --sanitize ;;
@@ -69,7 +82,7 @@ for s in "$@"; do
     bench-nemotron) step bench-nemotron 400 "${BENCH[@]}" --preset nemotron-relu2 --tokens 512 2048 8192 --kernels auto torch-bf16 --no-check --json "$OUT/bench-nemotron.json" ;;
     static-variants)
       for v in ${STATIC_VARIANTS:-"MOE_STATIC_TEAMS=2,2" "MOE_STATIC_TEAMS=1,1" "MOE_STATIC_DEPTH=2" "MOE_STATIC_SKIP=tasks"}; do
-        step "variant-${v//[=,]/-}" 200 env $v "${BENCH[@]}" --preset qwen3-30b-a3b deepseek-v3 --tokens ${STATIC_TOKENS:-1 8 64} --kernels moe-static --no-check
+        step "variant-${v//[=,]/-}" 200 env ${v//;/ } "${BENCH[@]}" --preset qwen3-30b-a3b deepseek-v3 --tokens ${STATIC_TOKENS:-1 8 64} --kernels moe-static --no-check
       done ;;
     generic-variants)
       for v in "MOE_GENERIC_WARPS64=8" "MOE_GENERIC_WARPS64=4"; do

@@ -167,21 +167,21 @@ class StaticMoE:
                     hidden, inter, inter_stride, y, route_w, top_k, act_alpha, act_beta, act_limit,
                     s_base, s_cnt, s_off, s_act, s_ord, tiles, bid, grid, tid)
         ptx.fence_proxy_async_global()  # inter (generic stores) is read by bulk copies next
-        self._grid_sync(barrier, grid, tid)
+        self._grid_sync(barrier, bid, grid, tid)
         self._phase(False, n_act, (hidden + 15) // 16, groups2, k_tiles2, w2, s2, alpha2, b2,
                     inter, inter_stride, hidden, inter, inter_stride, y, route_w, top_k,
                     act_alpha, act_beta, act_limit, s_base, s_cnt, s_off, s_act, s_ord, tiles, bid,
                     grid, tid)
-        self._grid_sync(barrier, grid, tid)
+        self._grid_sync(barrier, bid, grid, tid)
         if cutlass.const_expr("reduce" not in cfg.skip):
             self._reduce(ids, y, out, tokens, top_k, expert_offset, experts, hidden, bid, grid, tid)
 
     @cute.jit
-    def _grid_sync(self, barrier, grid, tid):
+    def _grid_sync(self, barrier, bid, grid, tid):
         cute.arch.sync_threads()  # the CTA's writes are ordered before thread 0's release
         if cutlass.const_expr("barriers" not in self.cfg.skip):
             if tid == 0:
-                ptx.grid_barrier_arrive_wait(barrier, grid - 1)
+                ptx.grid_barrier_arrive_wait(barrier, bid == 0, grid - 1)
             cute.arch.sync_threads()
 
     # ------------------------------------------------------------------ routing (per CTA)

@@ -2,7 +2,8 @@
 
 Weights are the shared fragment repack (moe_common.packed, cached per layer and shared with the
 other kernels). Workspace: the bf16 intermediate [T * k, Ip], the fp32 routed FC2 outputs
-[T * k, H] and the grid barrier's two counters (zeroed once, left zero by every launch).
+[T * k, H] and the grid barrier's counter (zeroed once; each barrier leaves its low 31 bits at 0, see
+ptx.grid_barrier_arrive_wait).
 Nothing syncs with the host.
 """
 from __future__ import annotations
@@ -62,7 +63,7 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     bufs = Buffers(KERNEL_NAME, workspace, dev)
     inter = bufs.get("inter", (P * ip,), torch.bfloat16)
     y = bufs.get("y", (P * H,), torch.float32)
-    barrier = bufs.get("barrier", (2,), torch.int32, zeroed=True)
+    barrier = bufs.get("barrier", (1,), torch.int32, zeroed=True)
     if out is None:
         out = torch.empty(T, H, dtype=torch.bfloat16, device=dev)
     if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:

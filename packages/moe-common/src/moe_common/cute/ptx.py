@@ -315,37 +315,34 @@ def st_v2(addr, a, b, *, loc=None, ip=None):
 
 
 @dsl_user_op
-def grid_barrier_arrive_wait(state, last, *, loc=None, ip=None):
+def grid_barrier_arrive_wait(state, master, last, *, loc=None, ip=None):
     """One thread per CTA: wait until every CTA of the (co-resident) grid has arrived.
 
-    state: 2 x u32 in global memory, {count, generation}; count must be 0 before the first use
-    and is 0 again after every barrier (the last CTA to arrive resets it), so the same state
-    serves every call and every CUDA-graph replay. last = grid size - 1. The caller brackets this
-    with a CTA barrier, so the CTA's earlier writes are ordered before the release here and its
-    later reads after the acquire.
+    state: one u32 in global memory, 0 before the first use. Each barrier adds 2^31 to it in
+    all: the master CTA (master != 0, exactly one) adds 2^31 - last, every other CTA 1 (last =
+    grid size - 1), so bit 31 flips exactly when the last CTA arrives and the low bits are back
+    at 0: the same word serves every call and every CUDA-graph replay without a reset. One
+    atomic and one poll per CTA (the scheme of CUDA's cooperative-groups grid sync); the
+    version before (a counter the last CTA reset and a generation it bumped) had two more
+    round trips to L2 on the path. The caller brackets this with CTA barriers, so the CTA's
+    earlier writes are ordered before the fence here and its later reads after the last one.
     """
-    _stmt([Int64(state).ir_value(loc=loc, ip=ip), _i32(last, loc, ip)],
+    _stmt([Int64(state).ir_value(loc=loc, ip=ip), _i32(master, loc, ip), _i32(last, loc, ip)],
           "{\n"
           ".reg .pred p;\n"
-          ".reg .b32 g, old, gen;\n"
+          ".reg .b32 nb, old, cur;\n"
+          "setp.ne.u32 p, $1, 0;\n"
+          "sub.u32 nb, 0x80000000, $2;\n"
+          "selp.u32 nb, nb, 1, p;\n"
           "fence.acq_rel.gpu;\n"
-          "ld.acquire.gpu.global.u32 gen, [$0+4];\n"
-          "atom.acq_rel.gpu.global.add.u32 old, [$0], 1;\n"
-          "setp.eq.u32 p, old, $1;\n"
-          "@!p bra WAIT_${:uid};\n"
-          "st.relaxed.gpu.global.u32 [$0], 0;\n"
-          "fence.acq_rel.gpu;\n"
-          "red.release.gpu.global.add.u32 [$0+4], 1;\n"
-          "bra DONE_${:uid};\n"
+          "atom.relaxed.gpu.global.add.u32 old, [$0], nb;\n"
           "WAIT_${:uid}:\n"
-          "ld.acquire.gpu.global.u32 g, [$0+4];\n"
-          "setp.eq.u32 p, g, gen;\n"
-          "@!p bra DONE_${:uid};\n"
-          "nanosleep.u32 20;\n"
-          "bra WAIT_${:uid};\n"
-          "DONE_${:uid}:\n"
+          "ld.relaxed.gpu.global.u32 cur, [$0];\n"
+          "xor.b32 cur, cur, old;\n"
+          "setp.lt.s32 p, cur, 0;\n"
+          "@!p bra WAIT_${:uid};\n"
           "fence.acq_rel.gpu;\n"
-          "}", "l,r")
+          "}", "l,r,r")
 
 
 # ---------------------------------------------------------------- mbarrier + bulk copy (TMA 1D)
