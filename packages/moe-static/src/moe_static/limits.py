@@ -8,14 +8,14 @@ KERNEL_NAME = "moe-static"
 MAX_LOCAL_EXPERTS = 512  # shared-memory routing tables (kernel.MAX_LOCAL_EXPERTS)
 MAX_PAIRS = 2048  # routed pairs T * top_k held in shared memory (kernel.MAX_PAIRS)
 DIM_MULTIPLE = 32
-# Routed pairs (T * top_k) up to which moe-static bids above the other kernels. Measured on the
-# H200 (BENCHMARKS.md, 2026-11-30 sixth session, d1bf645, T = 1..128): moe-static is ahead of
-# moe-generic at Qwen3-30B-A3B T=1 (21.7 vs 24.3 us) and level at DeepSeek-V3 T=2 (142.5 vs
-# 143.8), but 3% behind at DeepSeek-V3 T=1 with the same 8 routed pairs (76.7 vs 74.4 us) and
-# behind elsewhere; the other presets were last timed on an older moe-static (gpt-oss-120b T=1
-# 15% behind). So the measured cutover is 0: it offers below moe-generic and runs only when
-# forced (kernel="moe-static"). Raise this when a faster moe-static measures ahead on every preset.
-CUTOVER_PAIRS = 0
+# Tokens up to which moe-static bids above the other kernels. Measured on the H200 (BENCHMARKS.md,
+# 2026-11-30 eighth session, 1e914f6, same run against moe-generic, T = 1..128, five presets):
+# at T=1 moe-static is ahead on every preset (Qwen3-30B-A3B 18.0 vs 24.4 us, Qwen3.5 17.1 vs
+# 21.5, Nemotron 24.4 vs 30.3, DeepSeek-V3 73.5 vs 74.7, gpt-oss-120b 36.2 vs 36.7); at T=2 it
+# is ahead on four but 12% behind on gpt-oss-120b (56.7 vs 50.6), and from T=4 behind on most.
+# A cutover in routed pairs (T x top_k) cannot draw that line: gpt-oss's T=2 is 8 pairs, as is
+# the 1.36x win at Qwen3 T=1. So the cutover counts tokens: single-token decode.
+CUTOVER_TOKENS = 1
 
 
 def unsupported_reason(shape, activation):
@@ -37,7 +37,7 @@ def unsupported_reason(shape, activation):
 
 
 def priority(shape) -> int:
-    """Above every kernel while routed pairs are at or below the cutover, else below moe-generic."""
-    if shape.tokens * shape.top_k <= CUTOVER_PAIRS:
+    """Above every kernel up to the cutover's tokens, else below moe-generic."""
+    if shape.tokens <= CUTOVER_TOKENS:
         return PRIORITY_STATIC
     return PRIORITY_GENERIC - 5  # still above the reference, below moe-generic
