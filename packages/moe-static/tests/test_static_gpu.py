@@ -58,6 +58,9 @@ def test_skewed_routing_experts_with_many_chunks():
     # expert take up to every token (P = 1024 = the cutover)
     _run((1024, 32, 512, 256, 1), "silu", "nvfp4", True, skew=3.0)
     _run((200, 64, 1024, 384, 8), "gelu_tanh", "mxfp4", False, skew=2.0, id_dtype=torch.int64)
+    # FC2 by teams of one in K-tile shares that cut units in two (3072 units of 3 K-tiles on
+    # 2112 warps: 5 K-tiles each on an H200), on experts of many chunks
+    _run((256, 64, 768, 384, 8), "silu", "mxfp4", True, skew=2.0)
 
 
 def test_swiglu_without_limit():
@@ -82,8 +85,9 @@ def test_ids_out_of_range_are_ignored():
 def test_deterministic_bitwise():
     from moe_static import fused_moe
 
-    w = random_layer(64, 1024, 512, bias=True)
-    x = torch.randn(100, 1024, device="cuda").bfloat16()
+    # H=768: FC2's K-tile shares cut units in two, whose pieces add into y (on an H200)
+    w = random_layer(64, 768, 512, bias=True)
+    x = torch.randn(100, 768, device="cuda").bfloat16()
     tw, ti = random_routing(100, 64, 8)
     first = fused_moe(x, w, tw, ti)
     for _ in range(3):
@@ -106,3 +110,7 @@ def test_dispatcher_offers_static_and_runs_it_when_forced():
     assert "moe-static" in [a.kernel for a in ex.answers if hasattr(a, "priority")]
     out = dispatcher.fused_moe(x, w, tw, ti, kernel="moe-static")
     assert_close(out, reference_moe(x, w, tw, ti), "forced moe-static")
+    # a single token: moe-static bids highest (limits.CUTOVER_TOKENS)
+    assert dispatcher.explain(x[:1], w, tw[:1], ti[:1]).choice.kernel == "moe-static"
+    out1 = dispatcher.fused_moe(x[:1], w, tw[:1], ti[:1])
+    assert_close(out1, reference_moe(x[:1], w, tw[:1], ti[:1]), "moe-static chosen at T=1")

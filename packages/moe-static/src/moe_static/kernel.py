@@ -164,6 +164,7 @@ class StaticMoE:
         if cutlass.const_expr("tasks" in cfg.skip):
             n_act = Int32(0)
         inter_stride = k_tiles2 * TILE_K  # bf16 columns per intermediate row
+        self._zero_y(y, pairs, hidden, n_act, (hidden + 15) // 16, k_tiles2, bid, grid, tid)
         self._phase(True, n_act, groups1, groups1, k_tiles1, w13, s13, alpha1, b13, x, x_stride,
                     hidden, inter, inter_stride, y, route_w, top_k, act_alpha, act_beta, act_limit,
                     s_base, s_cnt, s_off, s_act, s_ord, tiles, bid, grid, tid)
@@ -243,46 +244,91 @@ class StaticMoE:
         lane = tid % 32
         my_team = warp // team
         member = warp - my_team * team
-        r = lane // 4
-        q = lane % 4
-        sbpr = fm.scale_bytes_per_row(cfg.weight_format)
         ring = s_base + warp * (cfg.depth * SLOT_BYTES)
         mbar = s_base + self.mbar_off + warp * (cfg.depth * 8)
         parity = cute.make_rmem_tensor(cute.make_layout(1), Int32)
         parity[0] = Int32(0)
         acc = cute.make_rmem_tensor(cute.make_layout(4), Float32)
-        for u in cutlass.range(bid * teams + my_team, n_act * n_groups, grid * teams, unroll=1):
-            a = u // n_groups
-            g = u - a * n_groups
-            e = ptx.ld_shared_u32(s_act + a * 4)
-            cnt = ptx.ld_shared_u32(s_cnt + e * 4)
-            first = ptx.ld_shared_u32(s_off + e * 4)
-            tile0 = (Int64(e) * Int64(blob_groups) + Int64(g)) * Int64(k_tiles)
-            for c0 in cutlass.range(0, cnt, BN, unroll=1):
-                nch = cutlass.min(cnt - c0, BN)
-                # this lane's B column n = lane // 4 (columns past the chunk repeat column 0:
-                # finite values whose results are never stored)
-                b_src = self._b_source(fc1, src, src_stride, top_k, s_ord, first + c0, nch, lane)
-                # ldmatrix row of this lane: B rows past the chunk read row 0 (finite values
-                # whose MMA columns are never stored)
-                row = lane % 8
-                if row >= nch:
-                    row = Int32(0)
-                b_off = row * B_ROW_BYTES + ((lane // 8) % 2) * 16 + (lane // 16) * 32
-                acc.fill(0.0)
-                self._stream(fc1, acc, w + tile0 * 1024, s + tile0 * (16 * sbpr), k_tiles,
-                             member, team, b_src, nch, b_off, hidden, ring, mbar, tiles, lane)
-                if cutlass.const_expr(team > 1):
-                    self._team_sum(acc, s_base + self.team_off, my_team, member, team, parity,
-                                   lane)
-                if member == 0:
-                    if cutlass.const_expr(fc1):
-                        self._fc1_epilogue(acc, alpha, bias, e, blob_groups, g, inter,
-                                           inter_stride, s_ord, first + c0, nch, r, q,
-                                           act_alpha, act_beta, act_limit)
-                    else:
-                        self._fc2_epilogue(acc, alpha, bias, e, blob_groups, g, y, route_w,
-                                           s_ord, first + c0, nch, hidden, r, q)
+        if cutlass.const_expr(not fc1 and team == 1):
+            # FC2 by teams of one: warp w takes K-tiles [w * share, (w + 1) * share) of all
+            # units' K-tiles laid end to end, so every warp streams the same number of tiles
+            # (whole units per warp left up to 18% of the warps' time idle: DeepSeek-V3 T=1 has
+            # 3584 units of 16 K-tiles for 2112 warps). share >= k_tiles, so a unit is cut at
+            # most once, into two pieces that add into zeroed y (see _zero_y).
+            share = self._fc2_share(n_act * n_groups, k_tiles, grid)
+            start = (bid * WARPS + warp) * share
+            end = cutlass.min(start + share, n_act * n_groups * k_tiles)
+            for u in cutlass.range(start // k_tiles, (end + k_tiles - 1) // k_tiles, unroll=1):
+                k0 = cutlass.max(start - u * k_tiles, 0)
+                k1 = cutlass.min(end - u * k_tiles, k_tiles)
+                self._unit(fc1, acc, u, k0, k1 - k0, n_groups, blob_groups, k_tiles, w, s, alpha,
+                           bias, src, src_stride, hidden, inter, inter_stride, y, route_w, top_k,
+                           act_alpha, act_beta, act_limit, s_base, s_cnt, s_off, s_act, s_ord,
+                           tiles, parity, my_team, member, team, ring, mbar, lane)
+        else:
+            for u in cutlass.range(bid * teams + my_team, n_act * n_groups, grid * teams, unroll=1):
+                self._unit(fc1, acc, u, Int32(0), k_tiles, n_groups, blob_groups, k_tiles, w, s,
+                           alpha, bias, src, src_stride, hidden, inter, inter_stride, y, route_w,
+                           top_k, act_alpha, act_beta, act_limit, s_base, s_cnt, s_off, s_act,
+                           s_ord, tiles, parity, my_team, member, team, ring, mbar, lane)
+
+    @cute.jit
+    def _fc2_share(self, n_units, k_tiles, grid):
+        """K-tiles per warp in FC2 by teams of one: an even share, at least one whole unit."""
+        w = grid * WARPS
+        return cutlass.max((n_units * k_tiles + w - 1) // w, k_tiles)
+
+    @cute.jit
+    def _zero_y(self, y, pairs, hidden, n_act, hidden_groups, k_tiles2, bid, grid, tid):
+        """y = 0 where FC2's K-split pieces will add into it (only when a share cuts units)."""
+        if cutlass.const_expr(self.cfg.team_fc2 == 1):
+            if self._fc2_share(n_act * hidden_groups, k_tiles2, grid) % k_tiles2 != 0:
+                for i in cutlass.range(bid * THREADS + tid, pairs * (hidden // 4), grid * THREADS,
+                                       unroll=1):
+                    ptx.st_v4(y + Int64(i) * 16, 0, 0, 0, 0)
+
+    @cute.jit
+    def _unit(self, fc1: cutlass.Constexpr, acc, u, k0, k_count, n_groups, blob_groups, k_tiles,
+              w, s, alpha, bias, src, src_stride, hidden, inter, inter_stride, y, route_w, top_k,
+              act_alpha, act_beta, act_limit, s_base, s_cnt, s_off, s_act, s_ord, tiles, parity,
+              my_team, member, team, ring, mbar, lane):
+        """K-tiles [k0, k0 + k_count) of unit u (active expert a, 16-row group g), every chunk
+        of BN of the expert's tokens; member 0 of the team writes the results."""
+        cfg = self.cfg
+        r = lane // 4
+        q = lane % 4
+        sbpr = fm.scale_bytes_per_row(cfg.weight_format)
+        a = u // n_groups
+        g = u - a * n_groups
+        e = ptx.ld_shared_u32(s_act + a * 4)
+        cnt = ptx.ld_shared_u32(s_cnt + e * 4)
+        first = ptx.ld_shared_u32(s_off + e * 4)
+        tile0 = (Int64(e) * Int64(blob_groups) + Int64(g)) * Int64(k_tiles)
+        for c0 in cutlass.range(0, cnt, BN, unroll=1):
+            nch = cutlass.min(cnt - c0, BN)
+            # this lane's B column n = lane // 4 (columns past the chunk repeat column 0:
+            # finite values whose results are never stored)
+            b_src = self._b_source(fc1, src, src_stride, top_k, s_ord, first + c0, nch, lane)
+            # ldmatrix row of this lane: B rows past the chunk read row 0 (finite values
+            # whose MMA columns are never stored)
+            row = lane % 8
+            if row >= nch:
+                row = Int32(0)
+            b_off = row * B_ROW_BYTES + ((lane // 8) % 2) * 16 + (lane // 16) * 32
+            acc.fill(0.0)
+            self._stream(fc1, acc, w + tile0 * 1024, s + tile0 * (16 * sbpr), k0 + member,
+                         k_count, k_tiles, member, team, b_src, nch, b_off, hidden, ring, mbar,
+                         tiles, lane)
+            if cutlass.const_expr(team > 1):
+                self._team_sum(acc, s_base + self.team_off, my_team, member, team, parity, lane)
+            if member == 0:
+                if cutlass.const_expr(fc1):
+                    self._fc1_epilogue(acc, alpha, bias, e, blob_groups, g, inter, inter_stride,
+                                       s_ord, first + c0, nch, r, q, act_alpha, act_beta,
+                                       act_limit)
+                else:
+                    self._fc2_epilogue(acc, alpha, bias, e, blob_groups, g, y, route_w, s_ord,
+                                       first + c0, nch, hidden, r, q, k0, k_count < k_tiles)
 
     @cute.jit
     def _b_source(self, fc1: cutlass.Constexpr, src, src_stride, top_k, s_ord, pos0, nch, lane):
@@ -296,44 +342,46 @@ class StaticMoE:
         return src + Int64(pair) * Int64(src_stride) * 2
 
     @cute.jit
-    def _stream(self, fc1: cutlass.Constexpr, acc, w_unit, s_unit, k_tiles, member, team, b_src,
-                nch, b_off, hidden, ring, mbar, tiles, lane):
-        """acc += this warp's share (K-tiles member, member + team, ..) of A_unit @ B.
+    def _stream(self, fc1: cutlass.Constexpr, acc, w_unit, s_unit, kbase, k_count, k_tiles, member,
+                team, b_src, nch, b_off, hidden, ring, mbar, tiles, lane):
+        """acc += this warp's share (K-tiles kbase, kbase + team, .. of the unit's k_count from
+        kbase - member) of A_unit @ B.
 
         Tiles run through the warp's ring of `depth` slots, each filled by bulk copies (codes,
         scales, one per token row) that complete on the slot's mbarrier; the warp's running tile
         count gives the slot and the phase parity, across units and phases."""
         cfg = self.cfg
-        n_mine = (k_tiles - member + team - 1) // team
+        n_mine = (k_count - member + team - 1) // team
         t0 = tiles[0]
         for j in cutlass.range_constexpr(cfg.depth - 1):
             if j < n_mine:
-                self._fill(fc1, t0 + j, member + j * team, w_unit, s_unit, b_src, nch, hidden,
+                self._fill(fc1, t0 + j, kbase + j * team, w_unit, s_unit, b_src, nch, hidden,
                            ring, mbar, lane)
         # FC1 slabs past H (H is a multiple of 32: whole slabs) hold stale bytes in the last
-        # K-tile when H is not a multiple of 128, so that tile (the last of its member's share)
-        # masks B; it runs in a loop of its own, so the other tiles' loop has no masking (ptxas
-        # if-converts a branch inside one loop and issues both bodies)
+        # K-tile when H is not a multiple of 128, so that tile (the last of its member's share;
+        # FC1 always streams whole units) masks B; it runs in a loop of its own, so the other
+        # tiles' loop has no masking (ptxas if-converts a branch inside one loop and issues
+        # both bodies)
         n_full = n_mine
         if cutlass.const_expr(fc1):
             if hidden % TILE_K != 0:
                 if member == (k_tiles - 1) % team:
                     n_full = n_mine - 1
         for j in cutlass.range(n_full, unroll=1):
-            slot = self._next_tile(fc1, j, t0, n_mine, member, team, w_unit, s_unit, b_src, nch,
+            slot = self._next_tile(fc1, j, t0, n_mine, kbase, team, w_unit, s_unit, b_src, nch,
                                    hidden, ring, mbar, lane)
             self._tile_mma(acc, slot, b_off, self._slot_words(slot, lane), False, Int32(8))
         for j in cutlass.range(n_full, n_mine, unroll=1):
-            slot = self._next_tile(fc1, j, t0, n_mine, member, team, w_unit, s_unit, b_src, nch,
+            slot = self._next_tile(fc1, j, t0, n_mine, kbase, team, w_unit, s_unit, b_src, nch,
                                    hidden, ring, mbar, lane)
-            kt = member + j * team
+            kt = kbase + j * team
             self._tile_mma(acc, slot, b_off, self._slot_words(slot, lane), True,
                            cutlass.min((hidden - kt * TILE_K) // 16, 8))
         tiles[0] = t0 + n_mine
         ptx.sync_warp()  # the next unit's first copies may refill any slot
 
     @cute.jit
-    def _next_tile(self, fc1: cutlass.Constexpr, j, t0, n_mine, member, team, w_unit, s_unit,
+    def _next_tile(self, fc1: cutlass.Constexpr, j, t0, n_mine, kbase, team, w_unit, s_unit,
                    b_src, nch, hidden, ring, mbar, lane):
         """Wait for the warp's tile j (ring slot (t0 + j) % depth), refill the slot tile j - 1
         used with tile j + depth - 1, and return tile j's slot."""
@@ -344,7 +392,7 @@ class StaticMoE:
         nxt = j + cfg.depth - 1
         if nxt < n_mine:
             ptx.sync_warp()  # every lane is done with tile j - 1's slot, which nxt refills
-            self._fill(fc1, t0 + nxt, member + nxt * team, w_unit, s_unit, b_src, nch, hidden,
+            self._fill(fc1, t0 + nxt, kbase + nxt * team, w_unit, s_unit, b_src, nch, hidden,
                        ring, mbar, lane)
         return ring + sl * SLOT_BYTES
 
@@ -468,20 +516,34 @@ class StaticMoE:
 
     @cute.jit
     def _fc2_epilogue(self, acc, alpha2, b2, e, groups2, g, y, route_w, s_ord, pos0, nch, hidden,
-                      r, q):
-        """y[pair, h] = w[pair] * (scale_2 * acc + b2[e, h]) for rows h = 16g + r, + 8 < H."""
+                      r, q, k0, piece):
+        """y[pair, h] = w[pair] * (scale_2 * acc + b2[e, h]) for rows h = 16g + r, + 8 < H. A
+        piece of a unit cut in two (piece: K-tiles from k0, see _phase) adds its part into the
+        zeroed y instead, the bias with the piece from K-tile 0: two fp32 adds into 0 give the
+        same bits in either order, so the result stays deterministic."""
         h0 = g * 16 + r
         gs, b_lo, b_hi = self._scale_and_bias(alpha2, b2, e, groups2, h0)
+        if k0 > 0:
+            b_lo = Float32(0.0)
+            b_hi = Float32(0.0)
         for c in cutlass.range_constexpr(2):
             n = 2 * q + c
             if n < nch:
                 pair = ptx.ld_shared_u32(s_ord + (pos0 + n) * 4)
                 wr = ptx.ld_nc_f32(route_w + Int64(pair) * 4)
                 dst = y + (Int64(pair) * Int64(hidden) + Int64(h0)) * 4
-                if h0 < hidden:
-                    ptx.st_f32(dst, wr * (acc[c] * gs + b_lo))
-                if h0 + 8 < hidden:
-                    ptx.st_f32(dst + 32, wr * (acc[2 + c] * gs + b_hi))
+                v_lo = wr * (acc[c] * gs + b_lo)
+                v_hi = wr * (acc[2 + c] * gs + b_hi)
+                if piece:
+                    if h0 < hidden:
+                        ptx.red_add_f32(dst, v_lo)
+                    if h0 + 8 < hidden:
+                        ptx.red_add_f32(dst + 32, v_hi)
+                else:
+                    if h0 < hidden:
+                        ptx.st_f32(dst, v_lo)
+                    if h0 + 8 < hidden:
+                        ptx.st_f32(dst + 32, v_hi)
 
     # ------------------------------------------------------------------ final reduce
     @cute.jit

@@ -138,6 +138,12 @@ def st_f32(addr, a, *, loc=None, ip=None):
 
 
 @dsl_user_op
+def red_add_f32(addr, a, *, loc=None, ip=None):
+    """Atomic fp32 add at L2, no result (relaxed, gpu scope)."""
+    _stmt([Int64(addr).ir_value(loc=loc, ip=ip), Float32(a).ir_value(loc=loc, ip=ip)], "red.global.add.f32 [$0], $1;", "l,f")
+
+
+@dsl_user_op
 def st_v4_f32(addr, a, b, c, d, *, loc=None, ip=None):
     _stmt([Int64(addr).ir_value(loc=loc, ip=ip)] + [Float32(x).ir_value(loc=loc, ip=ip) for x in (a, b, c, d)],
           "st.global.v4.f32 [$0], {$1, $2, $3, $4};", "l,f,f,f,f")
