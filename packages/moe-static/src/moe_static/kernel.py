@@ -249,13 +249,14 @@ class StaticMoE:
         parity = cute.make_rmem_tensor(cute.make_layout(1), Int32)
         parity[0] = Int32(0)
         acc = cute.make_rmem_tensor(cute.make_layout(4), Float32)
+        share = Int32(0)
         if cutlass.const_expr(not fc1 and team == 1):
-            # FC2 by teams of one: warp w takes K-tiles [w * share, (w + 1) * share) of all
-            # units' K-tiles laid end to end, so every warp streams the same number of tiles
-            # (whole units per warp left up to 18% of the warps' time idle: DeepSeek-V3 T=1 has
-            # 3584 units of 16 K-tiles for 2112 warps). share >= k_tiles, so a unit is cut at
-            # most once, into two pieces that add into zeroed y (see _zero_y).
             share = self._fc2_share(n_act * n_groups, k_tiles, grid)
+        if share > 0:
+            # FC2 by teams of one where whole units per warp leave warps idle: warp w takes
+            # K-tiles [w * share, (w + 1) * share) of all units' K-tiles laid end to end.
+            # share >= k_tiles, so a unit is cut at most once, into two pieces that add into
+            # zeroed y (see _zero_y).
             start = (bid * WARPS + warp) * share
             end = cutlass.min(start + share, n_act * n_groups * k_tiles)
             for u in cutlass.range(start // k_tiles, (end + k_tiles - 1) // k_tiles, unroll=1):
@@ -274,15 +275,26 @@ class StaticMoE:
 
     @cute.jit
     def _fc2_share(self, n_units, k_tiles, grid):
-        """K-tiles per warp in FC2 by teams of one: an even share, at least one whole unit."""
+        """K-tiles per warp when FC2 (teams of one) is split in even shares, or 0 when whole
+        units dealt round-robin are as good. The split pays where those leave warps idle
+        (DeepSeek-V3 T=1: 3584 units of 16 K-tiles for 2112 warps, the busiest warps stream 32
+        K-tiles against an even 28: 73.3 -> 70.9 us) but measured slower where units per warp
+        are many (Qwen3-30B-A3B T=64, 48 against 47 K-tiles: 160.8 -> 183.3 us, cause not
+        found; BENCHMARKS.md, eighth session). So it is taken only where it shortens the busiest
+        warp's stream by at least 10%."""
         w = grid * WARPS
-        return cutlass.max((n_units * k_tiles + w - 1) // w, k_tiles)
+        share = cutlass.max((n_units * k_tiles + w - 1) // w, k_tiles)
+        whole = (n_units + w - 1) // w * k_tiles
+        if 10 * share > 9 * whole:
+            share = Int32(0)
+        return share
 
     @cute.jit
     def _zero_y(self, y, pairs, hidden, n_act, hidden_groups, k_tiles2, bid, grid, tid):
-        """y = 0 where FC2's K-split pieces will add into it (only when a share cuts units)."""
+        """y = 0 where FC2's split pieces will add into it (when its shares cut units)."""
         if cutlass.const_expr(self.cfg.team_fc2 == 1):
-            if self._fc2_share(n_act * hidden_groups, k_tiles2, grid) % k_tiles2 != 0:
+            share = self._fc2_share(n_act * hidden_groups, k_tiles2, grid)
+            if share > 0 and share % k_tiles2 != 0:
                 for i in cutlass.range(bid * THREADS + tid, pairs * (hidden // 4), grid * THREADS,
                                        unroll=1):
                     ptx.st_v4(y + Int64(i) * 16, 0, 0, 0, 0)
