@@ -64,7 +64,7 @@ TILE_K = 128
 GEOMETRIES = {"wide": (256, 1), "tall": (128, 2)}
 # MMA widths per tile size: a tile's token count is rounded up to one of these
 WIDTHS = {256: (256, 192, 128, 64, 32), 128: (128, 96, 64, 32)}
-MAX_STAGES = int(os.environ.get("MOE_GATED_MAX_STAGES", "4"))  # a lower cap: measuring only
+MAX_STAGES = 4  # (2 stages measured 29-32% slower at T=8192: BENCHMARKS.md, eighth session)
 # B (tokens) in shared memory and in the tile-blocked buffers: K-major core matrices, each
 # 8-token group's 128 K columns contiguous (16 chunks x 8 tokens x 16 bytes), so a tile's first
 # n tokens are its first n x 256 bytes and a partly filled tile copies only its MMA width
@@ -142,7 +142,7 @@ class GatedGemm:
         self.item_off = self.item_bar_off + 8 * ITEM_SLOTS
         self.ep_off = self.item_off + 4 * ITEM_SLOTS
         self.smem_bytes = self.ep_off + ep_bytes
-        assert self.stages >= 2 and self.smem_bytes <= SMEM_LIMIT, (self.stages, self.smem_bytes)
+        assert self.stages >= 3 and self.smem_bytes <= SMEM_LIMIT, (self.stages, self.smem_bytes)
         assert 2 * self.groups <= 32  # one producer lane per copy of a K-tile's weights
         assert self.bn <= 32 * CONSUMER_WARPS  # one consumer thread per FC2 token-table entry
 
