@@ -68,7 +68,7 @@ for s in "$@"; do
       for side in old new; do
         pp=$PYTHONPATH
         [ $side = old ] && pp="$AB_DIR/packages/moe-static/src:$AB_DIR/packages/moe-common/src:$PYTHONPATH"
-        step "static-ab-$side" 300 env PYTHONPATH="$pp" "${BENCH[@]}" --preset qwen3-30b-a3b deepseek-v3 --tokens ${STATIC_TOKENS:-1 8 64} --kernels moe-static --no-check
+        step "static-ab-$side" 300 env PYTHONPATH="$pp" "${BENCH[@]}" --preset ${STATIC_PRESETS:-qwen3-30b-a3b deepseek-v3} --tokens ${STATIC_TOKENS:-1 8 64} --kernels moe-static --no-check
       done ;;
     static-tests) step static-tests 300 python3 -m pytest packages/moe-static -m gpu -q -x ;;
     generic-tests) step generic-tests 400 python3 -m pytest packages/moe-generic tests dispatcher/tests -m gpu -q ;;
@@ -82,7 +82,7 @@ for s in "$@"; do
     bench-nemotron) step bench-nemotron 400 "${BENCH[@]}" --preset nemotron-relu2 --tokens 512 2048 8192 --kernels auto torch-bf16 --no-check --json "$OUT/bench-nemotron.json" ;;
     static-variants)
       for v in ${STATIC_VARIANTS:-"MOE_STATIC_TEAMS=2,2" "MOE_STATIC_TEAMS=1,1" "MOE_STATIC_DEPTH=2" "MOE_STATIC_SKIP=tasks"}; do
-        step "variant-${v//[=,]/-}" 200 env ${v//;/ } "${BENCH[@]}" --preset qwen3-30b-a3b deepseek-v3 --tokens ${STATIC_TOKENS:-1 8 64} --kernels moe-static --no-check
+        step "variant-${v//[=,]/-}" 200 env ${v//;/ } "${BENCH[@]}" --preset ${STATIC_PRESETS:-qwen3-30b-a3b deepseek-v3} --tokens ${STATIC_TOKENS:-1 8 64} --kernels moe-static --no-check
       done ;;
     generic-variants)
       for v in "MOE_GENERIC_WARPS64=8" "MOE_GENERIC_WARPS64=4"; do

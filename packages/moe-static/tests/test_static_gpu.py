@@ -63,6 +63,14 @@ def test_skewed_routing_experts_with_many_chunks():
     _run((256, 64, 768, 384, 8), "silu", "mxfp4", True, skew=2.0)
 
 
+def test_fc1_units_cut_in_two():
+    # FC1 by teams of one in even K-tile shares (about 3600 units of 23 K-tiles for 2112 warps
+    # on an H200): the two pieces of a cut unit meet before the activation; H=2880 puts the
+    # masked last K-tile into a piece
+    _run((6, 64, 2880, 768, 8), "swigluoai", "mxfp4", True)
+    _run((6, 64, 2880, 768, 8), "silu", "nvfp4", False)
+
+
 def test_swiglu_without_limit():
     _run((16, 8, 256, 128, 2), "swigluoai", "mxfp4", True, limit=None)
 
@@ -85,13 +93,15 @@ def test_ids_out_of_range_are_ignored():
 def test_deterministic_bitwise():
     from moe_static import fused_moe
 
-    # H=768: FC2's K-tile shares cut units in two, whose pieces add into y (on an H200)
-    w = random_layer(64, 768, 512, bias=True)
-    x = torch.randn(100, 768, device="cuda").bfloat16()
-    tw, ti = random_routing(100, 64, 8)
-    first = fused_moe(x, w, tw, ti)
-    for _ in range(3):
-        assert torch.equal(fused_moe(x, w, tw, ti), first)
+    # on an H200: T=100 cuts FC2 units in two (their pieces add into y), T=7 FC1 units (their
+    # pieces meet before the activation)
+    for T, E, H, I in ((100, 64, 768, 512), (7, 128, 2048, 768)):
+        w = random_layer(E, H, I, bias=True)
+        x = torch.randn(T, H, device="cuda").bfloat16()
+        tw, ti = random_routing(T, E, 8)
+        first = fused_moe(x, w, tw, ti)
+        for _ in range(3):
+            assert torch.equal(fused_moe(x, w, tw, ti), first)
 
 
 def test_cuda_graph_replay_matches_eager():

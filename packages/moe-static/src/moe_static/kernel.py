@@ -54,6 +54,9 @@ SLOT_BYTES = B_OFF + BN * B_ROW_BYTES  # 3456
 MAX_LOCAL_EXPERTS = 512
 MAX_PAIRS = 2048
 EXPERTS_PER_THREAD = MAX_LOCAL_EXPERTS // THREADS
+# FC1 unit cut in two (see _meet): per piece a warp's fragment (32 lanes x 4 fp32) and the
+# pair ids of its 8 token columns
+MEET_BYTES = 512 + 32
 REDUCE_BATCH = 4  # top-k routes whose loads the final reduce has in flight at once
 
 
@@ -107,14 +110,14 @@ class StaticMoE:
         ids: Int64, route_w: Int64, x: Int64, x_stride: Int32,
         tokens: Int32, top_k: Int32, expert_offset: Int32, experts: Int32,
         hidden: Int32, k_tiles1: Int32, groups1: Int32, groups2: Int32, k_tiles2: Int32,
-        inter: Int64, y: Int64, out: Int64, barrier: Int64,
+        inter: Int64, y: Int64, out: Int64, barrier: Int64, meet: Int64, meet_count: Int64,
         act_alpha: Float32, act_beta: Float32, act_limit: Float32,
         grid: Int32, stream,
     ):
         self.kernel(
             w13, s13, alpha1, b13, w2, s2, alpha2, b2, ids, route_w, x, x_stride,
             tokens, top_k, expert_offset, experts, hidden, k_tiles1, groups1, groups2, k_tiles2,
-            inter, y, out, barrier, act_alpha, act_beta, act_limit,
+            inter, y, out, barrier, meet, meet_count, act_alpha, act_beta, act_limit,
         ).launch(grid=[grid, 1, 1], block=[THREADS, 1, 1], smem=self.smem_bytes, stream=stream,
                  cooperative=True)
 
@@ -127,7 +130,7 @@ class StaticMoE:
         ids: Int64, route_w: Int64, x: Int64, x_stride: Int32,
         tokens: Int32, top_k: Int32, expert_offset: Int32, experts: Int32,
         hidden: Int32, k_tiles1: Int32, groups1: Int32, groups2: Int32, k_tiles2: Int32,
-        inter: Int64, y: Int64, out: Int64, barrier: Int64,
+        inter: Int64, y: Int64, out: Int64, barrier: Int64, meet: Int64, meet_count: Int64,
         act_alpha: Float32, act_beta: Float32, act_limit: Float32,
     ):
         cfg = self.cfg
@@ -144,6 +147,7 @@ class StaticMoE:
         s_ord = s_act + MAX_LOCAL_EXPERTS * 4     # [P] pair indices grouped by expert
         s_scan = s_ord + MAX_PAIRS * 4            # [2][THREADS] scan scratch
         s_nact = s_scan + 2 * THREADS * 4         # number of active experts
+        s_max = s_nact + 4                        # most routed pairs of one expert
         pairs = tokens * top_k
 
         if tid % 32 == 0:  # one mbarrier per ring slot of each warp (the routing syncs after)
@@ -152,10 +156,11 @@ class StaticMoE:
             ptx.fence_mbarrier_init()
         if cutlass.const_expr("route" not in cfg.skip):
             self._route(ids, pairs, expert_offset, experts, tid, s_cnt, s_off, s_cur, s_act,
-                        s_ord, s_scan, s_nact)
+                        s_ord, s_scan, s_nact, s_max)
         else:
             if tid == 0:
                 ptx.st_shared_u32(s_nact, 0)
+                ptx.st_shared_u32(s_max, 0)
             cute.arch.sync_threads()
         # ring tiles this warp has consumed so far (slot = count % depth, parity = its use count)
         tiles = cute.make_rmem_tensor(cute.make_layout(1), Int32)
@@ -165,15 +170,17 @@ class StaticMoE:
             n_act = Int32(0)
         inter_stride = k_tiles2 * TILE_K  # bf16 columns per intermediate row
         self._zero_y(y, pairs, hidden, n_act, (hidden + 15) // 16, k_tiles2, bid, grid, tid)
+        max_cnt = ptx.ld_shared_u32(s_max)
         self._phase(True, n_act, groups1, groups1, k_tiles1, w13, s13, alpha1, b13, x, x_stride,
                     hidden, inter, inter_stride, y, route_w, top_k, act_alpha, act_beta, act_limit,
-                    s_base, s_cnt, s_off, s_act, s_ord, tiles, bid, grid, tid)
+                    s_base, s_cnt, s_off, s_act, s_ord, tiles, bid, grid, tid, max_cnt, meet,
+                    meet_count)
         ptx.fence_proxy_async_global()  # inter (generic stores) is read by bulk copies next
         self._grid_sync(barrier, bid, grid, tid)
         self._phase(False, n_act, (hidden + 15) // 16, groups2, k_tiles2, w2, s2, alpha2, b2,
                     inter, inter_stride, hidden, inter, inter_stride, y, route_w, top_k,
                     act_alpha, act_beta, act_limit, s_base, s_cnt, s_off, s_act, s_ord, tiles, bid,
-                    grid, tid)
+                    grid, tid, max_cnt, meet, meet_count)
         self._grid_sync(barrier, bid, grid, tid)
         if cutlass.const_expr("reduce" not in cfg.skip):
             self._reduce(ids, y, out, tokens, top_k, expert_offset, experts, hidden, bid, grid, tid)
@@ -189,9 +196,11 @@ class StaticMoE:
     # ------------------------------------------------------------------ routing (per CTA)
     @cute.jit
     def _route(self, ids, pairs, expert_offset, experts, tid, s_cnt, s_off, s_cur, s_act, s_ord,
-               s_scan, s_nact):
+               s_scan, s_nact, s_max):
         for i in cutlass.range_constexpr(EXPERTS_PER_THREAD):
             ptx.st_shared_u32(s_cnt + (tid + i * THREADS) * 4, 0)
+        if tid == 0:
+            ptx.st_shared_u32(s_max, 0)
         cute.arch.sync_threads()
         for p in cutlass.range(tid, pairs, THREADS, unroll=1):
             e = local_expert(ids, p, expert_offset, self.cfg.ids_bytes)
@@ -210,6 +219,7 @@ class StaticMoE:
         for i in cutlass.range_constexpr(EXPERTS_PER_THREAD):
             e = e0 + i
             c = ptx.ld_shared_u32(s_cnt + e * 4)
+            ptx.atom_max_shared(s_max, c)
             ptx.st_shared_u32(s_off + e * 4, pos)
             ptx.st_shared_u32(s_cur + e * 4, pos)
             if c > 0:
@@ -231,7 +241,7 @@ class StaticMoE:
     def _phase(self, fc1: cutlass.Constexpr, n_act, n_groups, blob_groups, k_tiles, w, s, alpha,
                bias, src, src_stride, hidden, inter, inter_stride, y, route_w, top_k,
                act_alpha, act_beta, act_limit, s_base, s_cnt, s_off, s_act, s_ord, tiles, bid, grid,
-               tid):
+               tid, max_cnt, meet, meet_count):
         """Every unit (active expert a, 16-row group g) of one GEMM, by teams of `team` warps.
 
         B (tokens) comes from src: FC1 the rows x[pair // k] (read-only, stride src_stride),
@@ -250,38 +260,48 @@ class StaticMoE:
         parity[0] = Int32(0)
         acc = cute.make_rmem_tensor(cute.make_layout(4), Float32)
         share = Int32(0)
-        if cutlass.const_expr(not fc1 and team == 1):
-            share = self._fc2_share(n_act * n_groups, k_tiles, grid)
+        if cutlass.const_expr(team == 1):
+            share = self._even_share(n_act * n_groups, k_tiles, grid)
+            if cutlass.const_expr(fc1):
+                if max_cnt > BN:  # FC1's cut units meet per chunk of BN tokens: one chunk only
+                    share = Int32(0)
         if share > 0:
-            # FC2 by teams of one where whole units per warp leave warps idle: warp w takes
-            # K-tiles [w * share, (w + 1) * share) of all units' K-tiles laid end to end.
-            # share >= k_tiles, so a unit is cut at most once, into two pieces that add into
-            # zeroed y (see _zero_y).
-            start = (bid * WARPS + warp) * share
+            # Teams of one where whole units per warp leave warps idle: warp w takes K-tiles
+            # [w * share, (w + 1) * share) of all units' K-tiles laid end to end. share >=
+            # k_tiles, so a unit is cut at most once, into two pieces: FC2's add into zeroed y
+            # (see _zero_y), FC1's meet before the activation (see _meet).
+            gw = bid * WARPS + warp
+            start = gw * share
             end = cutlass.min(start + share, n_act * n_groups * k_tiles)
             for u in cutlass.range(start // k_tiles, (end + k_tiles - 1) // k_tiles, unroll=1):
                 k0 = cutlass.max(start - u * k_tiles, 0)
                 k1 = cutlass.min(end - u * k_tiles, k_tiles)
+                # a piece from K-tile 0 ends at cut gw + 1, a later one starts at cut gw
+                cut = gw
+                if k0 == 0:
+                    cut = gw + 1
                 self._unit(fc1, acc, u, k0, k1 - k0, n_groups, blob_groups, k_tiles, w, s, alpha,
                            bias, src, src_stride, hidden, inter, inter_stride, y, route_w, top_k,
                            act_alpha, act_beta, act_limit, s_base, s_cnt, s_off, s_act, s_ord,
-                           tiles, parity, my_team, member, team, ring, mbar, lane)
+                           tiles, parity, my_team, member, team, ring, mbar, lane, meet,
+                           meet_count, cut)
         else:
             for u in cutlass.range(bid * teams + my_team, n_act * n_groups, grid * teams, unroll=1):
                 self._unit(fc1, acc, u, Int32(0), k_tiles, n_groups, blob_groups, k_tiles, w, s,
                            alpha, bias, src, src_stride, hidden, inter, inter_stride, y, route_w,
                            top_k, act_alpha, act_beta, act_limit, s_base, s_cnt, s_off, s_act,
-                           s_ord, tiles, parity, my_team, member, team, ring, mbar, lane)
+                           s_ord, tiles, parity, my_team, member, team, ring, mbar, lane, meet,
+                           meet_count, Int32(0))
 
     @cute.jit
-    def _fc2_share(self, n_units, k_tiles, grid):
-        """K-tiles per warp when FC2 (teams of one) is split in even shares, or 0 when whole
+    def _even_share(self, n_units, k_tiles, grid):
+        """K-tiles per warp when a GEMM (teams of one) is split in even shares, or 0 when whole
         units dealt round-robin are as good. The split pays where those leave warps idle
         (DeepSeek-V3 T=1: 3584 units of 16 K-tiles for 2112 warps, the busiest warps stream 32
         K-tiles against an even 28: 73.3 -> 70.9 us) but measured slower where units per warp
         are many (Qwen3-30B-A3B T=64, 48 against 47 K-tiles: 160.8 -> 183.3 us, cause not
         found; BENCHMARKS.md, eighth session). So it is taken only where it shortens the busiest
-        warp's stream by at least 10%."""
+        warp's stream by at least 10%. (Measured on FC2 first; FC1 takes the same rule.)"""
         w = grid * WARPS
         share = cutlass.max((n_units * k_tiles + w - 1) // w, k_tiles)
         whole = (n_units + w - 1) // w * k_tiles
@@ -293,7 +313,7 @@ class StaticMoE:
     def _zero_y(self, y, pairs, hidden, n_act, hidden_groups, k_tiles2, bid, grid, tid):
         """y = 0 where FC2's split pieces will add into it (when its shares cut units)."""
         if cutlass.const_expr(self.cfg.team_fc2 == 1):
-            share = self._fc2_share(n_act * hidden_groups, k_tiles2, grid)
+            share = self._even_share(n_act * hidden_groups, k_tiles2, grid)
             if share > 0 and share % k_tiles2 != 0:
                 for i in cutlass.range(bid * THREADS + tid, pairs * (hidden // 4), grid * THREADS,
                                        unroll=1):
@@ -303,9 +323,10 @@ class StaticMoE:
     def _unit(self, fc1: cutlass.Constexpr, acc, u, k0, k_count, n_groups, blob_groups, k_tiles,
               w, s, alpha, bias, src, src_stride, hidden, inter, inter_stride, y, route_w, top_k,
               act_alpha, act_beta, act_limit, s_base, s_cnt, s_off, s_act, s_ord, tiles, parity,
-              my_team, member, team, ring, mbar, lane):
+              my_team, member, team, ring, mbar, lane, meet, meet_count, cut):
         """K-tiles [k0, k0 + k_count) of unit u (active expert a, 16-row group g), every chunk
-        of BN of the expert's tokens; member 0 of the team writes the results."""
+        of BN of the expert's tokens; member 0 of the team writes the results (of an FC1 unit
+        cut in two: the piece that finishes second, see _meet)."""
         cfg = self.cfg
         r = lane // 4
         q = lane % 4
@@ -333,14 +354,66 @@ class StaticMoE:
                          tiles, lane)
             if cutlass.const_expr(team > 1):
                 self._team_sum(acc, s_base + self.team_off, my_team, member, team, parity, lane)
+            last = Int32(1)
+            if cutlass.const_expr(fc1 and team == 1):
+                if k_count < k_tiles:
+                    last = self._meet(acc, meet, meet_count, cut, k0 > 0, s_ord, first + c0, nch,
+                                      lane)
             if member == 0:
-                if cutlass.const_expr(fc1):
-                    self._fc1_epilogue(acc, alpha, bias, e, blob_groups, g, inter, inter_stride,
-                                       s_ord, first + c0, nch, r, q, act_alpha, act_beta,
-                                       act_limit)
-                else:
-                    self._fc2_epilogue(acc, alpha, bias, e, blob_groups, g, y, route_w, s_ord,
-                                       first + c0, nch, hidden, r, q, k0, k_count < k_tiles)
+                if last != 0:
+                    if cutlass.const_expr(fc1):
+                        self._fc1_epilogue(acc, alpha, bias, e, blob_groups, g, inter,
+                                           inter_stride, s_ord, first + c0, nch, r, q, act_alpha,
+                                           act_beta, act_limit)
+                    else:
+                        self._fc2_epilogue(acc, alpha, bias, e, blob_groups, g, y, route_w, s_ord,
+                                           first + c0, nch, hidden, r, q, k0, k_count < k_tiles)
+
+    @cute.jit
+    def _meet(self, acc, meet, meet_count, cut, second_piece, s_ord, pos0, nch, lane):
+        """The two pieces of an FC1 unit cut at `cut` (K-tiles before it, K-tiles from it) meet
+        here: each leaves its fragment and its columns' pair ids in its half of the cut's slot
+        and arrives on the cut's counter; the second to arrive adds the other's values into acc
+        (matched by pair id: the CTAs order an expert's pairs independently) and returns 1, so
+        it runs the epilogue. a + b is the same in either order, so the result is bitwise
+        deterministic; no warp waits for the other."""
+        r = lane // 4
+        q = lane % 4
+        slot = meet + Int64(cut) * (2 * MEET_BYTES)
+        mine = slot
+        other = slot + MEET_BYTES
+        if second_piece:
+            mine = slot + MEET_BYTES
+            other = slot
+        ptx.st_v4_f32(mine + lane * 16, acc[0], acc[1], acc[2], acc[3])
+        if lane < nch:
+            ptx.st_u32(mine + 512 + lane * 4, ptx.ld_shared_u32(s_ord + (pos0 + lane) * 4))
+        ptx.sync_warp()
+        old = Int32(0)
+        if lane == 0:
+            old = ptx.meet_arrive(meet_count + Int64(cut) * 4)
+        old = cute.arch.shuffle_sync(old, 0)
+        if old == 1:
+            ptx.sync_warp()  # after lane 0's acquire
+            ids = ptx.ld_cg_v4(other + 512) + ptx.ld_cg_v4(other + 528)
+            for c in cutlass.range_constexpr(2):
+                n = 2 * q + c
+                if n < nch:
+                    pair = ptx.ld_shared_u32(s_ord + (pos0 + n) * 4)
+                    m = Int32(0)
+                    for j in cutlass.range_constexpr(BN):
+                        if ids[j] == pair:
+                            if j < nch:
+                                m = Int32(j)
+                    v = ptx.ld_cg_v4(other + (r * 4 + m // 2) * 16)
+                    lo = v[0]
+                    hi = v[2]
+                    if m % 2 == 1:
+                        lo = v[1]
+                        hi = v[3]
+                    acc[c] = acc[c] + ptx.f32_bits(lo)
+                    acc[2 + c] = acc[2 + c] + ptx.f32_bits(hi)
+        return old
 
     @cute.jit
     def _b_source(self, fc1: cutlass.Constexpr, src, src_stride, top_k, s_ord, pos0, nch, lane):
@@ -370,15 +443,16 @@ class StaticMoE:
                 self._fill(fc1, t0 + j, kbase + j * team, w_unit, s_unit, b_src, nch, hidden,
                            ring, mbar, lane)
         # FC1 slabs past H (H is a multiple of 32: whole slabs) hold stale bytes in the last
-        # K-tile when H is not a multiple of 128, so that tile (the last of its member's share;
-        # FC1 always streams whole units) masks B; it runs in a loop of its own, so the other
+        # K-tile when H is not a multiple of 128, so that tile (the last of the share that
+        # holds it) masks B; it runs in a loop of its own, so the other
         # tiles' loop has no masking (ptxas if-converts a branch inside one loop and issues
         # both bodies)
         n_full = n_mine
         if cutlass.const_expr(fc1):
             if hidden % TILE_K != 0:
-                if member == (k_tiles - 1) % team:
-                    n_full = n_mine - 1
+                if n_mine > 0:
+                    if kbase + (n_mine - 1) * team == k_tiles - 1:
+                        n_full = n_mine - 1
         for j in cutlass.range(n_full, unroll=1):
             slot = self._next_tile(fc1, j, t0, n_mine, kbase, team, w_unit, s_unit, b_src, nch,
                                    hidden, ring, mbar, lane)

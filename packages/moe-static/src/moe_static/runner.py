@@ -2,8 +2,10 @@
 
 Weights are the shared fragment repack (moe_common.packed, cached per layer and shared with the
 other kernels). Workspace: the bf16 intermediate [T * k, Ip], the fp32 routed FC2 outputs
-[T * k, H] and the grid barrier's counter (zeroed once; each barrier leaves its low 31 bits at 0, see
-ptx.grid_barrier_arrive_wait).
+[T * k, H], the grid barrier's counter (zeroed once; each barrier leaves its low 31 bits at 0, see
+ptx.grid_barrier_arrive_wait) and, per warp of the grid, a meeting slot and counter for an FC1
+unit cut in two (the counters zeroed once; the second piece resets its own, see
+StaticMoE._meet).
 Nothing syncs with the host.
 """
 from __future__ import annotations
@@ -20,7 +22,7 @@ from moe_common.types import Activation
 from moe_common.weights import MoEWeights
 
 from .compile_cache import get
-from .kernel import WARPS
+from .kernel import MEET_BYTES, WARPS
 from .limits import KERNEL_NAME
 
 
@@ -64,6 +66,9 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     inter = bufs.get("inter", (P * ip,), torch.bfloat16)
     y = bufs.get("y", (P * H,), torch.float32)
     barrier = bufs.get("barrier", (1,), torch.int32, zeroed=True)
+    grid = _grid(dev)
+    meet = bufs.get("meet", (grid * WARPS * 2 * MEET_BYTES // 4,), torch.int32)
+    meet_count = bufs.get("meet_count", (grid * WARPS,), torch.int32, zeroed=True)
     if out is None:
         out = torch.empty(T, H, dtype=torch.bfloat16, device=dev)
     if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
@@ -72,7 +77,6 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     route_w = topk_weights if topk_weights.dtype == torch.float32 else topk_weights.float()
     route_w = route_w.contiguous()
     limit = activation.limit if activation.limit is not None else math.inf
-    grid = _grid(dev)
     teams = choose_teams(T, k, weights.num_local_experts, prep.fc1_rows // 16, -(-H // 16),
                          grid * WARPS)
     _, kernel = get(weights.weight_format, activation.name, ids.element_size(), teams)
@@ -82,6 +86,7 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
            ids.data_ptr(), route_w.data_ptr(), x.data_ptr(), x.stride(0),
            T, k, weights.local_expert_offset, weights.num_local_experts,
            H, prep.hidden_padded // TILE_K, prep.fc1_rows // 16, prep.fc2_rows // 16, ip // TILE_K,
-           inter.data_ptr(), y.data_ptr(), out.data_ptr(), barrier.data_ptr(),
+           inter.data_ptr(), y.data_ptr(), out.data_ptr(), barrier.data_ptr(), meet.data_ptr(),
+           meet_count.data_ptr(),
            activation.alpha, activation.beta, limit, grid, jit.current_stream(dev))
     return out

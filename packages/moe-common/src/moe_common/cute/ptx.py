@@ -243,6 +243,30 @@ def atom_add_shared(addr, v, *, loc=None, ip=None) -> Int32:
 
 
 @dsl_user_op
+def atom_max_shared(addr, v, *, loc=None, ip=None) -> Int32:
+    """Atomic unsigned max on a shared-memory int32; returns the old value."""
+    return Int32(_asm(T.i32(), [Int32(addr).ir_value(loc=loc, ip=ip), _i32(v, loc, ip)],
+                      "atom.shared.max.u32 $0, [$1], $2;", "=r,r,r", side_effects=True))
+
+
+@dsl_user_op
+def meet_arrive(count, *, loc=None, ip=None) -> Int32:
+    """One lane per warp: the second of two arrivals on a global counter (0 before the first)
+    returns 1 and leaves the counter at 0 again; the first returns 0. Release before the
+    atomic, acquire after it for the second, as in grid_barrier_arrive_wait: with a warp sync
+    around the call, the first warp's earlier global writes are visible to the second warp's
+    later reads (ld.cg: L1 is not coherent across SMs)."""
+    return Int32(_asm(T.i32(), [Int64(count).ir_value(loc=loc, ip=ip)],
+                      "{\n.reg .pred p;\n"
+                      "fence.acq_rel.gpu;\n"
+                      "atom.relaxed.gpu.global.add.u32 $0, [$1], 1;\n"
+                      "setp.eq.u32 p, $0, 1;\n"
+                      "@p st.relaxed.gpu.global.u32 [$1], 0;\n"
+                      "@p fence.acq_rel.gpu;\n"
+                      "}", "=r,l", side_effects=True))
+
+
+@dsl_user_op
 def atom_add_global(addr, v, *, loc=None, ip=None) -> Int32:
     """Relaxed device-scope atomic add on a global int32; returns the old value."""
     return Int32(_asm(T.i32(), [Int64(addr).ir_value(loc=loc, ip=ip), _i32(v, loc, ip)],
