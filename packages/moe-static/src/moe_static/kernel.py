@@ -23,6 +23,12 @@ the stream over every warp of the GPU.
    in the order j = 0..k-1: bitwise deterministic, one rounding, every element written (0 when no
    route of t is local).
 
+With teams of one, where whole units dealt round-robin would leave warps idle (DeepSeek-V3
+T=1: 3584 FC2 units for 2112 warps), a GEMM's units are laid end to end in K-tiles and each warp
+takes an even share; a unit is then cut at most once, and its two pieces add into y (FC2) or
+meet before the activation (FC1, see _meet). Either way a + b in one fixed pairing keeps the
+layer bitwise deterministic.
+
 An expert with more than BN tokens is done in chunks of BN (its weights re-read from L2).
 Units of 16 rows keep every warp of the GPU on the stream even at T=1 (Qwen3-30B-A3B: 8 experts
 x 96 FC1 groups = 768 units), where the first version's (expert, 128-column slice) tasks kept
