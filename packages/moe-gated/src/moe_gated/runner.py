@@ -5,8 +5,8 @@ A call is: routing into tiles of the chosen geometry's width (moe_common's routi
 (persistent, queue-driven), writing the intermediate tile-blocked -> [w4a4: requantized
 intermediate] -> FC2 + router weight into y [T * k, H] fp32 -> fixed-order top-k reduce -> bf16
 out. Every step is asynchronous on the current stream and nothing syncs with the host, so the
-call can be captured in a CUDA graph once compiled and its workspace allocated. The work queues' counters are zeroed
-once at allocation and left at zero by every launch.
+call can be captured in a CUDA graph once compiled and its workspace allocated. The work
+queues' counters are zeroed once at allocation and left at zero by every launch.
 """
 from __future__ import annotations
 
@@ -47,6 +47,12 @@ def tiles_capacity(pairs: int, local_experts: int, bn: int) -> int:
     return -(-pairs // bn) + min(pairs, local_experts)
 
 
+def _table_tiles(pairs: int, local_experts: int) -> int:
+    """Routing-table tiles, enough for either geometry (the narrower tiles are more), for the
+    same reason as _token_slots."""
+    return max(tiles_capacity(pairs, local_experts, bn) for bn, _ in GEOMETRIES.values())
+
+
 def _token_slots(pairs: int, local_experts: int) -> int:
     """Token slots of the tile-blocked buffers, enough for either geometry (a workspace warmed
     at one T may later serve a call that takes the other geometry)."""
@@ -79,10 +85,8 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     cap = tiles_capacity(P, E, bn)
     slots = _token_slots(P, E)
 
-    # 1. routing tables: (expert, up to bn sorted pairs) tiles; the table is sized for the
-    # narrower geometry's tile count either way (see _token_slots)
-    table_cap = max(tiles_capacity(P, E, b) for b, _ in GEOMETRIES.values())
-    routed = route_pairs(bufs, ids, off, E, bn, table_cap, stream)
+    # 1. routing tables: (expert, up to bn sorted pairs) tiles
+    routed = route_pairs(bufs, ids, off, E, bn, _table_tiles(P, E), stream)
     order, tiles, num_tiles = routed
     tile_args = routed.tile_args
     queues = bufs.get("queues", (2, 2), torch.int32, zeroed=True)
