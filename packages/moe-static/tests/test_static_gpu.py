@@ -114,13 +114,15 @@ def test_dispatcher_offers_static_and_runs_it_when_forced():
     import dispatcher
 
     w = random_layer(16, 256, 128)
-    x = torch.randn(4, 256, device="cuda").bfloat16()
-    tw, ti = random_routing(4, 16, 2)
+    x = torch.randn(5, 256, device="cuda").bfloat16()
+    tw, ti = random_routing(5, 16, 2)
     ex = dispatcher.explain(x, w, tw, ti)
     assert "moe-static" in [a.kernel for a in ex.answers if hasattr(a, "priority")]
+    assert ex.choice.kernel != "moe-static"  # past the cutover (limits.CUTOVER_TOKENS = 4)
     out = dispatcher.fused_moe(x, w, tw, ti, kernel="moe-static")
     assert_close(out, reference_moe(x, w, tw, ti), "forced moe-static")
-    # a single token: moe-static bids highest (limits.CUTOVER_TOKENS)
-    assert dispatcher.explain(x[:1], w, tw[:1], ti[:1]).choice.kernel == "moe-static"
-    out1 = dispatcher.fused_moe(x[:1], w, tw[:1], ti[:1])
-    assert_close(out1, reference_moe(x[:1], w, tw[:1], ti[:1]), "moe-static chosen at T=1")
+    # up to the cutover moe-static bids highest and runs unforced
+    for t in (1, 4):
+        assert dispatcher.explain(x[:t], w, tw[:t], ti[:t]).choice.kernel == "moe-static"
+        out_t = dispatcher.fused_moe(x[:t], w, tw[:t], ti[:t])
+        assert_close(out_t, reference_moe(x[:t], w, tw[:t], ti[:t]), f"moe-static chosen at T={t}")

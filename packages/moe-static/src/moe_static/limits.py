@@ -9,13 +9,13 @@ MAX_LOCAL_EXPERTS = 512  # shared-memory routing tables (kernel.MAX_LOCAL_EXPERT
 MAX_PAIRS = 2048  # routed pairs T * top_k held in shared memory (kernel.MAX_PAIRS)
 DIM_MULTIPLE = 32
 # Tokens up to which moe-static bids above the other kernels. Measured on the H200 (BENCHMARKS.md,
-# 2026-11-30 eighth session, 1e914f6, same run against moe-generic, T = 1..128, five presets):
-# at T=1 moe-static is ahead on every preset (Qwen3-30B-A3B 18.0 vs 24.4 us, Qwen3.5 17.1 vs
-# 21.5, Nemotron 24.4 vs 30.3, DeepSeek-V3 73.5 vs 74.7, gpt-oss-120b 36.2 vs 36.7); at T=2 it
-# is ahead on four but 12% behind on gpt-oss-120b (56.7 vs 50.6), and from T=4 behind on most.
-# A cutover in routed pairs (T x top_k) cannot draw that line: gpt-oss's T=2 is 8 pairs, as is
-# the 1.36x win at Qwen3 T=1. So the cutover counts tokens: single-token decode.
-CUTOVER_TOKENS = 1
+# 2026-11-30 ninth session, edf81db, one run against moe-generic, T = 1..128, five presets,
+# static / generic us): at T <= 4 moe-static is ahead on 13 of 15 points (Qwen3.5-35B T=2 20.1 /
+# 25.3, T=4 29.4 / 34.5; Qwen3-30B-A3B T=1 17.9 / 24.3) and at most 2.6% behind on the other two
+# (gpt-oss-120b T=2 51.6 / 50.3, T=4 81.1 / 80.3); at T=8 it is 0.7-2.8% behind on four of five,
+# and further behind from T=16. The cutover counts tokens, not routed pairs: gpt-oss's T=2 is 8
+# pairs, as is Qwen3's T=1.
+CUTOVER_TOKENS = 4
 
 
 def unsupported_reason(shape, activation):
