@@ -18,7 +18,7 @@ TEAM_SHAPES = ((2, 2), (1, 1))
 # MOE_STATIC_TEAMS=a,b forces the warps per FC1 and per FC2 unit; MOE_STATIC_DEPTH the ring slots.
 FORCED_TEAMS = (tuple(int(v) for v in os.environ["MOE_STATIC_TEAMS"].split(","))
                 if os.environ.get("MOE_STATIC_TEAMS") else None)
-DEPTH = int(os.environ.get("MOE_STATIC_DEPTH", "3"))
+DEPTH = int(os.environ.get("MOE_STATIC_DEPTH", "2"))
 # MOE_STATIC_SKIP=tasks,route,barriers,reduce leaves those parts out (wrong output: timing the
 # fixed cost only; tasks = the FC1 and FC2 units)
 SKIP = frozenset(v for v in os.environ.get("MOE_STATIC_SKIP", "").split(",") if v)

@@ -53,12 +53,17 @@ WARPS = 16
 THREADS = WARPS * 32
 TILE_K = fm.TILE_K
 BN = 8  # tokens per unit chunk: one n8 MMA block
-B_ROW_BYTES = fm.B_ROW_BYTES  # a token row of one K-tile, padded: conflict-free ldmatrix
-SCALE_OFF = 1024  # per warp per ring slot: codes, the group's scales, BN token rows
-B_OFF = SCALE_OFF + 256
-SLOT_BYTES = B_OFF + BN * B_ROW_BYTES  # 3456
+# A ring slot holds a step of up to STEP consecutive K-tiles of one unit: their codes, their
+# scales and the chunk's BN token rows, each filled by one bulk copy, so the copies, the
+# mbarrier wait and the slot bookkeeping are paid once per step.
+STEP = 2
+SCALE_OFF = STEP * 1024
+B_OFF = SCALE_OFF + STEP * 256  # NVFP4 scales: 256 B per K-tile (MXFP4 128)
+B_ROW_BYTES = (STEP * TILE_K + 8) * 2  # a token row of one step, padded: conflict-free ldmatrix
+SLOT_BYTES = B_OFF + BN * B_ROW_BYTES  # 6784
 MAX_LOCAL_EXPERTS = 512
-MAX_PAIRS = 2048
+MAX_PAIRS = 2048  # pair ids (< MAX_PAIRS) are kept as u16 in shared memory
+SMEM_LIMIT = 227 * 1024
 EXPERTS_PER_THREAD = MAX_LOCAL_EXPERTS // THREADS
 # FC1 unit cut in two (see _meet): per piece a warp's fragment (32 lanes x 4 fp32) and the
 # pair ids of its 8 token columns
@@ -76,8 +81,9 @@ class StaticConfig:
     # T=1 111.7 vs 104.2 us at 0db0d90, BENCHMARKS.md)
     team_fc1: int = 2
     team_fc2: int = 2
-    # ring slots per warp (depth - 1 K-tiles in flight); 2 measured the same as 3, 4 do not fit
-    depth: int = 3
+    # ring slots per warp (depth - 1 steps in flight); only 2 fit in shared memory. One-tile
+    # slots measured 2 the same as 3 (BENCHMARKS.md, third session)
+    depth: int = 2
     # timing the fixed cost (wrong results): parts left out, a subset of "tasks" (FC1 and FC2
     # units), "route", "barriers", "reduce"
     skip: frozenset = frozenset()
@@ -93,19 +99,22 @@ class StaticConfig:
 class StaticMoE:
     def __init__(self, cfg: StaticConfig):
         for w in (cfg.team_fc1, cfg.team_fc2):
-            assert WARPS % w == 0 and (w == 1 or WARPS // w <= 15), \
-                "one named barrier per team of 2 or more (ids 1..15)"
+            assert w in (1, 2), "teams of 1 or 2 warps (one 512 B partial-sum buffer per team)"
         assert cfg.depth >= 2
         self.cfg = cfg
         self.ring_bytes = WARPS * cfg.depth * SLOT_BYTES
-        # team partial sums: per team 2 buffers (alternating units) x (team - 1) warps x 512 B;
-        # teams x (team - 1) < WARPS for any team size
+        # team partial sums: one buffer per team of 2 (teams of one need none)
         self.team_off = self.ring_bytes
-        self.team_bytes = WARPS * 2 * 512
+        self.team_bytes = (WARPS // 2) * 512 if max(cfg.team_fc1, cfg.team_fc2) == 2 else 0
+        # routing tables that outlive the routing: counts, offsets and active experts (u32), the
+        # sorted pair ids (u16), the active-expert count and the largest count. The routing's
+        # scratch (cursors and scan) lives in the ring, which no copy fills before it ends.
         self.route_off = self.team_off + self.team_bytes
-        self.route_bytes = (4 * MAX_LOCAL_EXPERTS + MAX_PAIRS + 2 * THREADS + 4) * 4
+        self.route_bytes = 3 * MAX_LOCAL_EXPERTS * 4 + MAX_PAIRS * 2 + 8
         self.mbar_off = self.route_off + self.route_bytes  # [WARPS][depth] slot mbarriers
         self.smem_bytes = self.mbar_off + WARPS * cfg.depth * 8
+        assert (MAX_LOCAL_EXPERTS + 2 * THREADS) * 4 <= self.ring_bytes
+        assert self.smem_bytes <= SMEM_LIMIT, f"{self.smem_bytes} B of shared memory"
 
     # ------------------------------------------------------------------ host entry
     @cute.jit
@@ -148,12 +157,12 @@ class StaticMoE:
         s_base = Int32(sbuf.toint())
         s_cnt = s_base + self.route_off           # [E] routed pairs per local expert
         s_off = s_cnt + MAX_LOCAL_EXPERTS * 4     # [E] first sorted position of each expert
-        s_cur = s_off + MAX_LOCAL_EXPERTS * 4     # [E] position cursor
-        s_act = s_cur + MAX_LOCAL_EXPERTS * 4     # [n_act] active experts, ascending
-        s_ord = s_act + MAX_LOCAL_EXPERTS * 4     # [P] pair indices grouped by expert
-        s_scan = s_ord + MAX_PAIRS * 4            # [2][THREADS] scan scratch
-        s_nact = s_scan + 2 * THREADS * 4         # number of active experts
+        s_act = s_off + MAX_LOCAL_EXPERTS * 4     # [n_act] active experts, ascending
+        s_ord = s_act + MAX_LOCAL_EXPERTS * 4     # [P] pair indices grouped by expert (u16)
+        s_nact = s_ord + MAX_PAIRS * 2            # number of active experts
         s_max = s_nact + 4                        # most routed pairs of one expert
+        s_cur = s_base                            # routing scratch in the ring: [E] cursors,
+        s_scan = s_cur + MAX_LOCAL_EXPERTS * 4    # [2][THREADS] scan
         pairs = tokens * top_k
 
         if tid % 32 == 0:  # one mbarrier per ring slot of each warp (the routing syncs after)
@@ -168,7 +177,7 @@ class StaticMoE:
                 ptx.st_shared_u32(s_nact, 0)
                 ptx.st_shared_u32(s_max, 0)
             cute.arch.sync_threads()
-        # ring tiles this warp has consumed so far (slot = count % depth, parity = its use count)
+        # ring steps this warp has consumed so far (slot = count % depth, parity = its use count)
         tiles = cute.make_rmem_tensor(cute.make_layout(1), Int32)
         tiles[0] = Int32(0)
         n_act = ptx.ld_shared_u32(s_nact)
@@ -239,7 +248,8 @@ class StaticMoE:
             e = local_expert(ids, p, expert_offset, self.cfg.ids_bytes)
             if cutlass.Uint32(e) < cutlass.Uint32(experts):
                 at = ptx.atom_add_shared(s_cur + e * 4, 1)
-                ptx.st_shared_u32(s_ord + at * 4, p)
+                ptx.st_shared_u16(s_ord + at * 2, p)
+        ptx.fence_proxy_async_shared()  # the scratch in the ring is next written by bulk copies
         cute.arch.sync_threads()
 
     # ------------------------------------------------------------------ FC1 / FC2 units
@@ -262,8 +272,6 @@ class StaticMoE:
         member = warp - my_team * team
         ring = s_base + warp * (cfg.depth * SLOT_BYTES)
         mbar = s_base + self.mbar_off + warp * (cfg.depth * 8)
-        parity = cute.make_rmem_tensor(cute.make_layout(1), Int32)
-        parity[0] = Int32(0)
         acc = cute.make_rmem_tensor(cute.make_layout(4), Float32)
         share = Int32(0)
         if cutlass.const_expr(team == 1):
@@ -289,14 +297,14 @@ class StaticMoE:
                 self._unit(fc1, acc, u, k0, k1 - k0, n_groups, blob_groups, k_tiles, w, s, alpha,
                            bias, src, src_stride, hidden, inter, inter_stride, y, route_w, top_k,
                            act_alpha, act_beta, act_limit, s_base, s_cnt, s_off, s_act, s_ord,
-                           tiles, parity, my_team, member, team, ring, mbar, lane, meet,
+                           tiles, my_team, member, team, ring, mbar, lane, meet,
                            meet_count, cut)
         else:
             for u in cutlass.range(bid * teams + my_team, n_act * n_groups, grid * teams, unroll=1):
                 self._unit(fc1, acc, u, Int32(0), k_tiles, n_groups, blob_groups, k_tiles, w, s,
                            alpha, bias, src, src_stride, hidden, inter, inter_stride, y, route_w,
                            top_k, act_alpha, act_beta, act_limit, s_base, s_cnt, s_off, s_act,
-                           s_ord, tiles, parity, my_team, member, team, ring, mbar, lane, meet,
+                           s_ord, tiles, my_team, member, team, ring, mbar, lane, meet,
                            meet_count, Int32(0))
 
     @cute.jit
@@ -328,7 +336,7 @@ class StaticMoE:
     @cute.jit
     def _unit(self, fc1: cutlass.Constexpr, acc, u, k0, k_count, n_groups, blob_groups, k_tiles,
               w, s, alpha, bias, src, src_stride, hidden, inter, inter_stride, y, route_w, top_k,
-              act_alpha, act_beta, act_limit, s_base, s_cnt, s_off, s_act, s_ord, tiles, parity,
+              act_alpha, act_beta, act_limit, s_base, s_cnt, s_off, s_act, s_ord, tiles,
               my_team, member, team, ring, mbar, lane, meet, meet_count, cut):
         """K-tiles [k0, k0 + k_count) of unit u (active expert a, 16-row group g), every chunk
         of BN of the expert's tokens; member 0 of the team writes the results (of an FC1 unit
@@ -355,11 +363,14 @@ class StaticMoE:
                 row = Int32(0)
             b_off = row * B_ROW_BYTES + ((lane // 8) % 2) * 16 + (lane // 16) * 32
             acc.fill(0.0)
-            self._stream(fc1, acc, w + tile0 * 1024, s + tile0 * (16 * sbpr), k0 + member,
-                         k_count, k_tiles, member, team, b_src, nch, b_off, hidden, ring, mbar,
-                         tiles, lane)
+            # the team's members take contiguous K-ranges of the unit's [k0, k0 + k_count)
+            per = (k_count + team - 1) // team
+            ka = k0 + member * per
+            kb = cutlass.min(ka + per, k0 + k_count)
+            self._stream(fc1, acc, w + tile0 * 1024, s + tile0 * (16 * sbpr), ka, kb, k_tiles,
+                         b_src, nch, b_off, hidden, ring, mbar, tiles, lane)
             if cutlass.const_expr(team > 1):
-                self._team_sum(acc, s_base + self.team_off, my_team, member, team, parity, lane)
+                self._team_sum(acc, s_base + self.team_off, my_team, member, team, lane)
             last = Int32(1)
             if cutlass.const_expr(fc1 and team == 1):
                 if k_count < k_tiles:
@@ -393,7 +404,7 @@ class StaticMoE:
             other = slot
         ptx.st_v4_f32(mine + lane * 16, acc[0], acc[1], acc[2], acc[3])
         if lane < nch:
-            ptx.st_u32(mine + 512 + lane * 4, ptx.ld_shared_u32(s_ord + (pos0 + lane) * 4))
+            ptx.st_u32(mine + 512 + lane * 4, ptx.ld_shared_u16(s_ord + (pos0 + lane) * 2))
         ptx.sync_warp()
         old = Int32(0)
         if lane == 0:
@@ -405,7 +416,7 @@ class StaticMoE:
             for c in cutlass.range_constexpr(2):
                 n = 2 * q + c
                 if n < nch:
-                    pair = ptx.ld_shared_u32(s_ord + (pos0 + n) * 4)
+                    pair = ptx.ld_shared_u16(s_ord + (pos0 + n) * 2)
                     m = Int32(0)
                     for j in cutlass.range_constexpr(BN):
                         if ids[j] == pair:
@@ -427,88 +438,107 @@ class StaticMoE:
         n = lane
         if n >= nch:
             n = Int32(0)
-        pair = ptx.ld_shared_u32(s_ord + (pos0 + n) * 4)
+        pair = ptx.ld_shared_u16(s_ord + (pos0 + n) * 2)
         if cutlass.const_expr(fc1):
             return src + Int64(pair // top_k) * Int64(src_stride) * 2
         return src + Int64(pair) * Int64(src_stride) * 2
 
     @cute.jit
-    def _stream(self, fc1: cutlass.Constexpr, acc, w_unit, s_unit, kbase, k_count, k_tiles, member,
-                team, b_src, nch, b_off, hidden, ring, mbar, tiles, lane):
-        """acc += this warp's share (K-tiles kbase, kbase + team, .. of the unit's k_count from
-        kbase - member) of A_unit @ B.
+    def _stream(self, fc1: cutlass.Constexpr, acc, w_unit, s_unit, ka, kb, k_tiles, b_src, nch,
+                b_off, hidden, ring, mbar, tiles, lane):
+        """acc += the unit's K-tiles [ka, kb) of A_unit @ B, in steps of STEP K-tiles.
 
-        Tiles run through the warp's ring of `depth` slots, each filled by bulk copies (codes,
-        scales, one per token row) that complete on the slot's mbarrier; the warp's running tile
-        count gives the slot and the phase parity, across units and phases."""
+        Steps run through the warp's ring of `depth` slots, each filled by three bulk copies
+        (codes, scales, one per token row) that complete on the slot's mbarrier; the warp's
+        running step count gives the slot and the phase parity, across units and phases."""
         cfg = self.cfg
-        n_mine = (k_count - member + team - 1) // team
+        n_tiles = kb - ka
+        n_steps = (n_tiles + STEP - 1) // STEP
         t0 = tiles[0]
         for j in cutlass.range_constexpr(cfg.depth - 1):
-            if j < n_mine:
-                self._fill(fc1, t0 + j, kbase + j * team, w_unit, s_unit, b_src, nch, hidden,
+            if j < n_steps:
+                self._fill(fc1, t0 + j, ka + j * STEP, kb, w_unit, s_unit, b_src, nch, hidden,
                            ring, mbar, lane)
-        # FC1 slabs past H (H is a multiple of 32: whole slabs) hold stale bytes in the last
-        # K-tile when H is not a multiple of 128, so that tile (the last of the share that
-        # holds it) masks B; it runs in a loop of its own, so the other
-        # tiles' loop has no masking (ptxas if-converts a branch inside one loop and issues
-        # both bodies)
-        n_full = n_mine
-        if cutlass.const_expr(fc1):
-            if hidden % TILE_K != 0:
-                if n_mine > 0:
-                    if kbase + (n_mine - 1) * team == k_tiles - 1:
-                        n_full = n_mine - 1
+        # Full steps run unrolled with no masking (ptxas if-converts a branch inside one loop
+        # and issues both bodies). The last step goes to a loop of its own when it is short
+        # (an odd count) or holds FC1's partial last K-tile (H not a multiple of 128: the
+        # slabs past H hold stale bytes, so B is masked there).
+        n_full = n_steps
+        if n_steps > 0:
+            if n_tiles % STEP != 0:
+                n_full = n_steps - 1
+            if cutlass.const_expr(fc1):
+                if hidden % TILE_K != 0:
+                    if kb == k_tiles:
+                        n_full = n_steps - 1
         for j in cutlass.range(n_full, unroll=1):
-            slot = self._next_tile(fc1, j, t0, n_mine, kbase, team, w_unit, s_unit, b_src, nch,
+            slot = self._next_step(fc1, j, t0, n_steps, ka, kb, w_unit, s_unit, b_src, nch,
                                    hidden, ring, mbar, lane)
-            self._tile_mma(acc, slot, b_off, self._slot_words(slot, lane), False, Int32(8))
-        for j in cutlass.range(n_full, n_mine, unroll=1):
-            slot = self._next_tile(fc1, j, t0, n_mine, kbase, team, w_unit, s_unit, b_src, nch,
+            for i in cutlass.range_constexpr(STEP):
+                self._tile_mma(acc, slot, i, b_off, lane, False, Int32(8))
+        for j in cutlass.range(n_full, n_steps, unroll=1):
+            slot = self._next_step(fc1, j, t0, n_steps, ka, kb, w_unit, s_unit, b_src, nch,
                                    hidden, ring, mbar, lane)
-            kt = kbase + j * team
-            self._tile_mma(acc, slot, b_off, self._slot_words(slot, lane), True,
-                           cutlass.min((hidden - kt * TILE_K) // 16, 8))
-        tiles[0] = t0 + n_mine
+            kt = ka + j * STEP
+            for i in cutlass.range(cutlass.min(kb - kt, STEP), unroll=1):
+                self._tile_mma(acc, slot, i, b_off, lane, fc1,
+                               cutlass.min((hidden - (kt + i) * TILE_K) // 16, 8))
+        tiles[0] = t0 + n_steps
         ptx.sync_warp()  # the next unit's first copies may refill any slot
 
     @cute.jit
-    def _next_tile(self, fc1: cutlass.Constexpr, j, t0, n_mine, kbase, team, w_unit, s_unit,
-                   b_src, nch, hidden, ring, mbar, lane):
-        """Wait for the warp's tile j (ring slot (t0 + j) % depth), refill the slot tile j - 1
-        used with tile j + depth - 1, and return tile j's slot."""
+    def _next_step(self, fc1: cutlass.Constexpr, j, t0, n_steps, ka, kb, w_unit, s_unit, b_src,
+                   nch, hidden, ring, mbar, lane):
+        """Wait for the warp's step j (ring slot (t0 + j) % depth), refill the slot step j - 1
+        used with step j + depth - 1, and return step j's slot."""
         cfg = self.cfg
         t = t0 + j
         sl = t % cfg.depth
         ptx.mbarrier_wait(mbar + sl * 8, (t // cfg.depth) % 2)
         nxt = j + cfg.depth - 1
-        if nxt < n_mine:
-            ptx.sync_warp()  # every lane is done with tile j - 1's slot, which nxt refills
-            self._fill(fc1, t0 + nxt, kbase + nxt * team, w_unit, s_unit, b_src, nch, hidden,
+        if nxt < n_steps:
+            ptx.sync_warp()  # every lane is done with step j - 1's slot, which nxt refills
+            self._fill(fc1, t0 + nxt, ka + nxt * STEP, kb, w_unit, s_unit, b_src, nch, hidden,
                        ring, mbar, lane)
         return ring + sl * SLOT_BYTES
 
     @cute.jit
-    def _fill(self, fc1: cutlass.Constexpr, t, kt, w_unit, s_unit, b_src, nch, hidden, ring, mbar,
-              lane):
-        """Start filling ring slot t % depth (the warp's t-th tile) with the unit's K-tile kt."""
+    def _fill(self, fc1: cutlass.Constexpr, t, kt, kb, w_unit, s_unit, b_src, nch, hidden, ring,
+              mbar, lane):
+        """Start filling ring slot t % depth (the warp's t-th step) with the unit's K-tiles
+        [kt, min(kt + STEP, kb)) by bulk copies: lane 0 the codes and the scales, lane n < nch
+        token row n (FC1: only the columns below H)."""
         sl = t % self.cfg.depth
-        sbpr = fm.scale_bytes_per_row(self.cfg.weight_format)
-        self._issue(fc1, ring + sl * SLOT_BYTES, mbar + sl * 8, w_unit + Int64(kt) * 1024,
-                    s_unit + Int64(kt) * (16 * sbpr), kt, b_src, nch, hidden, lane)
+        slot = ring + sl * SLOT_BYTES
+        mb = mbar + sl * 8
+        n = cutlass.min(kb - kt, STEP)
+        scale_bytes = 16 * fm.scale_bytes_per_row(self.cfg.weight_format)
+        row_bytes = n * (TILE_K * 2)
+        if cutlass.const_expr(fc1):
+            row_bytes = cutlass.min(hidden - kt * TILE_K, n * TILE_K) * 2
+        if lane == 0:
+            ptx.mbarrier_arrive_expect_tx(mb, n * (1024 + scale_bytes) + nch * row_bytes)
+            ptx.bulk_copy_g2s(slot, w_unit + Int64(kt) * 1024, n * 1024, mb)
+            ptx.bulk_copy_g2s(slot + SCALE_OFF, s_unit + Int64(kt) * scale_bytes,
+                              n * scale_bytes, mb)
+        if lane < nch:
+            ptx.bulk_copy_g2s(slot + B_OFF + lane * B_ROW_BYTES, b_src + Int64(kt) * (TILE_K * 2),
+                              row_bytes, mb)
 
     @cute.jit
-    def _tile_mma(self, acc, slot, b_off, words, masked: cutlass.Constexpr, valid):
-        """acc += the K-tile's 16 x 128 weights (decoded from words) @ its B rows (ldmatrix at
-        slot + B_OFF + b_off). masked: B of slabs >= valid reads as 0 (SEL, PLOP3, UISETP: 32 of
-        the FC1 loop's 278 SASS instructions, so only a partial last K-tile pays them)."""
+    def _tile_mma(self, acc, slot, i, b_off, lane, masked: cutlass.Constexpr, valid):
+        """acc += K-tile i of the slot's step: its 16 x 128 weights (decoded from the slot's
+        codes and scales) @ its B rows (ldmatrix). masked: B of slabs >= valid reads as 0 (SEL,
+        PLOP3, UISETP: 32 of the FC1 loop's 278 SASS instructions at 1-tile steps, so only a
+        short last step pays them)."""
         cfg = self.cfg
+        words = self._slot_words(slot, i, lane)
         b = []
         for sp in cutlass.range_constexpr(4):  # slabs 2sp, 2sp + 1: lo and hi k-halves
             if cutlass.const_expr(cfg.variant == "nob"):
                 m = (Int32(0x3F803F80),) * 4
             else:
-                m = ptx.ldmatrix_x4(slot + B_OFF + b_off + sp * 64)
+                m = ptx.ldmatrix_x4(slot + B_OFF + b_off + i * (TILE_K * 2) + sp * 64)
             for h in cutlass.range_constexpr(2):
                 if cutlass.const_expr(masked):
                     ok = valid > 2 * sp + h
@@ -529,28 +559,13 @@ class StaticMoE:
                     acc[c] = d[c]
 
     @cute.jit
-    def _issue(self, fc1: cutlass.Constexpr, slot, mb, w_tile, s_tile, kt, b_src, nch, hidden,
-               lane):
-        """Fill one slot with K-tile kt by bulk copies: lane 0 the codes (1 KiB) and the
-        group's scales, lane n < nch token row n (FC1: only the columns below H)."""
-        scale_bytes = 16 * fm.scale_bytes_per_row(self.cfg.weight_format)
-        row_bytes = Int32(TILE_K * 2)
-        if cutlass.const_expr(fc1):
-            row_bytes = cutlass.min(hidden - kt * TILE_K, TILE_K) * 2
-        if lane == 0:
-            ptx.mbarrier_arrive_expect_tx(mb, 1024 + scale_bytes + nch * row_bytes)
-            ptx.bulk_copy_g2s(slot, w_tile, 1024, mb)
-            ptx.bulk_copy_g2s(slot + SCALE_OFF, s_tile, scale_bytes, mb)
-        if lane < nch:
-            ptx.bulk_copy_g2s(slot + B_OFF + lane * B_ROW_BYTES, b_src + Int64(kt) * (TILE_K * 2),
-                              row_bytes, mb)
-
-    @cute.jit
-    def _slot_words(self, slot, lane):
-        """The lane's 8 code words and its rows' (r, r + 8) scale words (fm.a_fragment order)."""
+    def _slot_words(self, slot, i, lane):
+        """K-tile i's 8 code words of this lane and its rows' (r, r + 8) scale words (in
+        fm.a_fragment order)."""
         sbpr = fm.scale_bytes_per_row(self.cfg.weight_format)
-        codes = ptx.ld_shared_v4(slot + lane * 32) + ptx.ld_shared_v4(slot + lane * 32 + 16)
-        sa = slot + SCALE_OFF + (lane // 4) * sbpr
+        ca = slot + i * 1024 + lane * 32
+        codes = ptx.ld_shared_v4(ca) + ptx.ld_shared_v4(ca + 16)
+        sa = slot + SCALE_OFF + i * (16 * sbpr) + (lane // 4) * sbpr
         if cutlass.const_expr(self.cfg.weight_format == "nvfp4"):
             scales = ptx.ld_shared_v4(sa) + ptx.ld_shared_v4(sa + 8 * sbpr)
         else:
@@ -558,22 +573,19 @@ class StaticMoE:
         return codes + scales
 
     @cute.jit
-    def _team_sum(self, acc, s_team, my_team, member, team, parity, lane):
-        """Member 0's acc += the other members' (in member order: a fixed summation order).
-        Two buffers alternate by unit, so one barrier per unit is enough: a member writes a
-        buffer again only after the next unit's barrier, which member 0 reaches after reading."""
-        per_buf = (team - 1) * 512
-        buf = s_team + (my_team * 2 + parity[0]) * per_buf
+    def _team_sum(self, acc, s_team, my_team, member, team, lane):
+        """Member 0's acc += the other member's (a fixed summation order). One buffer per team:
+        the second barrier keeps the member from writing the next unit's sum before member 0
+        has read this one."""
+        buf = s_team + my_team * 512
         if member > 0:
-            ptx.st_shared_v4_f32(buf + (member - 1) * 512 + lane * 16, acc[0], acc[1], acc[2],
-                                 acc[3])
+            ptx.st_shared_v4_f32(buf + lane * 16, acc[0], acc[1], acc[2], acc[3])
         ptx.named_barrier(1 + my_team, team * 32)
         if member == 0:
-            for m in cutlass.range_constexpr(team - 1):
-                v = ptx.ld_shared_v4(buf + m * 512 + lane * 16)
-                for c in cutlass.range_constexpr(4):
-                    acc[c] = acc[c] + ptx.f32_bits(v[c])
-        parity[0] = parity[0] ^ Int32(1)
+            v = ptx.ld_shared_v4(buf + lane * 16)
+            for c in cutlass.range_constexpr(4):
+                acc[c] = acc[c] + ptx.f32_bits(v[c])
+        ptx.named_barrier(1 + my_team, team * 32)
 
     @cute.jit
     def _scale_and_bias(self, alpha, bias, e, groups, row):
@@ -593,7 +605,7 @@ class StaticMoE:
         for c in cutlass.range_constexpr(2):
             n = 2 * q + c
             if n < nch:
-                pair = ptx.ld_shared_u32(s_ord + (pos0 + n) * 4)
+                pair = ptx.ld_shared_u16(s_ord + (pos0 + n) * 2)
                 row = inter + Int64(pair) * Int64(inter_stride) * 2
                 v_lo = acc[c] * gs + b_lo
                 v_hi = acc[2 + c] * gs + b_hi
@@ -621,7 +633,7 @@ class StaticMoE:
         for c in cutlass.range_constexpr(2):
             n = 2 * q + c
             if n < nch:
-                pair = ptx.ld_shared_u32(s_ord + (pos0 + n) * 4)
+                pair = ptx.ld_shared_u16(s_ord + (pos0 + n) * 2)
                 wr = ptx.ld_nc_f32(route_w + Int64(pair) * 4)
                 dst = y + (Int64(pair) * Int64(hidden) + Int64(h0)) * 4
                 v_lo = wr * (acc[c] * gs + b_lo)

@@ -236,6 +236,21 @@ def st_shared_u32(addr, v, *, loc=None, ip=None):
 
 
 @dsl_user_op
+def ld_shared_u16(addr, *, loc=None, ip=None) -> Int32:
+    """A zero-extended 16-bit shared-memory value."""
+    return Int32(_asm(T.i32(), [Int32(addr).ir_value(loc=loc, ip=ip)],
+                      "{\n.reg .u16 h;\nld.shared.u16 h, [$1];\ncvt.u32.u16 $0, h;\n}", "=r,r",
+                      side_effects=True))
+
+
+@dsl_user_op
+def st_shared_u16(addr, v, *, loc=None, ip=None):
+    """The low 16 bits of v."""
+    _stmt([Int32(addr).ir_value(loc=loc, ip=ip), _i32(v, loc, ip)],
+          "{\n.reg .u16 h;\ncvt.u16.u32 h, $1;\nst.shared.u16 [$0], h;\n}", "r,r")
+
+
+@dsl_user_op
 def atom_add_shared(addr, v, *, loc=None, ip=None) -> Int32:
     """Atomic add on a shared-memory int32; returns the old value."""
     return Int32(_asm(T.i32(), [Int32(addr).ir_value(loc=loc, ip=ip), _i32(v, loc, ip)],
