@@ -61,9 +61,6 @@ SCALE_OFF = STEP * 1024
 B_OFF = SCALE_OFF + STEP * 256  # NVFP4 scales: 256 B per K-tile (MXFP4 128)
 B_ROW_BYTES = (STEP * TILE_K + 8) * 2  # a token row of one step, padded: conflict-free ldmatrix
 SLOT_BYTES = B_OFF + BN * B_ROW_BYTES  # 6784
-# Ring slots per warp: one step in flight while the other is consumed; 2 x 6784 B x 16 warps
-# is what shared memory holds (one-tile slots measured 2 the same as 3, third session).
-DEPTH = 2  # a power of two (slot and parity by bit operations)
 MAX_LOCAL_EXPERTS = 512
 MAX_PAIRS = 2048  # pair ids (< MAX_PAIRS) are kept as u16 in shared memory
 SMEM_LIMIT = 227 * 1024
@@ -84,6 +81,9 @@ class StaticConfig:
     # T=1 111.7 vs 104.2 us at 0db0d90, BENCHMARKS.md)
     team_fc1: int = 2
     team_fc2: int = 2
+    # ring slots per warp (depth - 1 steps in flight); only 2 fit in shared memory. One-tile
+    # slots measured 2 the same as 3 (BENCHMARKS.md, third session)
+    depth: int = 2
     # timing the fixed cost (wrong results): parts left out, a subset of "tasks" (FC1 and FC2
     # units), "route", "barriers", "reduce"
     skip: frozenset = frozenset()
@@ -100,8 +100,9 @@ class StaticMoE:
     def __init__(self, cfg: StaticConfig):
         for w in (cfg.team_fc1, cfg.team_fc2):
             assert w in (1, 2), "teams of 1 or 2 warps (one 512 B partial-sum buffer per team)"
+        assert cfg.depth >= 2
         self.cfg = cfg
-        self.ring_bytes = WARPS * DEPTH * SLOT_BYTES
+        self.ring_bytes = WARPS * cfg.depth * SLOT_BYTES
         # team partial sums: one buffer per team of 2 (teams of one need none)
         self.team_off = self.ring_bytes
         self.team_bytes = (WARPS // 2) * 512 if max(cfg.team_fc1, cfg.team_fc2) == 2 else 0
@@ -111,7 +112,7 @@ class StaticMoE:
         self.route_off = self.team_off + self.team_bytes
         self.route_bytes = 3 * MAX_LOCAL_EXPERTS * 4 + MAX_PAIRS * 2 + 8
         self.mbar_off = self.route_off + self.route_bytes  # [WARPS][depth] slot mbarriers
-        self.smem_bytes = self.mbar_off + WARPS * DEPTH * 8
+        self.smem_bytes = self.mbar_off + WARPS * cfg.depth * 8
         assert (MAX_LOCAL_EXPERTS + 2 * THREADS) * 4 <= self.ring_bytes
         assert self.smem_bytes <= SMEM_LIMIT, f"{self.smem_bytes} B of shared memory"
 
@@ -165,8 +166,8 @@ class StaticMoE:
         pairs = tokens * top_k
 
         if tid % 32 == 0:  # one mbarrier per ring slot of each warp (the routing syncs after)
-            for i in cutlass.range_constexpr(DEPTH):
-                ptx.mbarrier_init(s_base + self.mbar_off + ((tid // 32) * DEPTH + i) * 8, 1)
+            for i in cutlass.range_constexpr(cfg.depth):
+                ptx.mbarrier_init(s_base + self.mbar_off + ((tid // 32) * cfg.depth + i) * 8, 1)
             ptx.fence_mbarrier_init()
         if cutlass.const_expr("route" not in cfg.skip):
             self._route(ids, pairs, expert_offset, experts, tid, s_cnt, s_off, s_cur, s_act,
@@ -269,12 +270,9 @@ class StaticMoE:
         lane = tid % 32
         my_team = warp // team
         member = warp - my_team * team
-        ring = s_base + warp * (DEPTH * SLOT_BYTES)
-        mbar = s_base + self.mbar_off + warp * (DEPTH * 8)
+        ring = s_base + warp * (cfg.depth * SLOT_BYTES)
+        mbar = s_base + self.mbar_off + warp * (cfg.depth * 8)
         acc = cute.make_rmem_tensor(cute.make_layout(4), Float32)
-        # 1 while the current work item's first step was already filled by the one before
-        pre = cute.make_rmem_tensor(cute.make_layout(1), Int32)
-        pre[0] = Int32(0)
         share = Int32(0)
         if cutlass.const_expr(team == 1):
             share = self._even_share(n_act * n_groups, k_tiles, grid)
@@ -289,30 +287,25 @@ class StaticMoE:
             gw = bid * WARPS + warp
             start = gw * share
             end = cutlass.min(start + share, n_act * n_groups * k_tiles)
-            u_end = (end + k_tiles - 1) // k_tiles
-            for u in cutlass.range(start // k_tiles, u_end, unroll=1):
+            for u in cutlass.range(start // k_tiles, (end + k_tiles - 1) // k_tiles, unroll=1):
                 k0 = cutlass.max(start - u * k_tiles, 0)
                 k1 = cutlass.min(end - u * k_tiles, k_tiles)
                 # a piece from K-tile 0 ends at cut gw + 1, a later one starts at cut gw
                 cut = gw
                 if k0 == 0:
                     cut = gw + 1
-                nu = u + 1  # the next unit starts at K-tile 0
                 self._unit(fc1, acc, u, k0, k1 - k0, n_groups, blob_groups, k_tiles, w, s, alpha,
                            bias, src, src_stride, hidden, inter, inter_stride, y, route_w, top_k,
                            act_alpha, act_beta, act_limit, s_base, s_cnt, s_off, s_act, s_ord,
-                           tiles, pre, my_team, member, team, ring, mbar, lane, meet,
-                           meet_count, cut, nu, cutlass.min(end - nu * k_tiles, k_tiles),
-                           nu < u_end)
+                           tiles, my_team, member, team, ring, mbar, lane, meet,
+                           meet_count, cut)
         else:
-            n_units = n_act * n_groups
-            for u in cutlass.range(bid * teams + my_team, n_units, grid * teams, unroll=1):
-                nu = u + grid * teams
+            for u in cutlass.range(bid * teams + my_team, n_act * n_groups, grid * teams, unroll=1):
                 self._unit(fc1, acc, u, Int32(0), k_tiles, n_groups, blob_groups, k_tiles, w, s,
                            alpha, bias, src, src_stride, hidden, inter, inter_stride, y, route_w,
                            top_k, act_alpha, act_beta, act_limit, s_base, s_cnt, s_off, s_act,
-                           s_ord, tiles, pre, my_team, member, team, ring, mbar, lane, meet,
-                           meet_count, Int32(0), nu, k_tiles, nu < n_units)
+                           s_ord, tiles, my_team, member, team, ring, mbar, lane, meet,
+                           meet_count, Int32(0))
 
     @cute.jit
     def _even_share(self, n_units, k_tiles, grid):
@@ -343,53 +336,26 @@ class StaticMoE:
     @cute.jit
     def _unit(self, fc1: cutlass.Constexpr, acc, u, k0, k_count, n_groups, blob_groups, k_tiles,
               w, s, alpha, bias, src, src_stride, hidden, inter, inter_stride, y, route_w, top_k,
-              act_alpha, act_beta, act_limit, s_base, s_cnt, s_off, s_act, s_ord, tiles, pre,
-              my_team, member, team, ring, mbar, lane, meet, meet_count, cut, nu, nu_count,
-              nu_ok):
+              act_alpha, act_beta, act_limit, s_base, s_cnt, s_off, s_act, s_ord, tiles,
+              my_team, member, team, ring, mbar, lane, meet, meet_count, cut):
         """K-tiles [k0, k0 + k_count) of unit u (active expert a, 16-row group g), every chunk
         of BN of the expert's tokens; member 0 of the team writes the results (of an FC1 unit
-        cut in two: the piece that finishes second, see _meet). The warp's next unit (nu_ok):
-        nu, K-tiles [0, nu_count); each chunk's last step fills the first step of the warp's
-        next work item (the next chunk, else the next unit's first), so that item's first
-        copies are in flight through this one's epilogue."""
+        cut in two: the piece that finishes second, see _meet)."""
+        cfg = self.cfg
         r = lane // 4
         q = lane % 4
+        sbpr = fm.scale_bytes_per_row(cfg.weight_format)
         a = u // n_groups
         g = u - a * n_groups
         e = ptx.ld_shared_u32(s_act + a * 4)
         cnt = ptx.ld_shared_u32(s_cnt + e * 4)
         first = ptx.ld_shared_u32(s_off + e * 4)
+        tile0 = (Int64(e) * Int64(blob_groups) + Int64(g)) * Int64(k_tiles)
         for c0 in cutlass.range(0, cnt, BN, unroll=1):
             nch = cutlass.min(cnt - c0, BN)
-            w_unit, s_unit, b_src, ka, kb = self._work(
-                fc1, e, g, first + c0, nch, k0, k_count, blob_groups, k_tiles, w, s, src,
-                src_stride, top_k, s_ord, member, team, lane)
-            # the next work item
-            nx_u = u
-            nx_c0 = c0 + BN
-            nx_k0 = k0
-            nx_count = k_count
-            nx_ok = Int32(1)
-            if nx_c0 >= cnt:
-                nx_u = nu
-                nx_c0 = Int32(0)
-                nx_k0 = Int32(0)
-                nx_count = nu_count
-                nx_ok = Int32(0)
-                if nu_ok:
-                    nx_ok = Int32(1)
-                else:
-                    nx_u = u  # any valid unit: nothing is filled
-            nx_a = nx_u // n_groups
-            nx_e = ptx.ld_shared_u32(s_act + nx_a * 4)
-            nx_cnt = ptx.ld_shared_u32(s_cnt + nx_e * 4)
-            nx_nch = cutlass.min(nx_cnt - nx_c0, BN)
-            nx_w, nx_s, nx_b, nx_ka, nx_kb = self._work(
-                fc1, nx_e, nx_u - nx_a * n_groups, ptx.ld_shared_u32(s_off + nx_e * 4) + nx_c0,
-                nx_nch, nx_k0, nx_count, blob_groups, k_tiles, w, s, src, src_stride, top_k,
-                s_ord, member, team, lane)
-            if nx_ka >= nx_kb:
-                nx_ok = Int32(0)
+            # this lane's B column n = lane // 4 (columns past the chunk repeat column 0:
+            # finite values whose results are never stored)
+            b_src = self._b_source(fc1, src, src_stride, top_k, s_ord, first + c0, nch, lane)
             # ldmatrix row of this lane: B rows past the chunk read row 0 (finite values
             # whose MMA columns are never stored)
             row = lane % 8
@@ -397,9 +363,12 @@ class StaticMoE:
                 row = Int32(0)
             b_off = row * B_ROW_BYTES + ((lane // 8) % 2) * 16 + (lane // 16) * 32
             acc.fill(0.0)
-            self._stream(fc1, acc, (w_unit, s_unit, b_src, nch, ka, kb),
-                         (nx_w, nx_s, nx_b, nx_nch, nx_ka, nx_kb), nx_ok, k_tiles, b_off, hidden,
-                         ring, mbar, tiles, pre, lane)
+            # the team's members take contiguous K-ranges of the unit's [k0, k0 + k_count)
+            per = (k_count + team - 1) // team
+            ka = k0 + member * per
+            kb = cutlass.min(ka + per, k0 + k_count)
+            self._stream(fc1, acc, w + tile0 * 1024, s + tile0 * (16 * sbpr), ka, kb, k_tiles,
+                         b_src, nch, b_off, hidden, ring, mbar, tiles, lane)
             if cutlass.const_expr(team > 1):
                 self._team_sum(acc, s_base + self.team_off, my_team, member, team, lane)
             last = Int32(1)
@@ -416,20 +385,6 @@ class StaticMoE:
                     else:
                         self._fc2_epilogue(acc, alpha, bias, e, blob_groups, g, y, route_w, s_ord,
                                            first + c0, nch, hidden, r, q, k0, k_count < k_tiles)
-
-    @cute.jit
-    def _work(self, fc1: cutlass.Constexpr, e, g, pos0, nch, k0, k_count, blob_groups, k_tiles,
-              w, s, src, src_stride, top_k, s_ord, member, team, lane):
-        """Where this warp's part of a work item streams from: expert e's group g, the chunk of
-        nch token rows at sorted position pos0, the member's contiguous K-range [ka, kb) of the
-        item's [k0, k0 + k_count). Returns (codes, scales, this lane's token row, ka, kb)."""
-        sbpr = fm.scale_bytes_per_row(self.cfg.weight_format)
-        tile0 = (Int64(e) * Int64(blob_groups) + Int64(g)) * Int64(k_tiles)
-        per = (k_count + team - 1) // team
-        ka = k0 + member * per
-        kb = cutlass.min(ka + per, k0 + k_count)
-        return (w + tile0 * 1024, s + tile0 * (16 * sbpr),
-                self._b_source(fc1, src, src_stride, top_k, s_ord, pos0, nch, lane), ka, kb)
 
     @cute.jit
     def _meet(self, acc, meet, meet_count, cut, second_piece, s_ord, pos0, nch, lane):
@@ -489,24 +444,21 @@ class StaticMoE:
         return src + Int64(pair) * Int64(src_stride) * 2
 
     @cute.jit
-    def _stream(self, fc1: cutlass.Constexpr, acc, cur, nxt, nxt_ok, k_tiles, b_off, hidden, ring,
-                mbar, tiles, pre, lane):
-        """acc += the work item's K-tiles [ka, kb) of A_unit @ B, in steps of STEP K-tiles; the
-        last step's refill starts the next item's first step (nxt, when nxt_ok).
+    def _stream(self, fc1: cutlass.Constexpr, acc, w_unit, s_unit, ka, kb, k_tiles, b_src, nch,
+                b_off, hidden, ring, mbar, tiles, lane):
+        """acc += the unit's K-tiles [ka, kb) of A_unit @ B, in steps of STEP K-tiles.
 
-        cur and nxt are (codes, scales, token row, rows, ka, kb) of a work item (see _work).
-        Steps run through the warp's ring of DEPTH slots, each filled by three bulk copies
+        Steps run through the warp's ring of `depth` slots, each filled by three bulk copies
         (codes, scales, one per token row) that complete on the slot's mbarrier; the warp's
-        running step count gives the slot and the phase parity, across items and phases."""
-        ka = cur[4]
-        kb = cur[5]
+        running step count gives the slot and the phase parity, across units and phases."""
+        cfg = self.cfg
         n_tiles = kb - ka
         n_steps = (n_tiles + STEP - 1) // STEP
         t0 = tiles[0]
-        if pre[0] == 0:
-            if n_steps > 0:
-                self._fill(fc1, t0, cur, ka, hidden, ring, mbar, lane)
-        pre[0] = Int32(0)
+        for j in cutlass.range_constexpr(cfg.depth - 1):
+            if j < n_steps:
+                self._fill(fc1, t0 + j, ka + j * STEP, kb, w_unit, s_unit, b_src, nch, hidden,
+                           ring, mbar, lane)
         # Full steps run unrolled with no masking (ptxas if-converts a branch inside one loop
         # and issues both bodies). The last step goes to a loop of its own when it is short
         # (an odd count) or holds FC1's partial last K-tile (H not a multiple of 128: the
@@ -520,46 +472,43 @@ class StaticMoE:
                     if kb == k_tiles:
                         n_full = n_steps - 1
         for j in cutlass.range(n_full, unroll=1):
-            slot = self._next_step(fc1, j, t0, n_steps, cur, nxt, nxt_ok, hidden, ring, mbar,
-                                   pre, lane)
+            slot = self._next_step(fc1, j, t0, n_steps, ka, kb, w_unit, s_unit, b_src, nch,
+                                   hidden, ring, mbar, lane)
             for i in cutlass.range_constexpr(STEP):
                 self._tile_mma(acc, slot, i, b_off, lane, False, Int32(8))
         for j in cutlass.range(n_full, n_steps, unroll=1):
-            slot = self._next_step(fc1, j, t0, n_steps, cur, nxt, nxt_ok, hidden, ring, mbar,
-                                   pre, lane)
+            slot = self._next_step(fc1, j, t0, n_steps, ka, kb, w_unit, s_unit, b_src, nch,
+                                   hidden, ring, mbar, lane)
             kt = ka + j * STEP
             for i in cutlass.range(cutlass.min(kb - kt, STEP), unroll=1):
                 self._tile_mma(acc, slot, i, b_off, lane, fc1,
                                cutlass.min((hidden - (kt + i) * TILE_K) // 16, 8))
         tiles[0] = t0 + n_steps
-        ptx.sync_warp()  # the next item's copies may refill any slot
+        ptx.sync_warp()  # the next unit's first copies may refill any slot
 
     @cute.jit
-    def _next_step(self, fc1: cutlass.Constexpr, j, t0, n_steps, cur, nxt, nxt_ok, hidden, ring,
-                   mbar, pre, lane):
-        """Wait for the warp's step j (ring slot (t0 + j) % 2), refill the slot step j - 1 used
-        with step j + 1 (or, at the last step, with the next item's first), and return step j's
-        slot."""
+    def _next_step(self, fc1: cutlass.Constexpr, j, t0, n_steps, ka, kb, w_unit, s_unit, b_src,
+                   nch, hidden, ring, mbar, lane):
+        """Wait for the warp's step j (ring slot (t0 + j) % depth), refill the slot step j - 1
+        used with step j + depth - 1, and return step j's slot."""
+        cfg = self.cfg
         t = t0 + j
-        sl = t & (DEPTH - 1)  # t >= 0: bit operations, not signed division
-        ptx.mbarrier_wait(mbar + sl * 8, (t >> (DEPTH.bit_length() - 1)) & 1)
-        if j + 1 < n_steps:
-            ptx.sync_warp()  # every lane is done with step j - 1's slot, which j + 1 refills
-            self._fill(fc1, t + 1, cur, cur[4] + (j + 1) * STEP, hidden, ring, mbar, lane)
-        else:
-            if nxt_ok != 0:
-                ptx.sync_warp()
-                self._fill(fc1, t + 1, nxt, nxt[4], hidden, ring, mbar, lane)
-                pre[0] = Int32(1)
+        sl = t % cfg.depth
+        ptx.mbarrier_wait(mbar + sl * 8, (t // cfg.depth) % 2)
+        nxt = j + cfg.depth - 1
+        if nxt < n_steps:
+            ptx.sync_warp()  # every lane is done with step j - 1's slot, which nxt refills
+            self._fill(fc1, t0 + nxt, ka + nxt * STEP, kb, w_unit, s_unit, b_src, nch, hidden,
+                       ring, mbar, lane)
         return ring + sl * SLOT_BYTES
 
     @cute.jit
-    def _fill(self, fc1: cutlass.Constexpr, t, item, kt, hidden, ring, mbar, lane):
-        """Start filling ring slot t % 2 (the warp's t-th step) with the item's K-tiles
-        [kt, min(kt + STEP, kb)) by bulk copies: lane 0 the codes and the scales, lane n < rows
+    def _fill(self, fc1: cutlass.Constexpr, t, kt, kb, w_unit, s_unit, b_src, nch, hidden, ring,
+              mbar, lane):
+        """Start filling ring slot t % depth (the warp's t-th step) with the unit's K-tiles
+        [kt, min(kt + STEP, kb)) by bulk copies: lane 0 the codes and the scales, lane n < nch
         token row n (FC1: only the columns below H)."""
-        w_unit, s_unit, b_src, nch, _, kb = item
-        sl = t & (DEPTH - 1)
+        sl = t % self.cfg.depth
         slot = ring + sl * SLOT_BYTES
         mb = mbar + sl * 8
         n = cutlass.min(kb - kt, STEP)
