@@ -81,7 +81,7 @@ for s in "$@"; do
     bench-static-all) step bench-static-all 500 "${BENCH[@]}" --preset qwen3.5-35b gpt-oss-120b nemotron-relu2 --tokens 1 2 4 8 16 32 64 128 --kernels moe-static moe-generic --json "$OUT/bench-static-all.json" --plot "$OUT/bench-static-all.png" ;;
     bench-nemotron) step bench-nemotron 400 "${BENCH[@]}" --preset nemotron-relu2 --tokens 512 2048 8192 --kernels auto torch-bf16 --no-check --json "$OUT/bench-nemotron.json" ;;
     static-variants)
-      for v in ${STATIC_VARIANTS:-"MOE_STATIC_TEAMS=2,2" "MOE_STATIC_TEAMS=1,1" "MOE_STATIC_DEPTH=2" "MOE_STATIC_SKIP=tasks"}; do
+      for v in ${STATIC_VARIANTS:-"MOE_STATIC_TEAMS=2,2" "MOE_STATIC_TEAMS=1,1" "MOE_STATIC_SKIP=tasks"}; do
         step "variant-${v//[=,]/-}" 200 env ${v//;/ } "${BENCH[@]}" --preset ${STATIC_PRESETS:-qwen3-30b-a3b deepseek-v3} --tokens ${STATIC_TOKENS:-1 8 64} --kernels moe-static --no-check
       done ;;
     generic-variants)

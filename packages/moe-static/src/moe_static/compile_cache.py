@@ -15,10 +15,9 @@ ACTIVATIONS = ("silu", "gelu_tanh", "swigluoai", "relu2")
 TEAM_SHAPES = ((2, 2), (1, 1))
 
 # Development knobs for measuring variants (the defaults are the measured best):
-# MOE_STATIC_TEAMS=a,b forces the warps per FC1 and per FC2 unit; MOE_STATIC_DEPTH the ring slots.
+# MOE_STATIC_TEAMS=a,b forces the warps per FC1 and per FC2 unit.
 FORCED_TEAMS = (tuple(int(v) for v in os.environ["MOE_STATIC_TEAMS"].split(","))
                 if os.environ.get("MOE_STATIC_TEAMS") else None)
-DEPTH = int(os.environ.get("MOE_STATIC_DEPTH", "2"))
 # MOE_STATIC_SKIP=tasks,route,barriers,reduce leaves those parts out (wrong output: timing the
 # fixed cost only; tasks = the FC1 and FC2 units)
 SKIP = frozenset(v for v in os.environ.get("MOE_STATIC_SKIP", "").split(",") if v)
@@ -30,7 +29,7 @@ def config(weight_format: str, activation: str, ids_bytes: int = 4,
            teams: tuple = TEAM_SHAPES[0]) -> StaticConfig:
     teams = FORCED_TEAMS or teams
     return StaticConfig(weight_format=weight_format, activation=activation, ids_bytes=ids_bytes,
-                        team_fc1=teams[0], team_fc2=teams[1], depth=DEPTH,
+                        team_fc1=teams[0], team_fc2=teams[1],
                         skip=SKIP, variant=VARIANT)
 
 

@@ -61,6 +61,10 @@ SCALE_OFF = STEP * 1024
 B_OFF = SCALE_OFF + STEP * 256  # NVFP4 scales: 256 B per K-tile (MXFP4 128)
 B_ROW_BYTES = (STEP * TILE_K + 8) * 2  # a token row of one step, padded: conflict-free ldmatrix
 SLOT_BYTES = B_OFF + BN * B_ROW_BYTES  # 6784
+# Ring slots per warp: one step in flight while the other is consumed. 16 warps x 2 x 6784 B is
+# what shared memory holds (one-tile slots measured 2 the same as 3, third session). A power of
+# two: slot and phase parity by bit operations.
+DEPTH = 2
 MAX_LOCAL_EXPERTS = 512
 MAX_PAIRS = 2048  # pair ids (< MAX_PAIRS) are kept as u16 in shared memory
 SMEM_LIMIT = 227 * 1024
@@ -81,9 +85,6 @@ class StaticConfig:
     # T=1 111.7 vs 104.2 us at 0db0d90, BENCHMARKS.md)
     team_fc1: int = 2
     team_fc2: int = 2
-    # ring slots per warp (depth - 1 steps in flight); only 2 fit in shared memory. One-tile
-    # slots measured 2 the same as 3 (BENCHMARKS.md, third session)
-    depth: int = 2
     # timing the fixed cost (wrong results): parts left out, a subset of "tasks" (FC1 and FC2
     # units), "route", "barriers", "reduce"
     skip: frozenset = frozenset()
@@ -100,9 +101,8 @@ class StaticMoE:
     def __init__(self, cfg: StaticConfig):
         for w in (cfg.team_fc1, cfg.team_fc2):
             assert w in (1, 2), "teams of 1 or 2 warps (one 512 B partial-sum buffer per team)"
-        assert cfg.depth >= 2
         self.cfg = cfg
-        self.ring_bytes = WARPS * cfg.depth * SLOT_BYTES
+        self.ring_bytes = WARPS * DEPTH * SLOT_BYTES
         # team partial sums: one buffer per team of 2 (teams of one need none)
         self.team_off = self.ring_bytes
         self.team_bytes = (WARPS // 2) * 512 if max(cfg.team_fc1, cfg.team_fc2) == 2 else 0
@@ -111,8 +111,8 @@ class StaticMoE:
         # scratch (cursors and scan) lives in the ring, which no copy fills before it ends.
         self.route_off = self.team_off + self.team_bytes
         self.route_bytes = 3 * MAX_LOCAL_EXPERTS * 4 + MAX_PAIRS * 2 + 8
-        self.mbar_off = self.route_off + self.route_bytes  # [WARPS][depth] slot mbarriers
-        self.smem_bytes = self.mbar_off + WARPS * cfg.depth * 8
+        self.mbar_off = self.route_off + self.route_bytes  # [WARPS][DEPTH] slot mbarriers
+        self.smem_bytes = self.mbar_off + WARPS * DEPTH * 8
         assert (MAX_LOCAL_EXPERTS + 2 * THREADS) * 4 <= self.ring_bytes
         assert self.smem_bytes <= SMEM_LIMIT, f"{self.smem_bytes} B of shared memory"
 
@@ -166,8 +166,8 @@ class StaticMoE:
         pairs = tokens * top_k
 
         if tid % 32 == 0:  # one mbarrier per ring slot of each warp (the routing syncs after)
-            for i in cutlass.range_constexpr(cfg.depth):
-                ptx.mbarrier_init(s_base + self.mbar_off + ((tid // 32) * cfg.depth + i) * 8, 1)
+            for i in cutlass.range_constexpr(DEPTH):
+                ptx.mbarrier_init(s_base + self.mbar_off + ((tid // 32) * DEPTH + i) * 8, 1)
             ptx.fence_mbarrier_init()
         if cutlass.const_expr("route" not in cfg.skip):
             self._route(ids, pairs, expert_offset, experts, tid, s_cnt, s_off, s_cur, s_act,
@@ -177,7 +177,7 @@ class StaticMoE:
                 ptx.st_shared_u32(s_nact, 0)
                 ptx.st_shared_u32(s_max, 0)
             cute.arch.sync_threads()
-        # ring steps this warp has consumed so far (slot = count % depth, parity = its use count)
+        # ring steps this warp has consumed so far (slot = count % DEPTH, parity = its use count)
         tiles = cute.make_rmem_tensor(cute.make_layout(1), Int32)
         tiles[0] = Int32(0)
         n_act = ptx.ld_shared_u32(s_nact)
@@ -270,8 +270,8 @@ class StaticMoE:
         lane = tid % 32
         my_team = warp // team
         member = warp - my_team * team
-        ring = s_base + warp * (cfg.depth * SLOT_BYTES)
-        mbar = s_base + self.mbar_off + warp * (cfg.depth * 8)
+        ring = s_base + warp * (DEPTH * SLOT_BYTES)
+        mbar = s_base + self.mbar_off + warp * (DEPTH * 8)
         acc = cute.make_rmem_tensor(cute.make_layout(4), Float32)
         share = Int32(0)
         if cutlass.const_expr(team == 1):
@@ -448,14 +448,14 @@ class StaticMoE:
                 b_off, hidden, ring, mbar, tiles, lane):
         """acc += the unit's K-tiles [ka, kb) of A_unit @ B, in steps of STEP K-tiles.
 
-        Steps run through the warp's ring of `depth` slots, each filled by three bulk copies
+        Steps run through the warp's ring of DEPTH slots, each filled by three bulk copies
         (codes, scales, one per token row) that complete on the slot's mbarrier; the warp's
         running step count gives the slot and the phase parity, across units and phases."""
         cfg = self.cfg
         n_tiles = kb - ka
         n_steps = (n_tiles + STEP - 1) // STEP
         t0 = tiles[0]
-        for j in cutlass.range_constexpr(cfg.depth - 1):
+        for j in cutlass.range_constexpr(DEPTH - 1):
             if j < n_steps:
                 self._fill(fc1, t0 + j, ka + j * STEP, kb, w_unit, s_unit, b_src, nch, hidden,
                            ring, mbar, lane)
@@ -489,13 +489,12 @@ class StaticMoE:
     @cute.jit
     def _next_step(self, fc1: cutlass.Constexpr, j, t0, n_steps, ka, kb, w_unit, s_unit, b_src,
                    nch, hidden, ring, mbar, lane):
-        """Wait for the warp's step j (ring slot (t0 + j) % depth), refill the slot step j - 1
-        used with step j + depth - 1, and return step j's slot."""
-        cfg = self.cfg
-        t = t0 + j
-        sl = t % cfg.depth
-        ptx.mbarrier_wait(mbar + sl * 8, (t // cfg.depth) % 2)
-        nxt = j + cfg.depth - 1
+        """Wait for the warp's step j (ring slot (t0 + j) % DEPTH), refill the slot step j - 1
+        used with step j + DEPTH - 1, and return step j's slot."""
+        t = t0 + j  # >= 0: slot and parity by bit operations, not signed division
+        sl = t & (DEPTH - 1)
+        ptx.mbarrier_wait(mbar + sl * 8, (t >> (DEPTH.bit_length() - 1)) & 1)
+        nxt = j + DEPTH - 1
         if nxt < n_steps:
             ptx.sync_warp()  # every lane is done with step j - 1's slot, which nxt refills
             self._fill(fc1, t0 + nxt, ka + nxt * STEP, kb, w_unit, s_unit, b_src, nch, hidden,
@@ -505,10 +504,10 @@ class StaticMoE:
     @cute.jit
     def _fill(self, fc1: cutlass.Constexpr, t, kt, kb, w_unit, s_unit, b_src, nch, hidden, ring,
               mbar, lane):
-        """Start filling ring slot t % depth (the warp's t-th step) with the unit's K-tiles
+        """Start filling ring slot t % DEPTH (the warp's t-th step) with the unit's K-tiles
         [kt, min(kt + STEP, kb)) by bulk copies: lane 0 the codes and the scales, lane n < nch
         token row n (FC1: only the columns below H)."""
-        sl = t % self.cfg.depth
+        sl = t & (DEPTH - 1)
         slot = ring + sl * SLOT_BYTES
         mb = mbar + sl * 8
         n = cutlass.min(kb - kt, STEP)
