@@ -17,20 +17,23 @@ def test_every_dispatchable_config_compiles_for_sm90a():
     from moe_static.compile_cache import all_configs, compile_config
 
     configs = all_configs()
-    assert len(configs) == 32  # 2 formats x 4 activations x (int32, int64 ids) x 2 team shapes
+    assert len(configs) == 64  # 2 formats x 4 activations x (int32, int64 ids) x 4 team shapes
     for cfg in configs:
         assert compile_config(cfg) is not None, cfg
 
 
-# (T, k, experts, FC1 groups, FC2 groups): Qwen3-30B-A3B (H=2048, I=768) and DeepSeek-V3
-# (H=7168, I=2048) on the H200's 132 SMs x 16 warps
+# (T, k, experts, FC1 groups, FC2 groups) on the H200's 132 SMs x 16 warps: Qwen3-30B-A3B (H=2048,
+# I=768), DeepSeek-V3 (H=7168, I=2048), gpt-oss-120b (H=I=2880, k=4), Qwen3.5-35B (H=2048, I=512)
 QWEN3, DEEPSEEK = (8, 128, 96, 128), (8, 256, 256, 448)
+GPT_OSS, QWEN35 = (4, 128, 360, 180), (8, 256, 64, 128)
 
 
-@pytest.mark.parametrize("tokens,layer,teams", [
-    (1, QWEN3, (2, 2)),  # 768 FC1 units for 2112 warps: teams of 2 measured faster
-    (1, DEEPSEEK, (1, 1)),  # 2048 FC1 units: teams of 1 measured faster
-    (2, QWEN3, (1, 1)),  # 1536 FC1 units: teams of 1 measured faster
+@pytest.mark.parametrize("tokens,layer,teams", [  # the fastest forced shape (ninth session)
+    (1, QWEN3, (2, 2)),  # 768 FC1 and 1024 FC2 units for 2112 warps
+    (1, DEEPSEEK, (1, 1)),  # 2048 FC1 units
+    (2, QWEN3, (1, 1)),  # 1536 FC1 units
+    (1, GPT_OSS, (1, 2)),  # 1440 FC1 and 720 FC2 units
+    (2, QWEN35, (2, 1)),  # 1024 FC1 and 2048 FC2 units
     (8, QWEN3, (1, 1)),
     (64, DEEPSEEK, (1, 1)),
 ])

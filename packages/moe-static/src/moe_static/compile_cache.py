@@ -12,7 +12,7 @@ ACTIVATIONS = ("silu", "gelu_tanh", "swigluoai", "relu2")
 
 
 # Warps per FC1 and per FC2 unit that the runner chooses between (runner.choose_teams)
-TEAM_SHAPES = ((2, 2), (1, 1))
+TEAM_SHAPES = ((2, 2), (1, 1), (2, 1), (1, 2))
 
 # Development knobs for measuring variants (the defaults are the measured best):
 # MOE_STATIC_TEAMS=a,b forces the warps per FC1 and per FC2 unit.

@@ -34,19 +34,20 @@ def _grid(device) -> int:
 
 def choose_teams(tokens: int, top_k: int, local_experts: int, fc1_groups: int, fc2_groups: int,
                  warps: int) -> tuple:
-    """Warps per FC1 and per FC2 unit. A unit is (active expert, 16-row group); a team of two
-    warps splits a unit's K-tiles, which pays only while units are scarcer than warps. Measured
-    on the H200 (BENCHMARKS.md, fifth session, same run): Qwen3-30B-A3B T=1 (768 FC1 and 1024
-    FC2 units for 2112 warps) 22.3 us with teams of 2 against 29.5 with 1; DeepSeek-V3 T=1
-    (2048 and 3584 units) 79.2 us with 1 against 84.7 with 2, and 1 ahead at T = 8 and 64 on
-    both presets by 0-5%. Sixth session, same run: Qwen3-30B-A3B T=2 (1536 and 2048 units) 30.7
-    us with 1 against 33.6 with 2. Teams of one when both GEMMs have at least half a unit per
-    warp, which splits the measured points 0.36 (2 faster) and 0.73 (1 faster); the active
-    experts are bounded by min(T * k, local experts): the host does not see the routing."""
+    """Warps per FC1 and per FC2 unit, each GEMM on its own: 1 where it has at least half a
+    unit per warp, else 2. A unit is (active expert, 16-row group); a team of two warps splits
+    a unit's K-tiles, which pays only while units are scarcer than warps. The active experts
+    are bounded by min(T * k, local experts): the host does not see the routing.
+
+    Measured on the H200 with every team shape forced (BENCHMARKS.md, ninth session, 24a91be,
+    one run, five presets at T = 1, 2, 4): this choice is the fastest or within 2.5% at every
+    point. Units per warp where team 2 was faster: 0.24-0.48 (e.g. Qwen3-30B-A3B T=1, FC1 0.36
+    and FC2 0.48: 18.4 us against 19.5 with FC2 teams of 1); where team 1 was: 0.66 and up
+    (gpt-oss-120b T=1, FC1 0.68 and FC2 0.34: 31.2 us with (1, 2) against 33.3 with (2, 2);
+    Qwen3.5-35B T=2, FC1 0.48 and FC2 0.97: 19.1 us with (2, 1) against 20.8 with (2, 2)).
+    The earlier rule gave both GEMMs the team of the scarcer one."""
     active = min(tokens * top_k, local_experts)
-    if 2 * active * min(fc1_groups, fc2_groups) >= warps:
-        return (1, 1)
-    return (2, 2)
+    return tuple(1 if 2 * active * groups >= warps else 2 for groups in (fc1_groups, fc2_groups))
 
 
 def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activation,
