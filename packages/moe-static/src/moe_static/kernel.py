@@ -8,10 +8,11 @@ the stream over every warp of the GPU.
    histogram of local experts, a scan, the ascending list of active experts and the routed pairs
    of each expert, in sorted positions. Every CTA derives the same tables; no grid-wide step.
 2. FC1: units (active expert, 16-row weight group), taken by teams of `team_fc1` warps. The warps
-   of a team split the group's K-tiles; each streams its tiles through its own ring of shared
-   memory slots, filled by bulk copies (the tile's codes and scales and the chunk's token rows)
-   that complete on the slot's mbarrier, so no CTA barrier stands in the stream; it decodes
-   e2m1 and runs mma.sync with the token rows as B (ldmatrix). The team adds its
+   of a team split the group's K-tiles into contiguous ranges; each streams its range in steps
+   of 2 K-tiles through its own ring of two shared-memory slots, filled by bulk copies (the
+   step's codes and scales and the chunk's token rows) that complete on the slot's mbarrier, so
+   no CTA barrier stands in the stream; it decodes e2m1 and runs mma.sync with the token rows
+   as B (ldmatrix). The team adds its
    partial sums in a fixed order through shared memory, applies scale_2, bias and the activation
    and writes the bf16 intermediate inter[pair, column] to a global workspace (at decode sizes
    a few KiB, L2-resident), one row per routed pair.
