@@ -452,7 +452,6 @@ class StaticMoE:
         Steps run through the warp's ring of DEPTH slots, each filled by three bulk copies
         (codes, scales, one per token row) that complete on the slot's mbarrier; the warp's
         running step count gives the slot and the phase parity, across units and phases."""
-        cfg = self.cfg
         n_tiles = kb - ka
         n_steps = (n_tiles + STEP - 1) // STEP
         t0 = tiles[0]
