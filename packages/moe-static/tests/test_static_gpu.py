@@ -71,6 +71,25 @@ def test_fc1_units_cut_in_two():
     _run((6, 64, 2880, 768, 8), "silu", "nvfp4", False)
 
 
+@pytest.mark.parametrize("shape,act,teams", [
+    ((1, 16, 1024, 1088, 8), "silu", (1, 2)),  # FC1 8 x 136 units, FC2 8 x 64 units
+    ((2, 32, 2880, 256, 4), "relu2", (2, 1)),  # FC1 8 x 16 units, FC2 8 x 180 units
+])
+def test_mixed_team_shapes(shape, act, teams):
+    # each GEMM picks its own team (runner.choose_teams): one warp per FC1 unit and two per
+    # FC2 unit, and the other way round
+    from moe_static.kernel import WARPS
+    from moe_static.runner import choose_teams
+
+    T, E, H, I, k = shape
+    fc1_groups = (2 if act != "relu2" else 1) * (-(-I // 128) * 128) // 16  # padded as packed
+    warps = torch.cuda.get_device_properties(0).multi_processor_count * WARPS
+    if choose_teams(T, k, E, fc1_groups, H // 16, warps) != teams:
+        pytest.skip(f"{warps} warps give another team shape for {shape}")
+    for fmt in FORMATS:
+        _run(shape, act, fmt, True)
+
+
 def test_swiglu_without_limit():
     _run((16, 8, 256, 128, 2), "swigluoai", "mxfp4", True, limit=None)
 
