@@ -97,8 +97,8 @@ for s in "$@"; do
     bench-large) step bench-large 400 "${BENCH[@]}" --preset deepseek-v3 qwen3-30b-a3b --tokens 512 2048 8192 --kernels auto torch-bf16 --no-check --json "$OUT/bench-large.json" ;;
     ncu-stalls) step ncu-stalls 300 ncu --clock-control none --kernel-name regex:StaticMoE --launch-skip 1 -c 1 --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__issue_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed,gpu__time_duration.sum" python3 tools/profile_layer.py ;;
     ncu-static2) step ncu-static2 300 ncu --clock-control none --kernel-name regex:StaticMoE --launch-skip 1 -c 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__inst_executed_pipe_.*\.sum,sm__inst_executed.sum" python3 tools/profile_layer.py ;;
-    ncu-static-src)
-      step ncu-static-src 400 ncu --clock-control none --kernel-name regex:StaticMoE --launch-skip 1 -c 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SourceCounters -o "$OUT/static" python3 tools/profile_layer.py
+    ncu-static-src)  # PROFILE_ARGS: the layer, e.g. "--experts 128 --hidden 2048 --intermediate 768 --tokens 1" (Qwen3-30B-A3B T=1)
+      step ncu-static-src 400 ncu --clock-control none --kernel-name regex:StaticMoE --launch-skip 1 -c 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SourceCounters -o "$OUT/static" python3 tools/profile_layer.py ${PROFILE_ARGS:-}
       step ncu-static-sass 200 ncu --import "$OUT/static.ncu-rep" --page source --csv --print-source sass
       step ncu-static-details 200 ncu --import "$OUT/static.ncu-rep" --page details ;;
     ncu-static) step ncu-static 300 ncu --clock-control none --kernel-name regex:StaticMoE --launch-skip 1 -c 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section Occupancy python3 tools/profile_layer.py ;;
