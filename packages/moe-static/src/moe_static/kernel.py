@@ -179,8 +179,8 @@ class StaticMoE:
                 ptx.st_shared_u32(s_max, 0)
             cute.arch.sync_threads()
         # ring steps this warp has consumed so far (slot = count % DEPTH, parity = its use count)
-        tiles = cute.make_rmem_tensor(cute.make_layout(1), Int32)
-        tiles[0] = Int32(0)
+        steps = cute.make_rmem_tensor(cute.make_layout(1), Int32)
+        steps[0] = Int32(0)
         n_act = ptx.ld_shared_u32(s_nact)
         if cutlass.const_expr("tasks" in cfg.skip):
             n_act = Int32(0)
@@ -189,13 +189,13 @@ class StaticMoE:
         max_cnt = ptx.ld_shared_u32(s_max)
         self._phase(True, n_act, groups1, groups1, k_tiles1, w13, s13, alpha1, b13, x, x_stride,
                     hidden, inter, inter_stride, y, route_w, top_k, act_alpha, act_beta, act_limit,
-                    s_base, s_cnt, s_off, s_act, s_ord, tiles, bid, grid, tid, max_cnt, meet,
+                    s_base, s_cnt, s_off, s_act, s_ord, steps, bid, grid, tid, max_cnt, meet,
                     meet_count)
         ptx.fence_proxy_async_global()  # inter (generic stores) is read by bulk copies next
         self._grid_sync(barrier, bid, grid, tid)
         self._phase(False, n_act, (hidden + 15) // 16, groups2, k_tiles2, w2, s2, alpha2, b2,
                     inter, inter_stride, hidden, inter, inter_stride, y, route_w, top_k,
-                    act_alpha, act_beta, act_limit, s_base, s_cnt, s_off, s_act, s_ord, tiles, bid,
+                    act_alpha, act_beta, act_limit, s_base, s_cnt, s_off, s_act, s_ord, steps, bid,
                     grid, tid, max_cnt, meet, meet_count)
         self._grid_sync(barrier, bid, grid, tid)
         if cutlass.const_expr("reduce" not in cfg.skip):
@@ -257,7 +257,7 @@ class StaticMoE:
     @cute.jit
     def _phase(self, fc1: cutlass.Constexpr, n_act, n_groups, blob_groups, k_tiles, w, s, alpha,
                bias, src, src_stride, hidden, inter, inter_stride, y, route_w, top_k,
-               act_alpha, act_beta, act_limit, s_base, s_cnt, s_off, s_act, s_ord, tiles, bid, grid,
+               act_alpha, act_beta, act_limit, s_base, s_cnt, s_off, s_act, s_ord, steps, bid, grid,
                tid, max_cnt, meet, meet_count):
         """Every unit (active expert a, 16-row group g) of one GEMM, by teams of `team` warps.
 
@@ -298,14 +298,14 @@ class StaticMoE:
                 self._unit(fc1, acc, u, k0, k1 - k0, n_groups, blob_groups, k_tiles, w, s, alpha,
                            bias, src, src_stride, hidden, inter, inter_stride, y, route_w, top_k,
                            act_alpha, act_beta, act_limit, s_base, s_cnt, s_off, s_act, s_ord,
-                           tiles, my_team, member, team, ring, mbar, lane, meet,
+                           steps, my_team, member, team, ring, mbar, lane, meet,
                            meet_count, cut)
         else:
             for u in cutlass.range(bid * teams + my_team, n_act * n_groups, grid * teams, unroll=1):
                 self._unit(fc1, acc, u, Int32(0), k_tiles, n_groups, blob_groups, k_tiles, w, s,
                            alpha, bias, src, src_stride, hidden, inter, inter_stride, y, route_w,
                            top_k, act_alpha, act_beta, act_limit, s_base, s_cnt, s_off, s_act,
-                           s_ord, tiles, my_team, member, team, ring, mbar, lane, meet,
+                           s_ord, steps, my_team, member, team, ring, mbar, lane, meet,
                            meet_count, Int32(0))
 
     @cute.jit
@@ -337,7 +337,7 @@ class StaticMoE:
     @cute.jit
     def _unit(self, fc1: cutlass.Constexpr, acc, u, k0, k_count, n_groups, blob_groups, k_tiles,
               w, s, alpha, bias, src, src_stride, hidden, inter, inter_stride, y, route_w, top_k,
-              act_alpha, act_beta, act_limit, s_base, s_cnt, s_off, s_act, s_ord, tiles,
+              act_alpha, act_beta, act_limit, s_base, s_cnt, s_off, s_act, s_ord, steps,
               my_team, member, team, ring, mbar, lane, meet, meet_count, cut):
         """K-tiles [k0, k0 + k_count) of unit u (active expert a, 16-row group g), every chunk
         of BN of the expert's tokens; member 0 of the team writes the results (of an FC1 unit
@@ -369,7 +369,7 @@ class StaticMoE:
             ka = k0 + member * per
             kb = cutlass.min(ka + per, k0 + k_count)
             self._stream(fc1, acc, w + tile0 * 1024, s + tile0 * (16 * sbpr), ka, kb, k_tiles,
-                         b_src, nch, b_off, hidden, ring, mbar, tiles, lane)
+                         b_src, nch, b_off, hidden, ring, mbar, steps, lane)
             if cutlass.const_expr(team > 1):
                 self._team_sum(acc, s_base + self.team_off, my_team, member, team, lane)
             last = Int32(1)
@@ -446,7 +446,7 @@ class StaticMoE:
 
     @cute.jit
     def _stream(self, fc1: cutlass.Constexpr, acc, w_unit, s_unit, ka, kb, k_tiles, b_src, nch,
-                b_off, hidden, ring, mbar, tiles, lane):
+                b_off, hidden, ring, mbar, steps, lane):
         """acc += the unit's K-tiles [ka, kb) of A_unit @ B, in steps of STEP K-tiles.
 
         Steps run through the warp's ring of DEPTH slots, each filled by three bulk copies
@@ -454,7 +454,7 @@ class StaticMoE:
         running step count gives the slot and the phase parity, across units and phases."""
         n_tiles = kb - ka
         n_steps = (n_tiles + STEP - 1) // STEP
-        t0 = tiles[0]
+        t0 = steps[0]
         for j in cutlass.range_constexpr(DEPTH - 1):
             if j < n_steps:
                 self._fill(fc1, t0 + j, ka + j * STEP, kb, w_unit, s_unit, b_src, nch, hidden,
@@ -483,7 +483,7 @@ class StaticMoE:
             for i in cutlass.range(cutlass.min(kb - kt, STEP), unroll=1):
                 self._tile_mma(acc, slot, i, b_off, lane, fc1,
                                cutlass.min((hidden - (kt + i) * TILE_K) // 16, 8))
-        tiles[0] = t0 + n_steps
+        steps[0] = t0 + n_steps
         ptx.sync_warp()  # the next unit's first copies may refill any slot
 
     @cute.jit
