@@ -301,7 +301,10 @@ class StaticMoE:
                            steps, my_team, member, team, ring, mbar, lane, meet,
                            meet_count, cut)
         else:
-            for u in cutlass.range(bid * teams + my_team, n_act * n_groups, grid * teams, unroll=1):
+            # Unit u goes to team u // grid of CTA u % grid: with fewer units than teams every
+            # SM still gets a share (Qwen3-30B-A3B T=1: 768 FC1 units on 5-6 teams of each of
+            # 132 CTAs, where CTA-major dealing filled 96 CTAs and left 36 SMs idle).
+            for u in cutlass.range(my_team * grid + bid, n_act * n_groups, grid * teams, unroll=1):
                 self._unit(fc1, acc, u, Int32(0), k_tiles, n_groups, blob_groups, k_tiles, w, s,
                            alpha, bias, src, src_stride, hidden, inter, inter_stride, y, route_w,
                            top_k, act_alpha, act_beta, act_limit, s_base, s_cnt, s_off, s_act,
