@@ -53,6 +53,7 @@ for s in "$@"; do
         step "split-gated-$pr" 200 python3 tools/profile_split.py --kernel gated --preset $pr --tokens 8192
       done ;;
     static-fixed) step static-fixed 300 python3 tools/static_fixed_cost.py --tokens 1 8 ;;
+    launch-cost) step launch-cost 200 python3 tools/launch_cost.py ;;
     gated-decode-cost)  # GATED_VARIANTS: env settings, one bench each at T=8192
       for v in ${GATED_VARIANTS:-"MOE_GATED_VARIANT=full" "MOE_GATED_VARIANT=nodecode" "MOE_GATED_VARIANT=nomma"}; do
         step "gatedvar-${v//[=,]/-}" 200 env ${v//,/ } "${BENCH[@]}" --preset ${GATED_PRESETS:-deepseek-v3 qwen3-30b-a3b} --tokens ${GATED_TOKENS:-8192} --kernels moe-gated --no-check
