@@ -44,12 +44,11 @@ class EmptyLaunch:
 def main():
     grid = torch.cuda.get_device_properties(0).multi_processor_count
     out = torch.zeros(grid, dtype=torch.int32, device="cuda")
-    stream = jit.current_stream(out.device)
     for threads, smem, coop in [(512, 231688, True), (512, 231688, False), (512, 118784, True),
                                 (512, 0, True), (512, 0, False), (256, 231688, True)]:
         k = jit.compile_kernel(EmptyLaunch(threads, smem, coop), Int64(0), Int32(1),
                                jit.example_stream())
-        t = graph_time_us([lambda: k(out.data_ptr(), grid, stream)] * 20)
+        t = graph_time_us([lambda: k(out.data_ptr(), grid, jit.current_stream(out.device))] * 20)
         print(f"threads {threads:4d} smem {smem // 1024:4d} KiB cooperative {coop!s:5s} "
               f"{t['median_us']:6.2f} us per launch", flush=True)
 

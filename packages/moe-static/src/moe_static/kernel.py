@@ -371,6 +371,10 @@ class StaticMoE:
             per = (k_count + team - 1) // team
             ka = k0 + member * per
             kb = cutlass.min(ka + per, k0 + k_count)
+            # the epilogue's global loads go out before the stream, which hides their latency
+            # (after it, every warp of a T=1 launch would wait on them at once)
+            ep = self._epilogue_constants(fc1, alpha, bias, route_w, e, blob_groups, g, s_ord,
+                                          first + c0, nch, r, q)
             self._stream(fc1, acc, w + tile0 * 1024, s + tile0 * (16 * sbpr), ka, kb, k_tiles,
                          b_src, nch, b_off, hidden, ring, mbar, steps, lane)
             if cutlass.const_expr(team > 1):
@@ -383,12 +387,11 @@ class StaticMoE:
             if member == 0:
                 if last != 0:
                     if cutlass.const_expr(fc1):
-                        self._fc1_epilogue(acc, alpha, bias, e, blob_groups, g, inter,
-                                           inter_stride, s_ord, first + c0, nch, r, q, act_alpha,
-                                           act_beta, act_limit)
+                        self._fc1_epilogue(acc, ep, g, inter, inter_stride, s_ord, first + c0,
+                                           nch, r, q, act_alpha, act_beta, act_limit)
                     else:
-                        self._fc2_epilogue(acc, alpha, bias, e, blob_groups, g, y, route_w, s_ord,
-                                           first + c0, nch, hidden, r, q, k0, k_count < k_tiles)
+                        self._fc2_epilogue(acc, ep, g, y, s_ord, first + c0, nch, hidden, r, q, k0,
+                                           k_count < k_tiles)
 
     @cute.jit
     def _meet(self, acc, meet, meet_count, cut, second_piece, s_ord, pos0, nch, lane):
@@ -590,20 +593,34 @@ class StaticMoE:
         ptx.named_barrier(1 + my_team, team * 32)
 
     @cute.jit
-    def _scale_and_bias(self, alpha, bias, e, groups, row):
-        """Expert e's global scale and the biases of its blob rows `row` and `row + 8`."""
-        brow = bias + (Int64(e) * Int64(groups * 16) + Int64(row)) * 4
-        return ptx.ld_nc_f32(alpha + Int64(e) * 4), ptx.ld_nc_f32(brow), ptx.ld_nc_f32(brow + 32)
+    def _epilogue_constants(self, fc1: cutlass.Constexpr, alpha, bias, route_w, e, groups, g,
+                            s_ord, pos0, nch, r, q):
+        """What a unit's epilogue reads from global memory: expert e's global scale, the biases
+        of its blob rows 16g + r and 16g + r + 8, and (FC2) the routing weights of this lane's
+        token columns 2q, 2q + 1 (a column past the chunk reads column 0's: never stored)."""
+        brow = bias + (Int64(e) * Int64(groups * 16) + Int64(g * 16 + r)) * 4
+        gs = ptx.ld_nc_f32(alpha + Int64(e) * 4)
+        b_lo = ptx.ld_nc_f32(brow)
+        b_hi = ptx.ld_nc_f32(brow + 32)
+        wr = []
+        if cutlass.const_expr(not fc1):
+            for c in cutlass.range_constexpr(2):
+                n = 2 * q + c
+                if n >= nch:
+                    n = Int32(0)
+                pair = ptx.ld_shared_u16(s_ord + (pos0 + n) * 2)
+                wr.append(ptx.ld_nc_f32(route_w + Int64(pair) * 4))
+        return (gs, b_lo, b_hi) + tuple(wr)
 
     @cute.jit
-    def _fc1_epilogue(self, acc, alpha1, b13, e, groups1, g, inter, inter_stride, s_ord, pos0, nch,
-                      r, q, act_alpha, act_beta, act_limit):
+    def _fc1_epilogue(self, acc, ep, g, inter, inter_stride, s_ord, pos0, nch, r, q, act_alpha,
+                      act_beta, act_limit):
         """scale_2 x acc + bias, activation -> bf16 inter[pair, column]. Gated groups hold
         gate (row r) and up (row r + 8) of column 8g + r; relu2 groups columns 16g + r, + 8.
         Rows are keyed by pair id, not sorted position: each CTA orders an expert's pairs with
         shared-memory atomics, so positions differ between the CTAs of FC1 and FC2."""
         cfg = self.cfg
-        gs, b_lo, b_hi = self._scale_and_bias(alpha1, b13, e, groups1, g * 16 + r)
+        gs, b_lo, b_hi = ep
         for c in cutlass.range_constexpr(2):
             n = 2 * q + c
             if n < nch:
@@ -621,14 +638,13 @@ class StaticMoE:
                     ptx.st_u16(row + Int64(g * 16 + 8 + r) * 2, ptx.bf16x2_from_f32(hi, hi))
 
     @cute.jit
-    def _fc2_epilogue(self, acc, alpha2, b2, e, groups2, g, y, route_w, s_ord, pos0, nch, hidden,
-                      r, q, k0, piece):
+    def _fc2_epilogue(self, acc, ep, g, y, s_ord, pos0, nch, hidden, r, q, k0, piece):
         """y[pair, h] = w[pair] * (scale_2 * acc + b2[e, h]) for rows h = 16g + r, + 8 < H. A
         piece of a unit cut in two (piece: K-tiles from k0, see _phase) adds its part into the
         zeroed y instead, the bias with the piece from K-tile 0: two fp32 adds into 0 give the
         same bits in either order, so the result stays deterministic."""
         h0 = g * 16 + r
-        gs, b_lo, b_hi = self._scale_and_bias(alpha2, b2, e, groups2, h0)
+        gs, b_lo, b_hi = ep[0], ep[1], ep[2]
         if k0 > 0:
             b_lo = Float32(0.0)
             b_hi = Float32(0.0)
@@ -636,7 +652,7 @@ class StaticMoE:
             n = 2 * q + c
             if n < nch:
                 pair = ptx.ld_shared_u16(s_ord + (pos0 + n) * 2)
-                wr = ptx.ld_nc_f32(route_w + Int64(pair) * 4)
+                wr = ep[3 + c]
                 dst = y + (Int64(pair) * Int64(hidden) + Int64(h0)) * 4
                 v_lo = wr * (acc[c] * gs + b_lo)
                 v_hi = wr * (acc[2 + c] * gs + b_hi)
