@@ -65,11 +65,12 @@ for s in "$@"; do
         step "clocks-$k" 300 "${BENCH[@]}" --preset ${CLOCK_PRESET:-deepseek-v3} --tokens 8192 --kernels $k --no-check
         kill $smi
       done ;;
-    static-ab)  # same run: moe-static (and moe-common) from the tree at $AB_DIR, then this tree's; STATIC_TOKENS
-      for side in old new; do
+    static-ab)  # same run: moe-static (and moe-common) from each tree in $AB_DIRS (else $AB_DIR; log
+                # static-ab-<dir name>), then this tree's (static-ab-new); STATIC_PRESETS, STATIC_TOKENS
+      for d in ${AB_DIRS:-$AB_DIR} new; do
         pp=$PYTHONPATH
-        [ $side = old ] && pp="$AB_DIR/packages/moe-static/src:$AB_DIR/packages/moe-common/src:$PYTHONPATH"
-        step "static-ab-$side" 300 env PYTHONPATH="$pp" "${BENCH[@]}" --preset ${STATIC_PRESETS:-qwen3-30b-a3b deepseek-v3} --tokens ${STATIC_TOKENS:-1 8 64} --kernels moe-static --no-check
+        [ $d != new ] && pp="$d/packages/moe-static/src:$d/packages/moe-common/src:$PYTHONPATH"
+        step "static-ab-$(basename $d)" 300 env PYTHONPATH="$pp" "${BENCH[@]}" --preset ${STATIC_PRESETS:-qwen3-30b-a3b deepseek-v3} --tokens ${STATIC_TOKENS:-1 8 64} --kernels moe-static --no-check
       done ;;
     static-tests) step static-tests 300 python3 -m pytest packages/moe-static -m gpu -q -x ;;
     generic-tests) step generic-tests 400 python3 -m pytest packages/moe-generic tests dispatcher/tests -m gpu -q ;;

@@ -73,7 +73,7 @@ EXPERTS_PER_THREAD = MAX_LOCAL_EXPERTS // THREADS
 # FC1 unit cut in two (see _meet): per piece a warp's fragment (32 lanes x 4 fp32) and the
 # pair ids of its 8 token columns
 MEET_BYTES = 512 + 32
-REDUCE_BATCH = 8  # top-k routes whose loads the final reduce has in flight at once (k <= 8: one round trip)
+REDUCE_BATCH = 8  # top-k routes the final reduce loads at once (k <= 8: one round trip)
 
 
 @dataclass(frozen=True)
