@@ -135,7 +135,11 @@ class StaticMoE:
             tokens, top_k, expert_offset, experts, hidden, k_tiles1, groups1, groups2, k_tiles2,
             inter, y, out, barrier, meet, meet_count, act_alpha, act_beta, act_limit,
         ).launch(grid=[grid, 1, 1], block=[THREADS, 1, 1], smem=self.smem_bytes, stream=stream,
-                 cooperative=True)
+                 cooperative=True,
+                 # .minnctapersm 1: without it ptxas holds a 512-thread kernel to 64 registers
+                 # (2 CTAs per SM, which the shared memory never allows) and spilled the final
+                 # reduce's 8 loads in flight; with it the kernel takes 71
+                 min_blocks_per_mp=1)
 
     # ------------------------------------------------------------------ device
     @cute.kernel
