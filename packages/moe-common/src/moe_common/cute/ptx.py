@@ -346,6 +346,18 @@ def ld_cg_v4(addr, *, loc=None, ip=None):
 
 
 @dsl_user_op
+def ld_cg_v4_if(addr, pred, *, loc=None, ip=None):
+    """ld_cg_v4 where pred != 0, else four zeros and no load (the access is predicated off)."""
+    s = _asm(llvm.StructType.get_literal([T.i32()] * 4),
+             [Int64(addr).ir_value(loc=loc, ip=ip), _i32(pred, loc, ip)],
+             "{\n.reg .pred p;\nsetp.ne.u32 p, $5, 0;\n"
+             "mov.u32 $0, 0;\nmov.u32 $1, 0;\nmov.u32 $2, 0;\nmov.u32 $3, 0;\n"
+             "@p ld.global.cg.v4.u32 {$0, $1, $2, $3}, [$4];\n}",
+             "=r,=r,=r,=r,l,r", side_effects=True)
+    return tuple(Int32(x) for x in _unpack(s, 4, T.i32()))
+
+
+@dsl_user_op
 def ld_nc_v4(addr, *, loc=None, ip=None):
     """16-byte read-only global load."""
     s = _asm(llvm.StructType.get_literal([T.i32()] * 4), [Int64(addr).ir_value(loc=loc, ip=ip)],
