@@ -9,12 +9,13 @@ MAX_LOCAL_EXPERTS = 512  # shared-memory routing tables (kernel.MAX_LOCAL_EXPERT
 MAX_PAIRS = 2048  # routed pairs T * top_k held in shared memory (kernel.MAX_PAIRS)
 DIM_MULTIPLE = 32
 # Tokens up to which moe-static bids above the other kernels. Measured on the H200 (BENCHMARKS.md,
-# 2026-11-30 ninth session, 69c8402, one run against moe-generic, T = 1..128, five presets;
-# generic time / static time): ahead at every T <= 8 point (1.01-1.34), at T=16 ahead on four
-# presets (1.01-1.09) and 4% behind on Qwen3.5-35B (0.96), mixed at T=32 (0.97-1.05), behind on
-# three of five from T=64 (Qwen3-30B-A3B 0.87). The cutover counts tokens, not routed pairs:
-# the kernels' balance differs by preset at equal pairs (gpt-oss-120b has k=4, the rest 6-8).
-CUTOVER_TOKENS = 16
+# 2026-11-30 tenth session, 5b8dce0, one run against moe-generic, T = 1..128, five presets;
+# generic time / static time): ahead at every T <= 16 point (1.01-1.54), at T=32 ahead or level
+# on all five (0.99-1.08), mixed at T=64 (0.95-1.08), behind on four of five at T=128 (0.87-0.99).
+# It was 16 after the ninth session (T=32 then 0.97-1.05). The cutover counts tokens, not routed
+# pairs: the kernels' balance differs by preset at equal pairs (gpt-oss-120b has k=4, the rest
+# 6-8).
+CUTOVER_TOKENS = 32
 
 
 def unsupported_reason(shape, activation):
