@@ -136,9 +136,9 @@ class StaticMoE:
             inter, y, out, barrier, meet, meet_count, act_alpha, act_beta, act_limit,
         ).launch(grid=[grid, 1, 1], block=[THREADS, 1, 1], smem=self.smem_bytes, stream=stream,
                  cooperative=True,
-                 # .minnctapersm 1: without it ptxas holds a 512-thread kernel to 64 registers
-                 # (2 CTAs per SM, which the shared memory never allows) and spilled the final
-                 # reduce's 8 loads in flight; with it the kernel takes 71
+                 # .minnctapersm 1: without it ptxas may hold a 512-thread kernel to 64
+                 # registers (2 CTAs per SM, which the shared memory never allows); the MXFP4
+                 # swigluoai (1,2) build then spilled. With it: 72-79 registers, no spills
                  min_blocks_per_mp=1)
 
     # ------------------------------------------------------------------ device
@@ -679,8 +679,8 @@ class StaticMoE:
         Routes are read REDUCE_BATCH at a time, every id and y load of a batch issued before any
         is used (a y row's address does not depend on its id; a route that is not local, or past
         k, adds +0.0, which leaves the sum's bits as skipping it would): one round trip to L2
-        per batch instead of two per route. Routes past k load no y (at k = 4 the 4 surplus
-        loads of a batch of 8 measured 1% slower on gpt-oss-120b, T = 1..8)."""
+        per batch instead of two per route. Routes past k load no y (at k = 4, batches of 8 that
+        loaded 4 surplus rows measured ~1% slower than batches of 4 on gpt-oss-120b, T = 1..8)."""
         quads = hidden // 4
         for it in cutlass.range(bid * THREADS + tid, tokens * quads, grid * THREADS, unroll=1):
             t = it // quads
