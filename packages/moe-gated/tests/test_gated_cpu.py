@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from moe_common.testing import make_shape
+from moe_common.testing import make_shape, ptxas, ptxas_report
 from moe_common.types import PRIORITY_GATED, PRIORITY_GENERIC, Activation
 from moe_gated.limits import CUTOVER_ROWS_PER_EXPERT, priority, unsupported_reason
 
@@ -28,39 +28,15 @@ for i in map(int, sys.argv[1:]):
 """
 
 
-def _ptxas():
-    import shutil
-    from pathlib import Path
-
-    try:
-        import triton  # torch's dependency ships ptxas for sm_90a
-        bundled = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
-        if bundled.exists():
-            return str(bundled)
-    except ImportError:
-        pass
-    return shutil.which("ptxas")
-
-
 @pytest.mark.parametrize("index", [0, 7, 8, 15])  # wide, tall: FC1 NVFP4 silu, FC2 MXFP4
 def test_wgmma_runs_asynchronously(index, tmp_path):
     """ptxas serializes every wgmma (a wait for completion after each, C7512) when the consumer
     warps' live registers do not fit; with pending=2 slabs in flight that happened and the
     tensor cores idled during each slab's decode. Assemble the kernel and check it does not."""
-    import os
-    import subprocess
-    import sys
-
-    ptxas = _ptxas()
-    if ptxas is None:
+    if ptxas() is None:
         pytest.skip("no ptxas")
-    env = dict(os.environ, CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=str(tmp_path))
-    subprocess.run([sys.executable, "-c", _PTX_PROBE, str(index)], env=env, check=True, cwd=tmp_path)
-    ptx = sorted(tmp_path.rglob("*GatedGemm*.ptx"))
-    assert len(ptx) == 1, ptx
-    res = subprocess.run([ptxas, "-arch=sm_90a", "-v", str(ptx[0]), "-o", str(tmp_path / "k.cubin")],
-                         capture_output=True, text=True, check=True)
-    assert "C7512" not in res.stdout + res.stderr, res.stdout + res.stderr
+    report = ptxas_report(_PTX_PROBE, [index], "*GatedGemm*.ptx", tmp_path)
+    assert "C7512" not in report, report
 
 
 @pytest.mark.parametrize("kw,act,needle", [

@@ -1,11 +1,13 @@
-"""moe-static without a GPU: every configuration compiles for sm_90a; limits, bids and the
-plugin's answers."""
+"""moe-static without a GPU: every configuration compiles for sm_90a (three are assembled and
+must not spill registers); limits, bids and the plugin's answers."""
 from __future__ import annotations
+
+import re
 
 import pytest
 import torch
 
-from moe_common.testing import make_shape
+from moe_common.testing import make_shape, ptxas, ptxas_report
 from moe_common.types import PRIORITY_GENERIC, PRIORITY_STATIC, Activation
 from moe_static.limits import CUTOVER_TOKENS, priority, unsupported_reason
 
@@ -20,6 +22,29 @@ def test_every_dispatchable_config_compiles_for_sm90a():
     assert len(configs) == 64  # 2 formats x 4 activations x (int32, int64 ids) x 4 team shapes
     for cfg in configs:
         assert compile_config(cfg) is not None, cfg
+
+
+_PTX_PROBE = """
+import sys
+from moe_static.compile_cache import compile_config, config
+fmt, act, fc1, fc2 = sys.argv[1:]
+compile_config(config(fmt, act, 4, (int(fc1), int(fc2))))
+"""
+
+
+@pytest.mark.parametrize("fmt,act,teams", [
+    ("mxfp4", "swigluoai", (1, 2)),  # spilled 40 B at 64 registers before .minnctapersm 1
+    ("nvfp4", "silu", (2, 2)),
+    ("nvfp4", "relu2", (1, 1)),
+])
+def test_kernel_assembles_without_register_spills(fmt, act, teams, tmp_path):
+    """One CTA of 512 threads per SM leaves 128 registers a thread; without .minnctapersm 1
+    ptxas held the kernel to 64 and spilled (gpt-oss-120b T=1 26.3 -> 28.0 us, BENCHMARKS.md
+    tenth session). Assemble the kernel and check it spills nothing."""
+    if ptxas() is None:
+        pytest.skip("no ptxas")
+    report = ptxas_report(_PTX_PROBE, [fmt, act, *teams], "*StaticMoE*.ptx", tmp_path)
+    assert re.search(r"(?<!\d)0 bytes spill stores, 0 bytes spill loads", report), report
 
 
 # (T, k, experts, FC1 groups, FC2 groups) on the H200's 132 SMs x 16 warps: Qwen3-30B-A3B (H=2048,
