@@ -188,19 +188,24 @@ def ptxas() -> Optional[str]:
 def ptxas_report(probe: str, args, kernel_glob: str, tmp_path) -> str:
     """Run `probe` (Python that compiles kernels; argv[1:] = args) with the DSL keeping its PTX
     in tmp_path, assemble the one PTX whose name matches kernel_glob with `ptxas -v` for
-    sm_90a and return ptxas's report (registers, spills, warnings such as C7512). The caller
-    skips when ptxas() is None."""
+    sm_90a and return ptxas's report (registers, spills, warnings such as C7512). Skips the
+    calling test where no ptxas is found."""
     import os
     import subprocess
     import sys
     from pathlib import Path
 
+    import pytest
+
+    assembler = ptxas()
+    if assembler is None:
+        pytest.skip("no ptxas")
     env = dict(os.environ, CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=str(tmp_path))
     subprocess.run([sys.executable, "-c", probe, *map(str, args)], env=env, check=True,
                    cwd=tmp_path)
     ptx = sorted(Path(tmp_path).rglob(kernel_glob))
     assert len(ptx) == 1, ptx
-    res = subprocess.run([ptxas(), "-arch=sm_90a", "-v", str(ptx[0]), "-o",
+    res = subprocess.run([assembler, "-arch=sm_90a", "-v", str(ptx[0]), "-o",
                           str(Path(tmp_path) / "k.cubin")], capture_output=True, text=True,
                          check=True)
     return res.stdout + res.stderr
