@@ -72,6 +72,15 @@ for s in "$@"; do
         [ $d != new ] && pp="$d/packages/moe-static/src:$d/packages/moe-common/src:$PYTHONPATH"
         step "static-ab-$(basename $d)" 300 env PYTHONPATH="$pp" "${BENCH[@]}" --preset ${STATIC_PRESETS:-qwen3-30b-a3b deepseek-v3} --tokens ${STATIC_TOKENS:-1 8 64} --kernels moe-static --no-check
       done ;;
+    kernel-ab)  # same run: AB_KERNEL (default moe-gated) with every package's sources from each
+                # tree in $AB_DIRS (log kernel-ab-<kernel>-<dir name>), then this tree's (-new);
+                # AB_PRESETS, AB_TOKENS
+      kn=${AB_KERNEL:-moe-gated}
+      for d in $AB_DIRS new; do
+        pp=$PYTHONPATH
+        [ $d != new ] && pp="$(printf '%s:' $d/packages/*/src)$PYTHONPATH"
+        step "kernel-ab-$kn-$(basename $d)" 400 env PYTHONPATH="$pp" "${BENCH[@]}" --preset ${AB_PRESETS:-deepseek-v3 qwen3-30b-a3b gpt-oss-120b} --tokens ${AB_TOKENS:-2048 8192} --kernels $kn --no-check
+      done ;;
     static-tests) step static-tests 300 python3 -m pytest packages/moe-static -m gpu -q -x ;;
     generic-tests) step generic-tests 400 python3 -m pytest packages/moe-generic tests dispatcher/tests -m gpu -q ;;
     sanitize-static) step sanitize-static 200 compute-sanitizer --tool memcheck --report-api-errors no python3 tools/gpu_check.py --kernel static --sanitize ;;

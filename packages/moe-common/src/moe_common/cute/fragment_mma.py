@@ -52,12 +52,8 @@ def a_fragment(words, s: int, weight_format: str):
         # 2 words per row: block s // 2 is half (s // 2) % 2 of word s // 4
         w_r, w_r8 = sc[s // 4], sc[2 + s // 4]
         half = (s // 2) % 2
-    if half == 0:
-        s_r, s_r8 = ptx.bcast_lo(w_r), ptx.bcast_lo(w_r8)
-    else:
-        s_r, s_r8 = ptx.bcast_hi(w_r), ptx.bcast_hi(w_r8)
-    return (ptx.mul_bf16x2(v[0], s_r), ptx.mul_bf16x2(v[1], s_r8),
-            ptx.mul_bf16x2(v[2], s_r), ptx.mul_bf16x2(v[3], s_r8))
+    return (ptx.mul_bf16x2_bcast(v[0], w_r, half), ptx.mul_bf16x2_bcast(v[1], w_r8, half),
+            ptx.mul_bf16x2_bcast(v[2], w_r, half), ptx.mul_bf16x2_bcast(v[3], w_r8, half))
 
 
 def ldmatrix_lane_offset(lane):

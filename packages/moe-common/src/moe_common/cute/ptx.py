@@ -58,6 +58,17 @@ def mul_bf16x2(a, b, *, loc=None, ip=None) -> Int32:
 
 
 @dsl_user_op
+def mul_bf16x2_bcast(a, w, half: int, *, loc=None, ip=None) -> Int32:
+    """a * {h, h} for the bf16 h in half `half` (0 low, 1 high) of w, in one HMUL2: the
+    broadcast stays inside the asm, where ptxas folds it into the multiply's .H0_H0 / .H1_H1
+    operand swizzle (a separate prmt costs one instruction per multiply)."""
+    unpack = "{h, x}" if half == 0 else "{x, h}"
+    return Int32(_asm(T.i32(), [_i32(a, loc, ip), _i32(w, loc, ip)],
+                      "{\n.reg .b16 h, x;\n.reg .b32 s;\nmov.b32 " + unpack + ", $2;\n"
+                      "mov.b32 s, {h, h};\nmul.rn.bf16x2 $0, $1, s;\n}", "=r,r,r"))
+
+
+@dsl_user_op
 def bf16x2_from_f32(lo, hi, *, loc=None, ip=None) -> Int32:
     """Pack two fp32 into bf16x2 (lo in the low half), round to nearest even."""
     return Int32(_asm(T.i32(), [Float32(hi).ir_value(loc=loc, ip=ip), Float32(lo).ir_value(loc=loc, ip=ip)],
@@ -218,16 +229,6 @@ def ldmatrix_x2(addr, *, loc=None, ip=None):
     s = _asm(llvm.StructType.get_literal([T.i32()] * 2), [Int32(addr).ir_value(loc=loc, ip=ip)],
              "ldmatrix.sync.aligned.m8n8.x2.shared.b16 {$0, $1}, [$2];", "=r,=r,r", side_effects=True)
     return tuple(Int32(x) for x in _unpack(s, 2, T.i32()))
-
-
-def bcast_lo(w) -> Int32:
-    """{lo, lo} from the low bf16 of a packed pair."""
-    return prmt(w, w, Int32(0x1010))
-
-
-def bcast_hi(w) -> Int32:
-    """{hi, hi} from the high bf16 of a packed pair."""
-    return prmt(w, w, Int32(0x3232))
 
 
 @dsl_user_op

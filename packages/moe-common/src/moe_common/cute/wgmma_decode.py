@@ -19,11 +19,17 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 from .decode import FRAGMENT_MAG, FRAGMENT_MASK, FRAGMENT_SIGN
 
 _SLAB_REGS = ["t1", "t2", "t3", "v0", "v1", "v2", "v3", "sr", "sq"]
+_SLAB_HALVES = ["hr", "xr", "hq", "xq"]  # b16: the scale words' halves
 
 
-def _slab_ptx(g: int, s: int, code: str, s_r: str, s_r8: str, sel: int) -> list:
-    """PTX decoding slab s of group g into registers a{g}_{s}_{0..3} (decode.decode_fragment_word)."""
+def _slab_ptx(g: int, s: int, code: str, s_r: str, s_r8: str, half: int) -> list:
+    """PTX decoding slab s of group g into registers a{g}_{s}_{0..3} (decode.decode_fragment_word),
+    times the block scales in half `half` of the scale words s_r (row r) and s_r8 (row r + 8)."""
     t = f"{g}_{s}"
+
+    def unpack(h, x):  # {low, high} halves of a scale word: h takes the wanted one
+        return f"{{{x}, {h}}}" if half else f"{{{h}, {x}}}"
+
     return [
         f"shl.b32 t1{t}, {code}, 6;",
         f"and.b32 v0{t}, t1{t}, {FRAGMENT_MASK:#x};",
@@ -36,8 +42,12 @@ def _slab_ptx(g: int, s: int, code: str, s_r: str, s_r8: str, sel: int) -> list:
         f"shl.b32 t2{t}, {code}, 1;",
         f"and.b32 t3{t}, t1{t}, {FRAGMENT_MAG:#x};",
         f"lop3.b32 v3{t}, t3{t}, t2{t}, {FRAGMENT_SIGN:#x}, 0xF8;",
-        f"prmt.b32 sr{t}, {s_r}, {s_r}, {sel:#x};",
-        f"prmt.b32 sq{t}, {s_r8}, {s_r8}, {sel:#x};",
+        # the scale half broadcast as {h, h}: ptxas folds it into the multiplies' operand
+        # swizzle (.H0_H0 / .H1_H1), where a prmt costs an instruction
+        f"mov.b32 {unpack('hr' + t, 'xr' + t)}, {s_r};",
+        f"mov.b32 sr{t}, {{hr{t}, hr{t}}};",
+        f"mov.b32 {unpack('hq' + t, 'xq' + t)}, {s_r8};",
+        f"mov.b32 sq{t}, {{hq{t}, hq{t}}};",
         f"mul.rn.bf16x2 a{t}0, v0{t}, sr{t};",
         f"mul.rn.bf16x2 a{t}1, v1{t}, sq{t};",
         f"mul.rn.bf16x2 a{t}2, v2{t}, sr{t};",
@@ -78,13 +88,14 @@ def wgmma_decode_k128(accs, codes, scales, weight_format: str, b_smem, n: int, p
     base = 2 * G * h  # outputs, tied inputs, then the words
     per_g = 8 + 2 * nsw
     addr, one = base + G * per_g, base + G * per_g + 1
-    regs = []
+    regs, halves = [], []
     for g in range(G):
         for s in range(8):
             t = f"{g}_{s}"
             regs += [f"{r}{t}" for r in _SLAB_REGS] + [f"a{t}{j}" for j in range(4)]
+            halves += [f"{r}{t}" for r in _SLAB_HALVES]
     lines = ["{", ".reg .pred p;", ".reg .b64 d0, ds;",
-             f".reg .b32 {', '.join(regs)};",
+             f".reg .b32 {', '.join(regs)};", f".reg .b16 {', '.join(halves)};",
              f"setp.ne.b32 p, ${one}, 0;",
              f"cvt.u64.u32 d0, ${addr};", "shr.u64 d0, d0, 4;", "and.b64 d0, d0, 16383;",
              f"or.b64 d0, d0, {((b_lbo >> 4) << 16) | ((b_sbo >> 4) << 32)};"]
@@ -98,7 +109,7 @@ def wgmma_decode_k128(accs, codes, scales, weight_format: str, b_smem, n: int, p
                 wi, half = s // 4, (s // 2) % 2
             s_r, s_r8 = f"${w0 + 8 + wi}", f"${w0 + 8 + nsw + wi}"
             if decode:
-                lines += _slab_ptx(g, s, code, s_r, s_r8, 0x3232 if half else 0x1010)
+                lines += _slab_ptx(g, s, code, s_r, s_r8, half)
             else:
                 lines += [f"mov.b32 a{g}_{s}{j}, {code};" for j in range(4)]
         lines.append(f"add.s64 ds, d0, {s * 2 * (b_lbo >> 4)};")  # slab s: K-chunks 2s, 2s + 1
