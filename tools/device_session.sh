@@ -4,7 +4,8 @@
 #   source .device/bin/gpu.sh && bash tools/device_session.sh STEP [STEP ...]
 # Steps: gated-quick gated-tests sanitize-gated bench-gated bench-gated-q bench-gated-all
 #        static-quick static-tests generic-tests sanitize-static sanitize-generic
-#        bench-static bench-generic-large profile
+#        bench-static bench-generic-large profile; A/B in one run against older trees (AB_DIRS):
+#        static-ab, kernel-ab (AB_KERNEL); variants by environment: static-env (STATIC_ENVS)
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -80,6 +81,12 @@ for s in "$@"; do
         pp=$PYTHONPATH
         [ $d != new ] && pp="$(printf '%s:' $d/packages/*/src)$PYTHONPATH"
         step "kernel-ab-$kn-$(basename $d)" 400 env PYTHONPATH="$pp" "${BENCH[@]}" --preset ${AB_PRESETS:-deepseek-v3 qwen3-30b-a3b gpt-oss-120b} --tokens ${AB_TOKENS:-2048 8192} --kernels $kn --no-check
+      done ;;
+    static-env)  # STATIC_ENVS: env settings (commas between variables), a correctness check and
+                 # the static-ab bench each (log static-env-<setting>)
+      for v in ${STATIC_ENVS:-"MOE_STATIC_VARIANT="}; do
+        step "static-envcheck-${v//[=,]/-}" 200 env ${v//,/ } python3 tools/gpu_check.py --kernel static
+        step "static-env-${v//[=,]/-}" 300 env ${v//,/ } "${BENCH[@]}" --preset ${STATIC_PRESETS:-qwen3-30b-a3b deepseek-v3} --tokens ${STATIC_TOKENS:-1 8 64} --kernels moe-static --no-check
       done ;;
     static-tests) step static-tests 300 python3 -m pytest packages/moe-static -m gpu -q -x ;;
     generic-tests) step generic-tests 400 python3 -m pytest packages/moe-generic tests dispatcher/tests -m gpu -q ;;
