@@ -18,6 +18,17 @@ step() {  # name, limit_s, command...
   local rc=$?
   echo "== $name rc=$rc $(( $(date +%s) - t0 ))s"; tail -n 4 "$OUT/$name.log"
 }
+ab() {  # log prefix, limit_s, kernel, presets, tokens, packages: one bench per tree in $AB_DIRS
+        # (those packages' sources first on PYTHONPATH; log <prefix>-<dir name>), then this tree's
+  local prefix=$1 limit=$2 kernel=$3 presets=$4 tokens=$5 pkgs=$6 d p pp
+  for d in $AB_DIRS new; do
+    pp=$PYTHONPATH
+    if [ $d != new ]; then
+      for p in $pkgs; do pp="$d/packages/$p/src:$pp"; done
+    fi
+    step "$prefix-$(basename $d)" $limit env PYTHONPATH="$pp" "${BENCH[@]}" --preset $presets --tokens $tokens --kernels $kernel --no-check
+  done
+}
 for s in "$@"; do
   case $s in
     static-quick) step static-quick 150 python3 tools/gpu_check.py --kernel static --sanitize ;;
@@ -66,22 +77,15 @@ for s in "$@"; do
         step "clocks-$k" 300 "${BENCH[@]}" --preset ${CLOCK_PRESET:-deepseek-v3} --tokens 8192 --kernels $k --no-check
         kill $smi
       done ;;
-    static-ab)  # same run: moe-static (and moe-common) from each tree in $AB_DIRS (else $AB_DIR; log
-                # static-ab-<dir name>), then this tree's (static-ab-new); STATIC_PRESETS, STATIC_TOKENS
-      for d in ${AB_DIRS:-$AB_DIR} new; do
-        pp=$PYTHONPATH
-        [ $d != new ] && pp="$d/packages/moe-static/src:$d/packages/moe-common/src:$PYTHONPATH"
-        step "static-ab-$(basename $d)" 300 env PYTHONPATH="$pp" "${BENCH[@]}" --preset ${STATIC_PRESETS:-qwen3-30b-a3b deepseek-v3} --tokens ${STATIC_TOKENS:-1 8 64} --kernels moe-static --no-check
-      done ;;
-    kernel-ab)  # same run: AB_KERNEL (default moe-gated) with every package's sources from each
-                # tree in $AB_DIRS (log kernel-ab-<kernel>-<dir name>), then this tree's (-new);
-                # AB_PRESETS, AB_TOKENS
-      kn=${AB_KERNEL:-moe-gated}
-      for d in $AB_DIRS new; do
-        pp=$PYTHONPATH
-        [ $d != new ] && pp="$(printf '%s:' $d/packages/*/src)$PYTHONPATH"
-        step "kernel-ab-$kn-$(basename $d)" 400 env PYTHONPATH="$pp" "${BENCH[@]}" --preset ${AB_PRESETS:-deepseek-v3 qwen3-30b-a3b gpt-oss-120b} --tokens ${AB_TOKENS:-2048 8192} --kernels $kn --no-check
-      done ;;
+    static-ab)  # same run: moe-static (and moe-common) from each tree in $AB_DIRS (else $AB_DIR),
+                # then this tree's (log static-ab-<dir name>, static-ab-new); STATIC_PRESETS, STATIC_TOKENS
+      AB_DIRS=${AB_DIRS:-$AB_DIR} ab static-ab 300 moe-static "${STATIC_PRESETS:-qwen3-30b-a3b deepseek-v3}" \
+        "${STATIC_TOKENS:-1 8 64}" "moe-common moe-static" ;;
+    kernel-ab)  # the same for AB_KERNEL (default moe-gated) with every package's sources from each
+                # tree (log kernel-ab-<kernel>-<dir name>); AB_PRESETS, AB_TOKENS
+      ab "kernel-ab-${AB_KERNEL:-moe-gated}" 400 "${AB_KERNEL:-moe-gated}" \
+        "${AB_PRESETS:-deepseek-v3 qwen3-30b-a3b gpt-oss-120b}" "${AB_TOKENS:-2048 8192}" \
+        "$(cd packages && echo *)" ;;
     static-env)  # STATIC_ENVS: env settings (commas between variables), a correctness check and
                  # the static-ab bench each (log static-env-<setting>)
       for v in ${STATIC_ENVS:-"MOE_STATIC_VARIANT="}; do

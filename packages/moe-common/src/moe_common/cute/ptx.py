@@ -57,15 +57,21 @@ def mul_bf16x2(a, b, *, loc=None, ip=None) -> Int32:
                       "mul.rn.bf16x2 $0, $1, $2;", "=r,r,r"))
 
 
+def bcast_half_ptx(dst: str, word: str, h: str, x: str, half: int) -> list:
+    """PTX lines: dst = {v, v} for the bf16 v in half `half` (0 low, 1 high) of word (h, x: b16
+    scratch registers). Written inside the asm of the bf16x2 multiplies that use dst, ptxas
+    folds it into their .H0_H0 / .H1_H1 operand swizzle (a prmt costs one instruction)."""
+    unpack = f"{{{x}, {h}}}" if half else f"{{{h}, {x}}}"
+    return [f"mov.b32 {unpack}, {word};", f"mov.b32 {dst}, {{{h}, {h}}};"]
+
+
 @dsl_user_op
 def mul_bf16x2_bcast(a, w, half: int, *, loc=None, ip=None) -> Int32:
-    """a * {h, h} for the bf16 h in half `half` (0 low, 1 high) of w, in one HMUL2: the
-    broadcast stays inside the asm, where ptxas folds it into the multiply's .H0_H0 / .H1_H1
-    operand swizzle (a separate prmt costs one instruction per multiply)."""
-    unpack = "{h, x}" if half == 0 else "{x, h}"
-    return Int32(_asm(T.i32(), [_i32(a, loc, ip), _i32(w, loc, ip)],
-                      "{\n.reg .b16 h, x;\n.reg .b32 s;\nmov.b32 " + unpack + ", $2;\n"
-                      "mov.b32 s, {h, h};\nmul.rn.bf16x2 $0, $1, s;\n}", "=r,r,r"))
+    """a * {v, v} for the bf16 v in half `half` of w, in one HMUL2 (see bcast_half_ptx)."""
+    lines = ["{", ".reg .b16 h, x;", ".reg .b32 s;", *bcast_half_ptx("s", "$2", "h", "x", half),
+             "mul.rn.bf16x2 $0, $1, s;", "}"]
+    return Int32(_asm(T.i32(), [_i32(a, loc, ip), _i32(w, loc, ip)], "\n".join(lines),
+                      "=r,r,r"))
 
 
 @dsl_user_op

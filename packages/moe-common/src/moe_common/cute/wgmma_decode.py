@@ -17,6 +17,7 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 from .decode import FRAGMENT_MAG, FRAGMENT_MASK, FRAGMENT_SIGN
+from .ptx import bcast_half_ptx
 
 _SLAB_REGS = ["t1", "t2", "t3", "v0", "v1", "v2", "v3", "sr", "sq"]
 _SLAB_HALVES = ["hr", "xr", "hq", "xq"]  # b16: the scale words' halves
@@ -26,10 +27,6 @@ def _slab_ptx(g: int, s: int, code: str, s_r: str, s_r8: str, half: int) -> list
     """PTX decoding slab s of group g into registers a{g}_{s}_{0..3} (decode.decode_fragment_word),
     times the block scales in half `half` of the scale words s_r (row r) and s_r8 (row r + 8)."""
     t = f"{g}_{s}"
-
-    def unpack(h, x):  # {low, high} halves of a scale word: h takes the wanted one
-        return f"{{{x}, {h}}}" if half else f"{{{h}, {x}}}"
-
     return [
         f"shl.b32 t1{t}, {code}, 6;",
         f"and.b32 v0{t}, t1{t}, {FRAGMENT_MASK:#x};",
@@ -42,12 +39,9 @@ def _slab_ptx(g: int, s: int, code: str, s_r: str, s_r8: str, half: int) -> list
         f"shl.b32 t2{t}, {code}, 1;",
         f"and.b32 t3{t}, t1{t}, {FRAGMENT_MAG:#x};",
         f"lop3.b32 v3{t}, t3{t}, t2{t}, {FRAGMENT_SIGN:#x}, 0xF8;",
-        # the scale half broadcast as {h, h}: ptxas folds it into the multiplies' operand
-        # swizzle (.H0_H0 / .H1_H1), where a prmt costs an instruction
-        f"mov.b32 {unpack('hr' + t, 'xr' + t)}, {s_r};",
-        f"mov.b32 sr{t}, {{hr{t}, hr{t}}};",
-        f"mov.b32 {unpack('hq' + t, 'xq' + t)}, {s_r8};",
-        f"mov.b32 sq{t}, {{hq{t}, hq{t}}};",
+        # the scale broadcasts, folded by ptxas into the multiplies' operand swizzle
+        *bcast_half_ptx(f"sr{t}", s_r, f"hr{t}", f"xr{t}", half),
+        *bcast_half_ptx(f"sq{t}", s_r8, f"hq{t}", f"xq{t}", half),
         f"mul.rn.bf16x2 a{t}0, v0{t}, sr{t};",
         f"mul.rn.bf16x2 a{t}1, v1{t}, sq{t};",
         f"mul.rn.bf16x2 a{t}2, v2{t}, sr{t};",
