@@ -72,12 +72,11 @@ def test_random_words():
 
 # ---------------------------------------------------------------- kernel fragment words
 def emulate_fragment_decode(w: int) -> list:
-    """decode.decode_fragment_word (and the same PTX in wgmma_decode), on Python ints."""
-    mag, sign, full = decode.FRAGMENT_MAG, decode.FRAGMENT_SIGN, decode.FRAGMENT_MASK
-    return [(w << 6) & full,
-            ((w << 3) & mag) | ((w << 5) & sign),
-            w & full,
-            ((w >> 5) & mag) | ((w << 1) & sign)]
+    """decode.decode_fragment_word (and the same PTX in wgmma_decode): fragments.DECODE_PLAN
+    on Python ints."""
+    from moe_common.fragments import decode_word_reference
+
+    return decode_word_reference(w)
 
 
 def _bf16_value(bits: int) -> float:
@@ -109,3 +108,40 @@ def test_fragment_words_decode_to_the_code_times_2_pow_minus_126():
                     c = codes[row[lane, slab, j], kk[lane, slab, j]]
                     want = float(e2m1_decode(c.view(1))[0]) * 2.0 ** -126
                     assert got == want, (lane, slab, j, int(c), got, want)
+
+
+def test_wgmma_slab_ptx_runs_the_decode_plan():
+    """The decode PTX that wgmma_decode generates (shl / shf.l.wrap / and / lop3 lines), run on
+    Python ints, gives fragments.DECODE_PLAN's registers for any word."""
+    import re
+
+    from moe_common.cute.wgmma_decode import _slab_ptx
+    from moe_common.fragments import decode_word_reference
+
+    lines = [ln for ln in _slab_ptx(0, 0, "W", "SR", "SQ", 0) if not ln.startswith(("mov", "mul"))]
+    m32 = 0xFFFFFFFF
+    rng = random.Random(5)
+    for _ in range(500):
+        regs = {"W": rng.getrandbits(32)}
+
+        def val(x):
+            return regs[x] if x in regs else int(x, 0)
+
+        for ln in lines:
+            op, args = ln.rstrip(";").split(None, 1)
+            a = [x.strip() for x in args.split(",")]
+            if op == "shl.b32":
+                regs[a[0]] = (val(a[1]) << int(a[2])) & m32
+            elif op == "shf.l.wrap.b32":
+                x, n = val(a[1]), int(a[3]) % 32
+                assert a[1] == a[2]
+                regs[a[0]] = ((x << n) | (x >> (32 - n))) & m32 if n else x
+            elif op == "and.b32":
+                regs[a[0]] = val(a[1]) & val(a[2])
+            elif op == "lop3.b32":
+                assert a[4] == "0xF8"
+                regs[a[0]] = val(a[1]) | (val(a[2]) & val(a[3]))
+            else:
+                raise AssertionError(f"unexpected PTX in the decode: {ln}")
+        got = [regs[f"v{i}0_0"] for i in range(4)]
+        assert got == decode_word_reference(regs["W"]), re.sub(r"\s+", " ", " ".join(lines))

@@ -11,11 +11,12 @@ which is the PTX A fragment {a0..a7}. We store them as one 32-bit word per slab,
 contiguous bytes per lane, 1 KiB per tile, so a warp reads a tile with two fully coalesced
 16-byte loads per lane.
 
-Inside a word the 32 code bits are placed (WORD_BIT_POSITION) so that a shift and a mask put
+Inside a word the 32 code bits are placed (WORD_BIT_POSITION) so that a rotation and a mask put
 code 2i and 2i + 1 straight into the bf16 halves of A register i: the 3 magnitude bits
 (m, e0, e1) at bf16 bits 6..8 and the sign at bit 15, i.e. the bf16 pattern of the e2m1 value
-times 2^-126 (e = 0 is the subnormal 0.5 * 2^-126, exactly). See moe_common.cute.decode for
-the 11 integer instructions per 8 codes that this saves against table lookups.
+times 2^-126 (e = 0 is the subnormal 0.5 * 2^-126, exactly). REGISTER_PIECES says how; the
+device decode (moe_common.cute.decode, wgmma_decode) and the tests follow DECODE_PLAN, derived
+from it: 9 integer instructions per 8 codes.
 
 Block scales follow the same tiling: per tile, [16 rows][128 / block] bytes (NVFP4: 8 per row,
 MXFP4: 4 per row); lane l reads row r's and row r+8's bytes.
@@ -30,24 +31,68 @@ import torch
 TILE_ROWS = 16
 TILE_K = 128
 
-# A register i (codes 2i, 2i + 1) = (word << L_i or >> R_i) & mask: the (magnitude shift, sign
-# shift) of each register, as "source bit = target bit + shift". The four registers tile the
-# 32 bits exactly (a search over all shift pairs found no layout with fewer operations).
-REGISTER_SHIFTS = ((-6, -6), (-3, -5), (0, 0), (5, -1))
+# The bf16x2 bits a decoded register fills: magnitude at 6..8 and sign at 15, in both halves.
+FIELD_BITS = (6, 7, 8, 15, 22, 23, 24, 31)
+# A register i (codes 2i, 2i + 1) = OR over its pieces of (word rotated left by `rotation`) &
+# (the piece's bits). Four single-piece registers cannot tile the word's 32 bits (an exhaustive
+# search over rotations found none), so one register takes two pieces: 4 shifts or rotations
+# and 5 logic operations per word, where the earlier plain-shift layout took 5 and 6 (its best,
+# by a search over shift pairs). Among the 9-operation layouts this one has the fewest
+# rotations that cross bit 31 (those need a funnel shift; a plain left shift can run as IMAD).
+REGISTER_PIECES = (
+    ((FIELD_BITS, 0),),
+    ((FIELD_BITS, 4),),
+    ((FIELD_BITS, 10),),
+    (((6, 22), 6), ((7, 8, 15, 23, 24, 31), 14)),
+)
+
+
+def _mask(bits) -> int:
+    return sum(1 << b for b in bits)
+
+
+def _shift_op(bits, rotation: int) -> str:
+    """How a piece's rotation is done: none, a plain left shift (no bit it keeps crosses bit
+    31) or a funnel-shift rotation."""
+    if rotation == 0:
+        return "none"
+    return "shl" if min(bits) >= rotation else "rotl"
+
+
+# Per register, its pieces as (op, amount, mask): what every decoder executes.
+DECODE_PLAN = tuple(tuple((_shift_op(bits, rot), rot, _mask(bits)) for bits, rot in pieces)
+                    for pieces in REGISTER_PIECES)
 
 
 def word_bit_position(code: int, bit: int) -> int:
     """Bit of the packed word holding bit `bit` (0 = m, 1 = e0, 2 = e1, 3 = sign) of code
     `code` (0..7, the A-fragment order a0..a7)."""
     reg, half = divmod(code, 2)
-    mag_shift, sign_shift = REGISTER_SHIFTS[reg]
-    if bit < 3:
-        return 6 + 16 * half + bit + mag_shift
-    return 15 + 16 * half + sign_shift
+    target = (6 + bit if bit < 3 else 15) + 16 * half
+    for bits, rotation in REGISTER_PIECES[reg]:
+        if target in bits:
+            return (target - rotation) % 32
+    raise AssertionError(f"register {reg} has no piece for bit {target}")
 
 
 WORD_BIT_POSITION = [[word_bit_position(c, b) for b in range(4)] for c in range(8)]
 assert sorted(p for row in WORD_BIT_POSITION for p in row) == list(range(32))
+for _pieces in REGISTER_PIECES:
+    assert sorted(b for bits, _ in _pieces for b in bits) == list(FIELD_BITS)
+
+
+def decode_word_reference(w: int) -> list:
+    """DECODE_PLAN on a Python int (the 4 bf16x2 register patterns of a fragment word), as the
+    kernels run it: the tests check it against the e2m1 values."""
+    w &= 0xFFFFFFFF
+    regs = []
+    for pieces in DECODE_PLAN:
+        r = 0
+        for op, n, mask in pieces:
+            x = w if op == "none" else (w << n | w >> (32 - n)) & 0xFFFFFFFF
+            r |= x & mask
+        regs.append(r)
+    return regs
 
 
 def _fragment_index():

@@ -1,11 +1,12 @@
 """Register-level e2m1 -> bf16 decode and block-scale helpers (device side, exact).
 
 Kernel weights (moe_common.fragments): one 32-bit word per lane and k16 slab holds the 8 codes
-of an mma A fragment with its bits placed so that `decode_fragment_word` is a shift and a mask
-per register: 5 shifts and 6 LOP3 for 8 codes (the byte-table decode below takes 15 integer
-instructions). Register i gets the bf16 patterns of code 2i, 2i + 1 times 2^-126 (magnitude at
-bits 6..8, sign at 15: e = 0 lands in bf16's subnormals exactly); the kernels' bf16 block
-scales carry 2^62, so one bf16x2 multiply gives code x scale x 2^-64, exact (fragments.py).
+of an mma A fragment with its bits placed so that `decode_fragment_word` is a rotation and a
+mask per register (fragments.DECODE_PLAN: 4 shifts or rotations and 5 logic operations for 8
+codes; the byte-table decode below takes 14). Register i gets the bf16 patterns of code 2i,
+2i + 1 times 2^-126 (magnitude at bits 6..8, sign at 15: e = 0 lands in bf16's subnormals
+exactly); the kernels' bf16 block scales carry 2^62, so one bf16x2 multiply gives code x scale x
+2^-64, exact (fragments.py).
 
 Canonical layout (the dequantizer): one 32-bit word holds 8 e2m1 codes, code j in bits
 [4j, 4j+4). `decode_e2m1x8` turns it into
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 from cutlass import Int32
 
+from ..fragments import DECODE_PLAN
 from . import ptx
 
 _LO_BYTES_0_3 = 0xC0800000  # low bytes of magnitudes 0..3
@@ -36,24 +38,20 @@ def _s32(v: int) -> int:
     return v - (1 << 32) if v >= 1 << 31 else v
 
 
-FRAGMENT_MAG = 0x01C001C0  # magnitude bits 6..8 of both bf16 halves
-FRAGMENT_SIGN = 0x80008000
-FRAGMENT_MASK = FRAGMENT_MAG | FRAGMENT_SIGN
-
-
 def decode_fragment_word(w):
-    """A fragment word (fragments.WORD_BIT_POSITION) -> 4 bf16x2 registers of code x 2^-126.
-
-    Shifts per register, from fragments.REGISTER_SHIFTS: register 0 takes the word << 6,
-    register 2 the word itself, registers 1 and 3 their magnitudes and signs from two shifts.
-    """
+    """A fragment word (fragments.WORD_BIT_POSITION) -> 4 bf16x2 registers of code x 2^-126,
+    by fragments.DECODE_PLAN: per piece a plain shift or a funnel-shift rotation, then one AND
+    (one piece) or an AND and an AND-OR (two pieces)."""
     w = Int32(w)
-    mag, sign, full = Int32(FRAGMENT_MAG), Int32(_s32(FRAGMENT_SIGN)), Int32(_s32(FRAGMENT_MASK))
-    r0 = (w << 6) & full
-    r1 = ptx.or_and((w << 3) & mag, w << 5, sign)
-    r2 = w & full
-    r3 = ptx.or_and((w >> 5) & mag, w << 1, sign)  # arithmetic shift: only bits 27.. differ
-    return r0, r1, r2, r3
+    regs = []
+    for pieces in DECODE_PLAN:
+        moved = [w if op == "none" else (w << n if op == "shl" else ptx.rotl(w, n))
+                 for op, n, _ in pieces]
+        r = moved[0] & Int32(_s32(pieces[0][2]))
+        for x, (_, _, mask) in zip(moved[1:], pieces[1:]):
+            r = ptx.or_and(r, x, Int32(_s32(mask)))
+        regs.append(r)
+    return tuple(regs)
 
 
 def decode_e2m1x8(w):

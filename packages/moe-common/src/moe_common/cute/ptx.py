@@ -43,6 +43,13 @@ def prmt(a, b, sel, *, loc=None, ip=None) -> Int32:
 
 
 @dsl_user_op
+def rotl(a, n: int, *, loc=None, ip=None) -> Int32:
+    """a rotated left by the constant n (a funnel shift of a with itself: one SHF)."""
+    return Int32(_asm(T.i32(), [_i32(a, loc, ip)], f"shf.l.wrap.b32 $0, $1, $1, {int(n)};",
+                      "=r,r"))
+
+
+@dsl_user_op
 def or_and(a, b, mask, *, loc=None, ip=None) -> Int32:
     """a | (b & mask) in one LOP3 (immLut: a=0xF0, b=0xCC, c=0xAA)."""
     return Int32(_asm(T.i32(), [_i32(a, loc, ip), _i32(b, loc, ip), _i32(mask, loc, ip)],

@@ -2,10 +2,10 @@
 
 The register-A warpgroup MMA reads its A fragment asynchronously, so decoding slab s + 1 can
 overlap the tensor core's work on slab s, but only if nothing outside the asm can reuse the
-fragment registers while a wgmma is in flight. Keeping the e2m1 decode (the same shifts and
-masks as `decode.decode_fragment_word`), the block-scale multiply, the wgmmas and the final wait in one
-asm statement gives every slab its own PTX registers and leaves the scheduling to ptxas, which
-tracks wgmma register lifetimes itself.
+fragment registers while a wgmma is in flight. Keeping the e2m1 decode (the same rotations
+and masks as `decode.decode_fragment_word`), the block-scale multiply, the wgmmas and the final
+wait in one asm statement gives every slab its own PTX registers and leaves the scheduling to
+ptxas, which tracks wgmma register lifetimes itself.
 
 B: K-major core matrices (8 tokens x 16 bytes) in shared memory, without swizzle; their strides
 are the descriptor's (`b_lbo`, `b_sbo`).
@@ -16,7 +16,7 @@ from cutlass import Float32, Int32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from .decode import FRAGMENT_MAG, FRAGMENT_MASK, FRAGMENT_SIGN
+from ..fragments import DECODE_PLAN
 from .ptx import bcast_half_ptx
 
 _SLAB_REGS = ["t1", "t2", "t3", "v0", "v1", "v2", "v3", "sr", "sq"]
@@ -27,18 +27,22 @@ def _slab_ptx(g: int, s: int, code: str, s_r: str, s_r8: str, half: int) -> list
     """PTX decoding slab s of group g into registers a{g}_{s}_{0..3} (decode.decode_fragment_word),
     times the block scales in half `half` of the scale words s_r (row r) and s_r8 (row r + 8)."""
     t = f"{g}_{s}"
-    return [
-        f"shl.b32 t1{t}, {code}, 6;",
-        f"and.b32 v0{t}, t1{t}, {FRAGMENT_MASK:#x};",
-        f"shl.b32 t1{t}, {code}, 3;",
-        f"shl.b32 t2{t}, {code}, 5;",
-        f"and.b32 t3{t}, t1{t}, {FRAGMENT_MAG:#x};",
-        f"lop3.b32 v1{t}, t3{t}, t2{t}, {FRAGMENT_SIGN:#x}, 0xF8;",
-        f"and.b32 v2{t}, {code}, {FRAGMENT_MASK:#x};",
-        f"shr.u32 t1{t}, {code}, 5;",
-        f"shl.b32 t2{t}, {code}, 1;",
-        f"and.b32 t3{t}, t1{t}, {FRAGMENT_MAG:#x};",
-        f"lop3.b32 v3{t}, t3{t}, t2{t}, {FRAGMENT_SIGN:#x}, 0xF8;",
+    lines = []
+    for i, pieces in enumerate(DECODE_PLAN):  # fragments.DECODE_PLAN, as decode_fragment_word
+        moved = []
+        for j, (op, n, _) in enumerate(pieces):
+            if op == "none":
+                moved.append(code)
+                continue
+            lines.append(f"shl.b32 t{j + 1}{t}, {code}, {n};" if op == "shl" else
+                         f"shf.l.wrap.b32 t{j + 1}{t}, {code}, {code}, {n};")
+            moved.append(f"t{j + 1}{t}")
+        if len(pieces) == 1:
+            lines.append(f"and.b32 v{i}{t}, {moved[0]}, {pieces[0][2]:#x};")
+        else:
+            lines += [f"and.b32 t3{t}, {moved[0]}, {pieces[0][2]:#x};",
+                      f"lop3.b32 v{i}{t}, t3{t}, {moved[1]}, {pieces[1][2]:#x}, 0xF8;"]
+    return lines + [
         # the scale broadcasts, folded by ptxas into the multiplies' operand swizzle
         *bcast_half_ptx(f"sr{t}", s_r, f"hr{t}", f"xr{t}", half),
         *bcast_half_ptx(f"sq{t}", s_r8, f"hq{t}", f"xq{t}", half),
