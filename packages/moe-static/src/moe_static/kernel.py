@@ -499,16 +499,17 @@ class StaticMoE:
     @cute.jit
     def _next_step(self, fc1: cutlass.Constexpr, j, t0, n_steps, ka, kb, w_unit, s_unit, b_src,
                    nch, hidden, ring, mbar, lane):
-        """Wait for the warp's step j (ring slot (t0 + j) % DEPTH), refill the slot step j - 1
-        used with step j + DEPTH - 1, and return step j's slot."""
+        """Refill the slot step j - 1 used with step j + DEPTH - 1, wait for the warp's step j
+        (ring slot (t0 + j) % DEPTH) and return its slot. The refill goes out before the wait,
+        so DEPTH steps are in flight while the warp waits, not DEPTH - 1."""
         t = t0 + j  # >= 0: slot and parity by bit operations, not signed division
         sl = t & (DEPTH - 1)
-        ptx.mbarrier_wait(mbar + sl * 8, (t >> (DEPTH.bit_length() - 1)) & 1)
         nxt = j + DEPTH - 1
         if nxt < n_steps:
             ptx.sync_warp()  # every lane is done with step j - 1's slot, which nxt refills
             self._fill(fc1, t0 + nxt, ka + nxt * STEP, kb, w_unit, s_unit, b_src, nch, hidden,
                        ring, mbar, lane)
+        ptx.mbarrier_wait(mbar + sl * 8, (t >> (DEPTH.bit_length() - 1)) & 1)
         return ring + sl * SLOT_BYTES
 
     @cute.jit
