@@ -62,9 +62,9 @@ SCALE_OFF = STEP * 1024
 B_OFF = SCALE_OFF + STEP * 256  # NVFP4 scales: 256 B per K-tile (MXFP4 128)
 B_ROW_BYTES = (STEP * TILE_K + 8) * 2  # a token row of one step, padded: conflict-free ldmatrix
 SLOT_BYTES = B_OFF + BN * B_ROW_BYTES  # 6784
-# Ring slots per warp: one step in flight while the other is consumed. 16 warps x 2 x 6784 B is
-# what shared memory holds (one-tile slots measured 2 the same as 3, third session). A power of
-# two: slot and phase parity by bit operations.
+# Ring slots per warp: one step in flight while the other is consumed, two while the warp waits
+# (see _next_step). 16 warps x 2 x 6784 B is what shared memory holds (one-tile slots measured 2
+# the same as 3, third session). A power of two: slot and phase parity by bit operations.
 DEPTH = 2
 MAX_LOCAL_EXPERTS = 512
 MAX_PAIRS = 2048  # pair ids (< MAX_PAIRS) are kept as u16 in shared memory
