@@ -19,9 +19,10 @@ Per CTA: a producer warp (in a third warpgroup, see THREADS) and 2 consumer warp
 warp w owns gpw weight groups (16 rows each) of the row tile. Per 128-deep K-tile each consumer
 warpgroup issues, per k16 slab, gpw wgmma m64nNk16 with A (the weights, decoded e2m1 -> bf16 and
 scaled in registers) from registers and B (the tokens) from shared memory; N is the tile's token
-count rounded up to one of WIDTHS. The decode (~20 integer instructions per 8 weights) is paid
-once per weight tile and token tile, so the wider the token tile, the less decode per FLOP:
-GEOMETRIES has the two tile shapes, 128 rows x 256 tokens ("wide") and 256 x 128 ("tall").
+count rounded up to one of WIDTHS. The decode (9 integer instructions and 4 bf16x2 multiplies
+per 8 weights) is paid once per weight tile and token tile, so the wider the token tile, the
+less decode per FLOP: GEOMETRIES has the two tile shapes, 128 rows x 256 tokens ("wide") and
+256 x 128 ("tall").
 
 Operands arrive by bulk copy (cp.async.bulk, the TMA engine's 1-D copy): B is one copy per
 K-tile of as many tokens as the MMA is wide from a tile-blocked buffer already in wgmma's
