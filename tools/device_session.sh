@@ -10,6 +10,9 @@ set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export FUSED_MOE_COMMIT=${FUSED_MOE_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
+# the moe-static A/B and variant steps' layer presets and token counts
+STATIC_PRESETS=${STATIC_PRESETS:-qwen3-30b-a3b deepseek-v3}
+STATIC_TOKENS=${STATIC_TOKENS:-1 8 64}
 BENCH=(python3 -c "import sys; from dispatcher.cli import main; sys.exit(main())" bench)
 step() {  # name, limit_s, command...
   local name=$1 limit=$2; shift 2
@@ -79,8 +82,8 @@ for s in "$@"; do
       done ;;
     static-ab)  # same run: moe-static (and moe-common) from each tree in $AB_DIRS (else $AB_DIR),
                 # then this tree's (log static-ab-<dir name>, static-ab-new); STATIC_PRESETS, STATIC_TOKENS
-      AB_DIRS=${AB_DIRS:-$AB_DIR} ab static-ab 300 moe-static "${STATIC_PRESETS:-qwen3-30b-a3b deepseek-v3}" \
-        "${STATIC_TOKENS:-1 8 64}" "moe-common moe-static" ;;
+      AB_DIRS=${AB_DIRS:-$AB_DIR} ab static-ab 300 moe-static "$STATIC_PRESETS" "$STATIC_TOKENS" \
+        "moe-common moe-static" ;;
     kernel-ab)  # the same for AB_KERNEL (default moe-gated) with every package's sources from each
                 # tree (log kernel-ab-<kernel>-<dir name>); AB_PRESETS, AB_TOKENS
       ab "kernel-ab-${AB_KERNEL:-moe-gated}" 400 "${AB_KERNEL:-moe-gated}" \
@@ -90,7 +93,7 @@ for s in "$@"; do
                  # the static-ab bench each (log static-env-<setting>)
       for v in ${STATIC_ENVS:-"MOE_STATIC_VARIANT="}; do
         step "static-envcheck-${v//[=,]/-}" 200 env ${v//,/ } python3 tools/gpu_check.py --kernel static
-        step "static-env-${v//[=,]/-}" 300 env ${v//,/ } "${BENCH[@]}" --preset ${STATIC_PRESETS:-qwen3-30b-a3b deepseek-v3} --tokens ${STATIC_TOKENS:-1 8 64} --kernels moe-static --no-check
+        step "static-env-${v//[=,]/-}" 300 env ${v//,/ } "${BENCH[@]}" --preset $STATIC_PRESETS --tokens $STATIC_TOKENS --kernels moe-static --no-check
       done ;;
     static-tests) step static-tests 300 python3 -m pytest packages/moe-static -m gpu -q -x ;;
     generic-tests) step generic-tests 400 python3 -m pytest packages/moe-generic tests dispatcher/tests -m gpu -q ;;
@@ -104,7 +107,7 @@ for s in "$@"; do
     bench-nemotron) step bench-nemotron 400 "${BENCH[@]}" --preset nemotron-relu2 --tokens 512 2048 8192 --kernels auto torch-bf16 --no-check --json "$OUT/bench-nemotron.json" ;;
     static-variants)
       for v in ${STATIC_VARIANTS:-"MOE_STATIC_TEAMS=2,2" "MOE_STATIC_TEAMS=1,1" "MOE_STATIC_SKIP=tasks"}; do
-        step "variant-${v//[=,]/-}" 200 env ${v//;/ } "${BENCH[@]}" --preset ${STATIC_PRESETS:-qwen3-30b-a3b deepseek-v3} --tokens ${STATIC_TOKENS:-1 8 64} --kernels moe-static --no-check
+        step "variant-${v//[=,]/-}" 200 env ${v//;/ } "${BENCH[@]}" --preset $STATIC_PRESETS --tokens $STATIC_TOKENS --kernels moe-static --no-check
       done ;;
     generic-variants)
       for v in "MOE_GENERIC_WARPS64=8" "MOE_GENERIC_WARPS64=4"; do

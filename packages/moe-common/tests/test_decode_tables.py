@@ -12,6 +12,7 @@ import torch
 
 from moe_common.cute import decode
 from moe_common.formats import e2m1_decode
+from moe_common.fragments import decode_word_reference
 
 M32 = 0xFFFFFFFF
 
@@ -71,14 +72,6 @@ def test_random_words():
 
 
 # ---------------------------------------------------------------- kernel fragment words
-def emulate_fragment_decode(w: int) -> list:
-    """decode.decode_fragment_word (and the same PTX in wgmma_decode): fragments.DECODE_PLAN
-    on Python ints."""
-    from moe_common.fragments import decode_word_reference
-
-    return decode_word_reference(w)
-
-
 def _bf16_value(bits: int) -> float:
     t = torch.tensor([bits if bits < 0x8000 else bits - 0x10000], dtype=torch.int16)
     return float(t.view(torch.bfloat16).float())
@@ -102,7 +95,7 @@ def test_fragment_words_decode_to_the_code_times_2_pow_minus_126():
             for slab in (0, 7):
                 wb = words[lane, slab].tolist()
                 w = wb[0] | (wb[1] << 8) | (wb[2] << 16) | (wb[3] << 24)
-                regs = emulate_fragment_decode(w)
+                regs = decode_word_reference(w)  # what the device decoders run
                 for j in range(8):
                     got = _bf16_value((regs[j // 2] >> (16 * (j % 2))) & 0xFFFF)
                     c = codes[row[lane, slab, j], kk[lane, slab, j]]
@@ -116,7 +109,6 @@ def test_wgmma_slab_ptx_runs_the_decode_plan():
     import re
 
     from moe_common.cute.wgmma_decode import _slab_ptx
-    from moe_common.fragments import decode_word_reference
 
     lines = [ln for ln in _slab_ptx(0, 0, "W", "SR", "SQ", 0) if not ln.startswith(("mov", "mul"))]
     m32 = 0xFFFFFFFF
