@@ -127,6 +127,18 @@ for s in "$@"; do
       step ncu-static-src 400 ncu --clock-control none --kernel-name regex:StaticMoE --launch-skip 1 -c 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SourceCounters -o "$OUT/static" python3 tools/profile_layer.py ${PROFILE_ARGS:-}
       step ncu-static-sass 200 ncu --import "$OUT/static.ncu-rep" --page source --csv --print-source sass
       step ncu-static-details 200 ncu --import "$OUT/static.ncu-rep" --page details ;;
+    ncu-static-ab)  # source counters of moe-static from each tree in $AB_DIRS and this one, on the
+                    # layer PROFILE_ARGS: per tree the details page and the SASS summary
+                    # (tools/ncu_sass_top.py), logs ncu-ab<NCU_TAG>-<dir name>-{details,top}
+      for d in $AB_DIRS new; do
+        pp=$PYTHONPATH
+        [ $d != new ] && pp="$d/packages/moe-common/src:$d/packages/moe-static/src:$pp"
+        n=ncu-ab${NCU_TAG:-}-$(basename $d)
+        step $n-details 300 env PYTHONPATH="$pp" ncu --clock-control none --kernel-name regex:StaticMoE --launch-skip 1 -c 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section SourceCounters -o "/tmp/$n" -f python3 tools/profile_layer.py ${PROFILE_ARGS:-}
+        ncu --import "/tmp/$n.ncu-rep" --page details >> "$OUT/$n-details.log" 2>&1
+        ncu --import "/tmp/$n.ncu-rep" --page source --csv --print-source sass > "/tmp/$n.csv" 2>&1
+        step $n-top 100 python3 tools/ncu_sass_top.py "/tmp/$n.csv"
+      done ;;
     ncu-static) step ncu-static 300 ncu --clock-control none --kernel-name regex:StaticMoE --launch-skip 1 -c 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section Occupancy python3 tools/profile_layer.py ;;
     profile) step profile 200 python3 tools/profile_split.py --preset deepseek-v3 --tokens 8192 ;;
     *) echo "unknown step $s" ;;

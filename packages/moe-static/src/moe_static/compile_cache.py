@@ -39,7 +39,7 @@ def compile_config(cfg: StaticConfig):
     z = Int64(0)
     i1 = Int32(1)
     args = ([z] * 11 + [Int32(128)] + [i1, i1, Int32(0), i1, Int32(128), i1, Int32(16), Int32(8), i1]
-            + [z] * 6 + [Float32(1.0), Float32(1.0), Float32(1.0), i1, jit.example_stream()])
+            + [z] * 5 + [Float32(1.0), Float32(1.0), Float32(1.0), i1, jit.example_stream()])
     return jit.compile_kernel(StaticMoE(cfg), *args)
 
 

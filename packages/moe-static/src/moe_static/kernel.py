@@ -27,8 +27,8 @@ the stream over every warp of the GPU.
 With teams of one, where whole units dealt round-robin would leave warps idle (DeepSeek-V3
 T=1: 3584 FC2 units for 2112 warps), a GEMM's units are laid end to end in K-tiles and each warp
 takes an even share; a unit is then cut at most once, and its two pieces add into y (FC2) or
-meet before the activation (FC1, see _meet). Either way a + b in one fixed pairing keeps the
-layer bitwise deterministic.
+meet in their CTA before the activation (FC1, see _meet_leave). Either way a + b in one fixed
+pairing keeps the layer bitwise deterministic.
 
 An expert with more than BN tokens is done in chunks of BN (its weights re-read from L2).
 Units of 16 rows keep every warp of the GPU on the stream even at T=1 (Qwen3-30B-A3B: 8 experts
@@ -70,9 +70,8 @@ MAX_LOCAL_EXPERTS = 512
 MAX_PAIRS = 2048  # pair ids (< MAX_PAIRS) are kept as u16 in shared memory
 SMEM_LIMIT = 227 * 1024
 EXPERTS_PER_THREAD = MAX_LOCAL_EXPERTS // THREADS
-# FC1 unit cut in two (see _meet): per piece a warp's fragment (32 lanes x 4 fp32) and the
-# pair ids of its 8 token columns
-MEET_BYTES = 512 + 32
+# FC1 unit cut in two (see _meet_leave): the first piece's fragment (32 lanes x 4 fp32)
+MEET_BYTES = 512
 REDUCE_BATCH = 8  # top-k routes the final reduce loads at once (k <= 8: one round trip)
 
 
@@ -113,7 +112,8 @@ class StaticMoE:
         self.route_off = self.team_off + self.team_bytes
         self.route_bytes = 3 * MAX_LOCAL_EXPERTS * 4 + MAX_PAIRS * 2 + 8
         self.mbar_off = self.route_off + self.route_bytes  # [WARPS][DEPTH] slot mbarriers
-        self.smem_bytes = self.mbar_off + WARPS * DEPTH * 8
+        self.flag_off = self.mbar_off + WARPS * DEPTH * 8  # [WARPS] FC1 cut flags (_meet_leave)
+        self.smem_bytes = self.flag_off + WARPS * 4
         assert (MAX_LOCAL_EXPERTS + 2 * THREADS) * 4 <= self.ring_bytes
         assert self.smem_bytes <= SMEM_LIMIT, f"{self.smem_bytes} B of shared memory"
 
@@ -126,14 +126,14 @@ class StaticMoE:
         ids: Int64, route_w: Int64, x: Int64, x_stride: Int32,
         tokens: Int32, top_k: Int32, expert_offset: Int32, experts: Int32,
         hidden: Int32, k_tiles1: Int32, groups1: Int32, groups2: Int32, k_tiles2: Int32,
-        inter: Int64, y: Int64, out: Int64, barrier: Int64, meet: Int64, meet_count: Int64,
+        inter: Int64, y: Int64, out: Int64, barrier: Int64, meet: Int64,
         act_alpha: Float32, act_beta: Float32, act_limit: Float32,
         grid: Int32, stream,
     ):
         self.kernel(
             w13, s13, alpha1, b13, w2, s2, alpha2, b2, ids, route_w, x, x_stride,
             tokens, top_k, expert_offset, experts, hidden, k_tiles1, groups1, groups2, k_tiles2,
-            inter, y, out, barrier, meet, meet_count, act_alpha, act_beta, act_limit,
+            inter, y, out, barrier, meet, act_alpha, act_beta, act_limit,
         ).launch(grid=[grid, 1, 1], block=[THREADS, 1, 1], smem=self.smem_bytes, stream=stream,
                  cooperative=True,
                  # .minnctapersm 1: without it ptxas may hold a 512-thread kernel to 64
@@ -150,7 +150,7 @@ class StaticMoE:
         ids: Int64, route_w: Int64, x: Int64, x_stride: Int32,
         tokens: Int32, top_k: Int32, expert_offset: Int32, experts: Int32,
         hidden: Int32, k_tiles1: Int32, groups1: Int32, groups2: Int32, k_tiles2: Int32,
-        inter: Int64, y: Int64, out: Int64, barrier: Int64, meet: Int64, meet_count: Int64,
+        inter: Int64, y: Int64, out: Int64, barrier: Int64, meet: Int64,
         act_alpha: Float32, act_beta: Float32, act_limit: Float32,
     ):
         cfg = self.cfg
@@ -174,6 +174,7 @@ class StaticMoE:
             for i in cutlass.range_constexpr(DEPTH):
                 ptx.mbarrier_init(s_base + self.mbar_off + ((tid // 32) * DEPTH + i) * 8, 1)
             ptx.fence_mbarrier_init()
+            ptx.st_shared_u32(s_base + self.flag_off + (tid // 32) * 4, 0)
         if cutlass.const_expr("route" not in cfg.skip):
             self._route(ids, pairs, expert_offset, experts, tid, s_cnt, s_off, s_cur, s_act,
                         s_ord, s_scan, s_nact, s_max)
@@ -193,14 +194,13 @@ class StaticMoE:
         max_cnt = ptx.ld_shared_u32(s_max)
         self._phase(True, n_act, groups1, groups1, k_tiles1, w13, s13, alpha1, b13, x, x_stride,
                     hidden, inter, inter_stride, y, route_w, top_k, act_alpha, act_beta, act_limit,
-                    s_base, s_cnt, s_off, s_act, s_ord, steps, bid, grid, tid, max_cnt, meet,
-                    meet_count)
+                    s_base, s_cnt, s_off, s_act, s_ord, steps, bid, grid, tid, max_cnt, meet)
         ptx.fence_proxy_async_global()  # inter (generic stores) is read by bulk copies next
         self._grid_sync(barrier, bid, grid, tid)
         self._phase(False, n_act, (hidden + 15) // 16, groups2, k_tiles2, w2, s2, alpha2, b2,
                     inter, inter_stride, hidden, inter, inter_stride, y, route_w, top_k,
                     act_alpha, act_beta, act_limit, s_base, s_cnt, s_off, s_act, s_ord, steps, bid,
-                    grid, tid, max_cnt, meet, meet_count)
+                    grid, tid, max_cnt, meet)
         self._grid_sync(barrier, bid, grid, tid)
         if cutlass.const_expr("reduce" not in cfg.skip):
             self._reduce(ids, y, out, tokens, top_k, expert_offset, experts, hidden, bid, grid, tid)
@@ -262,7 +262,7 @@ class StaticMoE:
     def _phase(self, fc1: cutlass.Constexpr, n_act, n_groups, blob_groups, k_tiles, w, s, alpha,
                bias, src, src_stride, hidden, inter, inter_stride, y, route_w, top_k,
                act_alpha, act_beta, act_limit, s_base, s_cnt, s_off, s_act, s_ord, steps, bid, grid,
-               tid, max_cnt, meet, meet_count):
+               tid, max_cnt, meet):
         """Every unit (active expert a, 16-row group g) of one GEMM, by teams of `team` warps.
 
         B (tokens) comes from src: FC1 the rows x[pair // k] (read-only, stride src_stride),
@@ -278,32 +278,40 @@ class StaticMoE:
         ring = s_base + warp * (DEPTH * SLOT_BYTES)
         mbar = s_base + self.mbar_off + warp * (DEPTH * 8)
         acc = cute.make_rmem_tensor(cute.make_layout(4), Float32)
+        n_units = n_act * n_groups
         share = Int32(0)
         if cutlass.const_expr(team == 1):
-            share = self._even_share(n_act * n_groups, k_tiles, grid)
             if cutlass.const_expr(fc1):
-                if max_cnt > BN:  # FC1's cut units meet per chunk of BN tokens: one chunk only
-                    share = Int32(0)
+                if max_cnt <= BN:  # FC1's cut units meet per chunk of BN tokens: one chunk only
+                    share = self._cta_share(n_units, k_tiles, grid)
+            else:
+                share = self._even_share(n_units, k_tiles, grid)
         if share > 0:
-            # Teams of one where whole units per warp leave warps idle: warp w takes K-tiles
-            # [w * share, (w + 1) * share) of all units' K-tiles laid end to end. share >=
-            # k_tiles, so a unit is cut at most once, into two pieces: FC2's add into zeroed y
-            # (see _zero_y), FC1's meet before the activation (see _meet).
-            gw = bid * WARPS + warp
-            start = gw * share
-            end = cutlass.min(start + share, n_act * n_groups * k_tiles)
+            # Teams of one where whole units per warp leave warps idle: each warp takes `share`
+            # K-tiles of units laid end to end (share >= k_tiles, so a unit is cut at most once).
+            # FC2: warp w of the grid takes [w * share, (w + 1) * share) of all units, and the
+            # two pieces of a cut unit add into zeroed y (see _zero_y). FC1: the CTA's units
+            # (_cta_share) are split among its warps, so both pieces of a cut unit are in one
+            # CTA and meet through shared memory before the activation (see _meet_leave).
+            start = (bid * WARPS + warp) * share
+            end = cutlass.min(start + share, n_units * k_tiles)
+            if cutlass.const_expr(fc1):
+                start = bid * n_units // grid * k_tiles + warp * share
+                end = cutlass.min(start + share, (bid + 1) * n_units // grid * k_tiles)
+            meet_cta = meet + Int64(bid * WARPS) * MEET_BYTES
+            s_flag = s_base + self.flag_off
             for u in cutlass.range(start // k_tiles, (end + k_tiles - 1) // k_tiles, unroll=1):
                 k0 = cutlass.max(start - u * k_tiles, 0)
                 k1 = cutlass.min(end - u * k_tiles, k_tiles)
-                # a piece from K-tile 0 ends at cut gw + 1, a later one starts at cut gw
-                cut = gw
+                # FC1: a piece from K-tile 0 ends at the CTA's cut warp + 1, a later one starts
+                # at cut warp
+                cut = warp
                 if k0 == 0:
-                    cut = gw + 1
+                    cut = warp + 1
                 self._unit(fc1, acc, u, k0, k1 - k0, n_groups, blob_groups, k_tiles, w, s, alpha,
                            bias, src, src_stride, hidden, inter, inter_stride, y, route_w, top_k,
                            act_alpha, act_beta, act_limit, s_base, s_cnt, s_off, s_act, s_ord,
-                           steps, my_team, member, team, ring, mbar, lane, meet,
-                           meet_count, cut)
+                           steps, my_team, member, team, ring, mbar, lane, meet_cta, s_flag, cut)
         else:
             # Unit u goes to team u // grid of CTA u % grid: with fewer units than teams every
             # SM still gets a share (Qwen3-30B-A3B T=1: 768 FC1 units on 5-6 teams of each of
@@ -313,7 +321,19 @@ class StaticMoE:
                            alpha, bias, src, src_stride, hidden, inter, inter_stride, y, route_w,
                            top_k, act_alpha, act_beta, act_limit, s_base, s_cnt, s_off, s_act,
                            s_ord, steps, my_team, member, team, ring, mbar, lane, meet,
-                           meet_count, Int32(0))
+                           Int32(0), Int32(0))
+
+    @cute.jit
+    def _cta_share(self, n_units, k_tiles, grid):
+        """FC1's even shares: CTA b takes units [b U / G, (b + 1) U / G) and each of its warps
+        `share` of their K-tiles, or 0 where whole units dealt round-robin are as good (the rule
+        of _even_share, on the CTA with the most units). The same for every CTA."""
+        most = (n_units + grid - 1) // grid
+        share = cutlass.max((most * k_tiles + WARPS - 1) // WARPS, k_tiles)
+        whole = (n_units + grid * WARPS - 1) // (grid * WARPS) * k_tiles
+        if 10 * share > 9 * whole:
+            share = Int32(0)
+        return share
 
     @cute.jit
     def _even_share(self, n_units, k_tiles, grid):
@@ -345,10 +365,10 @@ class StaticMoE:
     def _unit(self, fc1: cutlass.Constexpr, acc, u, k0, k_count, n_groups, blob_groups, k_tiles,
               w, s, alpha, bias, src, src_stride, hidden, inter, inter_stride, y, route_w, top_k,
               act_alpha, act_beta, act_limit, s_base, s_cnt, s_off, s_act, s_ord, steps,
-              my_team, member, team, ring, mbar, lane, meet, meet_count, cut):
+              my_team, member, team, ring, mbar, lane, meet, s_flag, cut):
         """K-tiles [k0, k0 + k_count) of unit u (active expert a, 16-row group g), every chunk
         of BN of the expert's tokens; member 0 of the team writes the results (of an FC1 unit
-        cut in two: the piece that finishes second, see _meet)."""
+        cut in two: the piece from K-tile 0, see _meet_take)."""
         cfg = self.cfg
         r = lane // 4
         q = lane % 4
@@ -385,9 +405,12 @@ class StaticMoE:
                 self._team_sum(acc, s_base + self.team_off, my_team, member, team, lane)
             last = Int32(1)
             if cutlass.const_expr(fc1 and team == 1):
-                if k_count < k_tiles:
-                    last = self._meet(acc, meet, meet_count, cut, k0 > 0, s_ord, first + c0, nch,
-                                      lane)
+                if k_count < k_tiles:  # a piece of a cut unit (one chunk: see _phase)
+                    if k0 > 0:
+                        self._meet_leave(acc, meet, s_flag, cut, lane)
+                        last = Int32(0)
+                    else:
+                        self._meet_take(acc, meet, s_flag, cut, lane)
             if member == 0:
                 if last != 0:
                     if cutlass.const_expr(fc1):
@@ -398,50 +421,29 @@ class StaticMoE:
                                            k_count < k_tiles)
 
     @cute.jit
-    def _meet(self, acc, meet, meet_count, cut, second_piece, s_ord, pos0, nch, lane):
-        """The two pieces of an FC1 unit cut at `cut` (K-tiles before it, K-tiles from it) meet
-        here: each leaves its fragment and its columns' pair ids in its half of the cut's slot
-        and arrives on the cut's counter; the second to arrive adds the other's values into acc
-        (matched by pair id: the CTAs order an expert's pairs independently) and returns 1, so
-        it runs the epilogue. a + b is the same in either order, so the result is bitwise
-        deterministic; no warp waits for the other."""
-        r = lane // 4
-        q = lane % 4
-        slot = meet + Int64(cut) * (2 * MEET_BYTES)
-        mine = slot
-        other = slot + MEET_BYTES
-        if second_piece:
-            mine = slot + MEET_BYTES
-            other = slot
-        ptx.st_v4_f32(mine + lane * 16, acc[0], acc[1], acc[2], acc[3])
-        if lane < nch:
-            ptx.st_u32(mine + 512 + lane * 4, ptx.ld_shared_u16(s_ord + (pos0 + lane) * 2))
+    def _meet_leave(self, acc, meet_cta, s_flag, cut, lane):
+        """The later piece of an FC1 unit cut at the CTA's `cut` (its K-tiles from the cut; a
+        warp's first piece, so it ends early) leaves its fragment in the cut's slot and sets the
+        cut's flag. Both pieces are in one CTA (_cta_share) and order the pair ids alike, so the
+        fragments line up lane by lane, and the flag is a CTA-scope release in shared memory:
+        no device-scope fence and no atomic round trip to L2 (the grid-wide meeting this
+        replaces, a fence and an atomic per piece, took ~6.6% of the warp samples at
+        Qwen3-30B-A3B T=8, BENCHMARKS.md, thirteenth session)."""
+        ptx.st_v4_f32(meet_cta + cut * MEET_BYTES + lane * 16, acc[0], acc[1], acc[2], acc[3])
         ptx.sync_warp()
-        old = Int32(0)
         if lane == 0:
-            old = ptx.meet_arrive(meet_count + Int64(cut) * 4)
-        old = cute.arch.shuffle_sync(old, 0)
-        if old == 1:
-            ptx.sync_warp()  # after lane 0's acquire
-            ids = ptx.ld_cg_v4(other + 512) + ptx.ld_cg_v4(other + 528)
-            for c in cutlass.range_constexpr(2):
-                n = 2 * q + c
-                if n < nch:
-                    pair = ptx.ld_shared_u16(s_ord + (pos0 + n) * 2)
-                    m = Int32(0)
-                    for j in cutlass.range_constexpr(BN):
-                        if ids[j] == pair:
-                            if j < nch:
-                                m = Int32(j)
-                    v = ptx.ld_cg_v4(other + (r * 4 + m // 2) * 16)
-                    lo = v[0]
-                    hi = v[2]
-                    if m % 2 == 1:
-                        lo = v[1]
-                        hi = v[3]
-                    acc[c] = acc[c] + ptx.f32_bits(lo)
-                    acc[2 + c] = acc[2 + c] + ptx.f32_bits(hi)
-        return old
+            ptx.flag_set_release_cta(s_flag + cut * 4)
+
+    @cute.jit
+    def _meet_take(self, acc, meet_cta, s_flag, cut, lane):
+        """The piece from K-tile 0 (a warp's last piece) adds the later piece's fragment (see
+        _meet_leave) and runs the epilogue: acc + other is the same in either order, so the
+        result is bitwise deterministic. The other piece was its warp's first, so the flag is
+        normally set long before."""
+        ptx.flag_wait_acquire_cta(s_flag + cut * 4)
+        v = ptx.ld_v4(meet_cta + cut * MEET_BYTES + lane * 16)
+        for c in cutlass.range_constexpr(4):
+            acc[c] = acc[c] + ptx.f32_bits(v[c])
 
     @cute.jit
     def _b_source(self, fc1: cutlass.Constexpr, src, src_stride, top_k, s_ord, pos0, nch, lane):

@@ -3,9 +3,8 @@
 Weights are the shared fragment repack (moe_common.packed, cached per layer and shared with the
 other kernels). Workspace: the bf16 intermediate [T * k, Ip], the fp32 routed FC2 outputs
 [T * k, H], the grid barrier's counter (zeroed once; each barrier leaves its low 31 bits at 0, see
-ptx.grid_barrier_arrive_wait) and, per warp of the grid, a meeting slot and counter for an FC1
-unit cut in two (the counters zeroed once; the second piece resets its own, see
-StaticMoE._meet).
+ptx.grid_barrier_arrive_wait) and, per warp of the grid, a meeting slot for an FC1 unit cut in
+two (see StaticMoE._meet_leave).
 Nothing syncs with the host.
 """
 from __future__ import annotations
@@ -68,8 +67,7 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     y = bufs.get("y", (P * H,), torch.float32)
     barrier = bufs.get("barrier", (1,), torch.int32, zeroed=True)
     grid = _grid(dev)
-    meet = bufs.get("meet", (grid * WARPS * 2 * MEET_BYTES // 4,), torch.int32)
-    meet_count = bufs.get("meet_count", (grid * WARPS,), torch.int32, zeroed=True)
+    meet = bufs.get("meet", (grid * WARPS * MEET_BYTES // 4,), torch.int32)
     if out is None:
         out = torch.empty(T, H, dtype=torch.bfloat16, device=dev)
     if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
@@ -88,6 +86,5 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
            T, k, weights.local_expert_offset, weights.num_local_experts,
            H, prep.hidden_padded // TILE_K, prep.fc1_rows // 16, prep.fc2_rows // 16, ip // TILE_K,
            inter.data_ptr(), y.data_ptr(), out.data_ptr(), barrier.data_ptr(), meet.data_ptr(),
-           meet_count.data_ptr(),
            activation.alpha, activation.beta, limit, grid, jit.current_stream(dev))
     return out

@@ -279,20 +279,21 @@ def atom_max_shared(addr, v, *, loc=None, ip=None) -> Int32:
 
 
 @dsl_user_op
-def meet_arrive(count, *, loc=None, ip=None) -> Int32:
-    """One lane per warp: the second of two arrivals on a global counter (0 before the first)
-    returns 1 and leaves the counter at 0 again; the first returns 0. Release before the
-    atomic, acquire after it for the second, as in grid_barrier_arrive_wait: with a warp sync
-    around the call, the first warp's earlier global writes are visible to the second warp's
-    later reads (ld.cg: L1 is not coherent across SMs)."""
-    return Int32(_asm(T.i32(), [Int64(count).ir_value(loc=loc, ip=ip)],
-                      "{\n.reg .pred p;\n"
-                      "fence.acq_rel.gpu;\n"
-                      "atom.relaxed.gpu.global.add.u32 $0, [$1], 1;\n"
-                      "setp.eq.u32 p, $0, 1;\n"
-                      "@p st.relaxed.gpu.global.u32 [$1], 0;\n"
-                      "@p fence.acq_rel.gpu;\n"
-                      "}", "=r,l", side_effects=True))
+def flag_set_release_cta(addr, *, loc=None, ip=None):
+    """Set a shared-memory flag to 1 with release semantics at CTA scope: after a warp sync, the
+    warp's earlier writes (global included) are visible to a warp of the CTA that sees the flag
+    through flag_wait_acquire_cta. A CTA-scope fence, not a round trip to L2."""
+    _stmt([Int32(addr).ir_value(loc=loc, ip=ip)], "st.release.cta.shared.u32 [$0], 1;", "r")
+
+
+@dsl_user_op
+def flag_wait_acquire_cta(addr, *, loc=None, ip=None):
+    """Spin until a shared-memory flag is 1 (acquire, CTA scope; see flag_set_release_cta)."""
+    _stmt([Int32(addr).ir_value(loc=loc, ip=ip)],
+          "{\n.reg .pred p;\n.reg .b32 v;\nWAIT_${:uid}:\n"
+          "ld.acquire.cta.shared.u32 v, [$0];\n"
+          "setp.ne.u32 p, v, 1;\n"
+          "@p bra WAIT_${:uid};\n}", "r")
 
 
 @dsl_user_op
