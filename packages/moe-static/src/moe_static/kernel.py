@@ -89,7 +89,9 @@ class StaticConfig:
     # units), "route", "barriers", "reduce"
     skip: frozenset = frozenset()
     # timing variants (wrong results): "nodecode" feeds raw code words as A, "nob" skips the B
-    # ldmatrix, "nomma" skips the MMAs (the decode still runs: its results are summed into acc)
+    # ldmatrix, "nomma" skips the MMAs (the decode still runs: its results are summed into acc);
+    # "stamps" (right results) leaves each warp's start, FC1-end and FC2-end %globaltimer and
+    # its %smid in the meet workspace at the end (tools/static_spread.py)
     variant: str = ""
 
     @property
@@ -169,6 +171,9 @@ class StaticMoE:
         s_cur = s_base                            # routing scratch in the ring: [E] cursors,
         s_scan = s_cur + MAX_LOCAL_EXPERTS * 4    # [2][THREADS] scan
         pairs = tokens * top_k
+        stamps = []
+        if cutlass.const_expr(cfg.variant == "stamps"):
+            stamps.append(ptx.globaltimer_lo_hi())
 
         if tid % 32 == 0:  # one mbarrier per ring slot of each warp (the routing syncs after)
             for i in cutlass.range_constexpr(DEPTH):
@@ -195,15 +200,24 @@ class StaticMoE:
         self._phase(True, n_act, groups1, groups1, k_tiles1, w13, s13, alpha1, b13, x, x_stride,
                     hidden, inter, inter_stride, y, route_w, top_k, act_alpha, act_beta, act_limit,
                     s_base, s_cnt, s_off, s_act, s_ord, steps, bid, grid, tid, max_cnt, meet)
+        if cutlass.const_expr(cfg.variant == "stamps"):
+            stamps.append(ptx.globaltimer_lo_hi())
         ptx.fence_proxy_async_global()  # inter (generic stores) is read by bulk copies next
         self._grid_sync(barrier, bid, grid, tid)
         self._phase(False, n_act, (hidden + 15) // 16, groups2, k_tiles2, w2, s2, alpha2, b2,
                     inter, inter_stride, hidden, inter, inter_stride, y, route_w, top_k,
                     act_alpha, act_beta, act_limit, s_base, s_cnt, s_off, s_act, s_ord, steps, bid,
                     grid, tid, max_cnt, meet)
+        if cutlass.const_expr(cfg.variant == "stamps"):
+            stamps.append(ptx.globaltimer_lo_hi())
         self._grid_sync(barrier, bid, grid, tid)
         if cutlass.const_expr("reduce" not in cfg.skip):
             self._reduce(ids, y, out, tokens, top_k, expert_offset, experts, hidden, bid, grid, tid)
+        if cutlass.const_expr(cfg.variant == "stamps"):
+            if tid % 32 == 0:  # the meetings are over: their workspace holds the stamps
+                at = meet + Int64(bid * WARPS + tid // 32) * 32
+                ptx.st_v4(at, stamps[0][0], stamps[0][1], stamps[1][0], stamps[1][1])
+                ptx.st_v4(at + 16, stamps[2][0], stamps[2][1], stamps[0][2], 0)
 
     @cute.jit
     def _grid_sync(self, barrier, bid, grid, tid):

@@ -1,0 +1,71 @@
+"""When each warp of moe-static finishes FC1 and FC2 (development tool).
+
+Runs a layer with the "stamps" variant (StaticConfig.variant; right results, each warp leaves
+its start, FC1-end and FC2-end %globaltimer and its %smid in the workspace) a few times on one
+routing and prints, per phase end, the spread over the grid's warps and CTAs, and whether the
+same SMs are the late ones from call to call (the rank correlation of the CTAs' FC1 ends,
+by SM, between calls).
+
+    python3 tools/static_spread.py [--tokens 8] [--experts 128 --hidden 2048 --intermediate 768]
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from moe_common.testing import random_layer, random_routing
+from moe_common.workspace import Workspace
+from moe_static import compile_cache, fused_moe
+from moe_static.kernel import WARPS
+
+
+def _ranks(v: torch.Tensor) -> torch.Tensor:
+    return v.argsort().argsort().double()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", type=int, default=8)
+    ap.add_argument("--experts", type=int, default=128)
+    ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--intermediate", type=int, default=768)
+    ap.add_argument("--calls", type=int, default=5)
+    args = ap.parse_args()
+    compile_cache.VARIANT = "stamps"
+    w = random_layer(args.experts, args.hidden, args.intermediate)
+    x = torch.randn(args.tokens, args.hidden, device="cuda").bfloat16()
+    tw, ti = random_routing(args.tokens, args.experts, 8)
+    ws = Workspace()
+    grid = torch.cuda.get_device_properties(0).multi_processor_count
+    by_sm = []
+    for call in range(args.calls + 1):
+        fused_moe(x, w, tw, ti, workspace=ws)
+        torch.cuda.synchronize()
+        if call == 0:
+            continue  # the first call compiles
+        m = ws.get("moe-static.meet", (grid * WARPS * 8,), torch.int32, "cuda")
+        m = m.view(torch.int64).view(grid * WARPS, 4).cpu()
+        t0 = m[:, 0].min()
+        start, fc1, fc2 = ((m[:, i] - t0).double() / 1000 for i in range(3))  # us
+        sm = (m[:, 3] & 0xFFFFFFFF).view(grid, WARPS)[:, 0]
+        cta_fc1 = fc1.view(grid, WARPS).max(1).values
+        cta_fc2 = fc2.view(grid, WARPS).max(1).values
+        q = torch.tensor([0.0, 0.1, 0.5, 0.9, 1.0], dtype=torch.float64)
+        print(f"call {call}: warp start {start.max():.2f} us after the first")
+        for name, wv, cv in (("FC1 end", fc1, cta_fc1), ("FC2 end", fc2, cta_fc2)):
+            wq = " ".join(f"{v:6.2f}" for v in wv.quantile(q).tolist())
+            cq = " ".join(f"{v:6.2f}" for v in cv.quantile(q).tolist())
+            print(f"  {name}: warps min/p10/p50/p90/max {wq} us; CTAs (slowest warp) {cq} us; "
+                  f"mean warp wait for its CTA {(cv.repeat_interleave(WARPS) - wv).mean():.2f} us")
+        order = torch.empty(grid, dtype=torch.float64)
+        order[sm.long()] = cta_fc1
+        by_sm.append(order)
+    r = [_ranks(v) for v in by_sm]
+    cors = [torch.corrcoef(torch.stack([r[i], r[i + 1]]))[0, 1].item() for i in range(len(r) - 1)]
+    print("rank correlation of the CTAs' FC1 ends by SM, call to call:",
+          " ".join(f"{c:.2f}" for c in cors))
+
+
+if __name__ == "__main__":
+    main()
