@@ -31,6 +31,9 @@ def main():
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--intermediate", type=int, default=768)
     ap.add_argument("--calls", type=int, default=5)
+    ap.add_argument("--fresh-routing", action="store_true", dest="fresh",
+                    help="a new routing every call (late SMs that stay late are the SMs', "
+                    "not the work's)")
     args = ap.parse_args()
     compile_cache.VARIANT = "stamps"
     w = random_layer(args.experts, args.hidden, args.intermediate)
@@ -38,8 +41,10 @@ def main():
     tw, ti = random_routing(args.tokens, args.experts, 8)
     ws = Workspace()
     grid = torch.cuda.get_device_properties(0).multi_processor_count
-    by_sm = []
+    by_sm, by_cta, sms = [], [], []
     for call in range(args.calls + 1):
+        if args.fresh:
+            tw, ti = random_routing(args.tokens, args.experts, 8)
         fused_moe(x, w, tw, ti, workspace=ws)
         torch.cuda.synchronize()
         if call == 0:
@@ -61,10 +66,18 @@ def main():
         order = torch.empty(grid, dtype=torch.float64)
         order[sm.long()] = cta_fc1
         by_sm.append(order)
-    r = [_ranks(v) for v in by_sm]
-    cors = [torch.corrcoef(torch.stack([r[i], r[i + 1]]))[0, 1].item() for i in range(len(r) - 1)]
-    print("rank correlation of the CTAs' FC1 ends by SM, call to call:",
-          " ".join(f"{c:.2f}" for c in cors))
+        by_cta.append(cta_fc1)
+        sms.append(sm)
+        print("  latest 8 CTAs' SMs at FC1's end:", cta_fc1.argsort(descending=True)[:8].tolist(),
+              "->", sm[cta_fc1.argsort(descending=True)[:8]].tolist())
+    for name, runs in (("SM", by_sm), ("CTA", by_cta)):
+        r = [_ranks(v) for v in runs]
+        cors = [torch.corrcoef(torch.stack([r[i], r[i + 1]]))[0, 1].item()
+                for i in range(len(r) - 1)]
+        print(f"rank correlation of the CTAs' FC1 ends by {name}, call to call:",
+              " ".join(f"{c:.2f}" for c in cors))
+    same = [(sms[i] == sms[i + 1]).double().mean().item() for i in range(len(sms) - 1)]
+    print("CTAs on the same SM as in the call before:", " ".join(f"{v:.2f}" for v in same))
 
 
 if __name__ == "__main__":
