@@ -13,9 +13,11 @@ DIM_MULTIPLE = 32
 # generic time / static time): ahead at every T <= 16 point (1.01-1.54), at T=32 ahead or level
 # on all five (0.99-1.08), mixed at T=64 (0.95-1.08), behind on four of five at T=128 (0.87-0.99).
 # Checked again at 840fc42 (twelfth session): ahead at every T <= 32 point (1.02-1.54), mixed at
-# T=64 (0.99-1.07), behind at T=128 on all five (0.87-0.99). It was 16 after the ninth session
-# (T=32 then 0.97-1.05). The cutover counts tokens, not routed pairs: the kernels' balance
-# differs by preset at equal pairs (gpt-oss-120b has k=4, the rest 6-8).
+# T=64 (0.99-1.07), behind at T=128 on all five (0.87-0.99); and at b122685 (thirteenth): ahead
+# at every T <= 32 point (1.02-1.56), mixed at T=64 (0.99-1.06), behind at T=128 (0.88-0.98).
+# It was 16 after the ninth session (T=32 then 0.97-1.05). The cutover counts tokens, not routed
+# pairs: the kernels' balance differs by preset at equal pairs (gpt-oss-120b has k=4, the rest
+# 6-8).
 CUTOVER_TOKENS = 32
 
 
