@@ -70,7 +70,7 @@ MAX_LOCAL_EXPERTS = 512
 MAX_PAIRS = 2048  # pair ids (< MAX_PAIRS) are kept as u16 in shared memory
 SMEM_LIMIT = 227 * 1024
 EXPERTS_PER_THREAD = MAX_LOCAL_EXPERTS // THREADS
-# FC1 unit cut in two (see _meet_leave): the first piece's fragment (32 lanes x 4 fp32)
+# FC1 unit cut in two (see _meet_leave): the fragment (32 lanes x 4 fp32) of its piece from the cut
 MEET_BYTES = 512
 REDUCE_BATCH = 8  # top-k routes the final reduce loads at once (k <= 8: one round trip)
 
@@ -455,6 +455,7 @@ class StaticMoE:
         result is bitwise deterministic. The other piece was its warp's first, so the flag is
         normally set long before."""
         ptx.flag_wait_acquire_cta(s_flag + cut * 4)
+        # a plain load: the writer is a warp of this CTA, and the acquire orders this after it
         v = ptx.ld_v4(meet_cta + cut * MEET_BYTES + lane * 16)
         for c in cutlass.range_constexpr(4):
             acc[c] = acc[c] + ptx.f32_bits(v[c])
