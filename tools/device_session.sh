@@ -4,8 +4,9 @@
 #   source .device/bin/gpu.sh && bash tools/device_session.sh STEP [STEP ...]
 # Steps: gated-quick gated-tests sanitize-gated bench-gated bench-gated-q bench-gated-all
 #        static-quick static-tests generic-tests sanitize-static sanitize-generic
-#        bench-static bench-generic-large profile; A/B in one run against older trees (AB_DIRS):
-#        static-ab, kernel-ab (AB_KERNEL); variants by environment: static-env (STATIC_ENVS)
+#        bench-static bench-generic-large profile static-spread; A/B in one run against older
+#        trees (AB_DIRS): static-ab, kernel-ab (AB_KERNEL), ncu-static-ab (PROFILE_ARGS);
+#        variants by environment: static-env (STATIC_ENVS)
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -139,6 +140,10 @@ for s in "$@"; do
         ncu --import "/tmp/$n.ncu-rep" --page source --csv --print-source sass > "/tmp/$n.csv" 2>&1
         step $n-top 100 python3 tools/ncu_sass_top.py "/tmp/$n.csv"
       done ;;
+    static-spread)  # per-warp phase-end timestamps (tools/static_spread.py), Qwen3-30B-A3B-sized T=8:
+                    # one routing replayed, then a fresh routing per call
+      step static-spread 150 python3 tools/static_spread.py --tokens 8
+      step static-spread-fresh 150 python3 tools/static_spread.py --tokens 8 --fresh-routing ;;
     ncu-static) step ncu-static 300 ncu --clock-control none --kernel-name regex:StaticMoE --launch-skip 1 -c 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section Occupancy python3 tools/profile_layer.py ;;
     profile) step profile 200 python3 tools/profile_split.py --preset deepseek-v3 --tokens 8192 ;;
     *) echo "unknown step $s" ;;
