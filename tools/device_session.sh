@@ -22,14 +22,18 @@ step() {  # name, limit_s, command...
   local rc=$?
   echo "== $name rc=$rc $(( $(date +%s) - t0 ))s"; tail -n 4 "$OUT/$name.log"
 }
+tree_path() {  # tree dir (or "new"), packages: PYTHONPATH with those packages' sources first
+  local d=$1 p pp=$PYTHONPATH; shift
+  if [ $d != new ]; then
+    for p in "$@"; do pp="$d/packages/$p/src:$pp"; done
+  fi
+  echo "$pp"
+}
 ab() {  # log prefix, limit_s, kernel, presets, tokens, packages: one bench per tree in $AB_DIRS
         # (those packages' sources first on PYTHONPATH; log <prefix>-<dir name>), then this tree's
-  local prefix=$1 limit=$2 kernel=$3 presets=$4 tokens=$5 pkgs=$6 d p pp
+  local prefix=$1 limit=$2 kernel=$3 presets=$4 tokens=$5 pkgs=$6 d pp
   for d in $AB_DIRS new; do
-    pp=$PYTHONPATH
-    if [ $d != new ]; then
-      for p in $pkgs; do pp="$d/packages/$p/src:$pp"; done
-    fi
+    pp=$(tree_path $d $pkgs)
     step "$prefix-$(basename $d)" $limit env PYTHONPATH="$pp" "${BENCH[@]}" --preset $presets --tokens $tokens --kernels $kernel --no-check
   done
 }
@@ -132,8 +136,7 @@ for s in "$@"; do
                     # layer PROFILE_ARGS: per tree the details page and the SASS summary
                     # (tools/ncu_sass_top.py), logs ncu-ab<NCU_TAG>-<dir name>-{details,top}
       for d in $AB_DIRS new; do
-        pp=$PYTHONPATH
-        [ $d != new ] && pp="$d/packages/moe-common/src:$d/packages/moe-static/src:$pp"
+        pp=$(tree_path $d moe-common moe-static)
         n=ncu-ab${NCU_TAG:-}-$(basename $d)
         step $n-details 300 env PYTHONPATH="$pp" ncu --clock-control none --kernel-name regex:StaticMoE --launch-skip 1 -c 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section SourceCounters -o "/tmp/$n" -f python3 tools/profile_layer.py ${PROFILE_ARGS:-}
         ncu --import "/tmp/$n.ncu-rep" --page details >> "$OUT/$n-details.log" 2>&1

@@ -297,7 +297,7 @@ class StaticMoE:
         if cutlass.const_expr(team == 1):
             if cutlass.const_expr(fc1):
                 if max_cnt <= BN:  # FC1's cut units meet per chunk of BN tokens: one chunk only
-                    share = self._cta_share(n_units, k_tiles, grid)
+                    share = self._even_share(n_units, k_tiles, grid, per_cta=True)
             else:
                 share = self._even_share(n_units, k_tiles, grid)
         if share > 0:
@@ -305,13 +305,14 @@ class StaticMoE:
             # K-tiles of units laid end to end (share >= k_tiles, so a unit is cut at most once).
             # FC2: warp w of the grid takes [w * share, (w + 1) * share) of all units, and the
             # two pieces of a cut unit add into zeroed y (see _zero_y). FC1: the CTA's units
-            # (_cta_share) are split among its warps, so both pieces of a cut unit are in one
+            # (_even_share with per_cta) are split among its warps, so both pieces of a cut unit are in one
             # CTA and meet through shared memory before the activation (see _meet_leave).
-            start = (bid * WARPS + warp) * share
-            end = cutlass.min(start + share, n_units * k_tiles)
             if cutlass.const_expr(fc1):
                 start = bid * n_units // grid * k_tiles + warp * share
                 end = cutlass.min(start + share, (bid + 1) * n_units // grid * k_tiles)
+            else:
+                start = (bid * WARPS + warp) * share
+                end = cutlass.min(start + share, n_units * k_tiles)
             meet_cta = meet + Int64(bid * WARPS) * MEET_BYTES
             s_flag = s_base + self.flag_off
             for u in cutlass.range(start // k_tiles, (end + k_tiles - 1) // k_tiles, unroll=1):
@@ -338,28 +339,21 @@ class StaticMoE:
                            Int32(0), Int32(0))
 
     @cute.jit
-    def _cta_share(self, n_units, k_tiles, grid):
-        """FC1's even shares: CTA b takes units [b U / G, (b + 1) U / G) and each of its warps
-        `share` of their K-tiles, or 0 where whole units dealt round-robin are as good (the rule
-        of _even_share, on the CTA with the most units). The same for every CTA."""
-        most = (n_units + grid - 1) // grid
-        share = cutlass.max((most * k_tiles + WARPS - 1) // WARPS, k_tiles)
-        whole = (n_units + grid * WARPS - 1) // (grid * WARPS) * k_tiles
-        if 10 * share > 9 * whole:
-            share = Int32(0)
-        return share
-
-    @cute.jit
-    def _even_share(self, n_units, k_tiles, grid):
+    def _even_share(self, n_units, k_tiles, grid, per_cta: cutlass.Constexpr = False):
         """K-tiles per warp when a GEMM (teams of one) is split in even shares, or 0 when whole
         units dealt round-robin are as good. The split pays where those leave warps idle
         (DeepSeek-V3 T=1: 3584 units of 16 K-tiles for 2112 warps, the busiest warps stream 32
         K-tiles against an even 28: 73.3 -> 70.9 us) but measured slower where units per warp
         are many (Qwen3-30B-A3B T=64, 48 against 47 K-tiles: 160.8 -> 183.3 us, cause not
         found; BENCHMARKS.md, eighth session). So it is taken only where it shortens the busiest
-        warp's stream by at least 10%. (Measured on FC2 first; FC1 takes the same rule.)"""
+        warp's stream by at least 10%. (Measured on FC2 first; FC1 takes the same rule.)
+        per_cta (FC1): CTA b takes units [b U / G, (b + 1) U / G) and its warps split their
+        K-tiles, so the share is that of the CTA with the most units; the same for every CTA."""
         w = grid * WARPS
         share = cutlass.max((n_units * k_tiles + w - 1) // w, k_tiles)
+        if cutlass.const_expr(per_cta):
+            most = (n_units + grid - 1) // grid
+            share = cutlass.max((most * k_tiles + WARPS - 1) // WARPS, k_tiles)
         whole = (n_units + w - 1) // w * k_tiles
         if 10 * share > 9 * whole:
             share = Int32(0)
@@ -438,7 +432,7 @@ class StaticMoE:
     def _meet_leave(self, acc, meet_cta, s_flag, cut, lane):
         """The later piece of an FC1 unit cut at the CTA's `cut` (its K-tiles from the cut; a
         warp's first piece, so it ends early) leaves its fragment in the cut's slot and sets the
-        cut's flag. Both pieces are in one CTA (_cta_share) and order the pair ids alike, so the
+        cut's flag. Both pieces are in one CTA (_even_share with per_cta) and order the pair ids alike, so the
         fragments line up lane by lane, and the flag is a CTA-scope release in shared memory:
         no device-scope fence and no atomic round trip to L2 (the grid-wide meeting this
         replaces, a fence and an atomic per piece, took ~6.6% of the warp samples at
