@@ -48,20 +48,41 @@ class TileGather:
             p0 = ptx.ld_u32(tile_start + Int64(t) * 4)
             p1 = ptx.ld_u32(tile_end + Int64(t) * 4)
             dst_block = blocked + (Int64(t) * Int64(k_tiles) + Int64(kt)) * (self.chunks * 16)
-            # a warp instruction moves 8 tokens x 4 chunks: 64 contiguous bytes of each of 8
-            # token rows in, 512 contiguous bytes out
+            # Thread chunk i: c = tidx + i * THREADS, in 8-token group blk = c // 32, token n,
+            # 8-column chunk ch; a warp instruction moves 8 tokens x 4 chunks (64 contiguous
+            # bytes of each of 8 token rows in, 512 contiguous bytes out). A thread meets only
+            # bn / 64 distinct tokens. Every load is issued before the first store: with a
+            # chunk's id load, row load and store in turn, each chunk paid two dependent round
+            # trips and the gather ran at ~2 TB/s of writes (BENCHMARKS.md, fourteenth session).
+            # The row loads are coherent (ld.global), not .nc: ptxas may not move a store above
+            # a load that might alias it, so the loads stay batched; with .nc loads it
+            # interleaved them with the stores (45 registers, 1-3 loads in flight per thread).
+            n_of = []
+            ch_of = []
             for i in cutlass.range_constexpr(self.chunks // THREADS):
                 c = tidx + i * THREADS
                 blk = c // 32
-                n = (blk % (self.bn // 8)) * 8 + c % 8
-                ch = (blk // (self.bn // 8)) * 4 + (c % 32) // 8
-                k0 = kt * TILE_K + ch * 8
+                n_of.append((blk % (self.bn // 8)) * 8 + c % 8)
+                ch_of.append((blk // (self.bn // 8)) * 4 + (c % 32) // 8)
+            distinct = self.bn // 64  # chunk i's token is chunk i % distinct's
+            rows = []
+            for i in cutlass.range_constexpr(distinct):
+                row = Int32(0)
+                if p0 + n_of[i] < p1:
+                    row = ptx.ld_u32(order + Int64(p0 + n_of[i]) * 4) // row_div
+                rows.append(row)
+            vals = []
+            for i in cutlass.range_constexpr(self.chunks // THREADS):
+                k0 = kt * TILE_K + ch_of[i] * 8
                 v0, v1, v2, v3 = Int32(0), Int32(0), Int32(0), Int32(0)
-                p = p0 + n
-                if p < p1:
+                if p0 + n_of[i] < p1:
                     if k0 < k_real:
-                        row = ptx.ld_u32(order + Int64(p) * 4) // row_div
-                        v = ptx.ld_nc_v4(src + (Int64(row) * Int64(src_stride) + Int64(k0)) * 2)
+                        v = ptx.ld_v4(src + (Int64(rows[i % distinct]) * Int64(src_stride)
+                                                + Int64(k0)) * 2)
                         v0, v1, v2, v3 = v[0], v[1], v[2], v[3]
-                    ptx.st_v4(dst_block + Int64((n // 8) * B_GROUP_BYTES + ch * 128 + (n % 8) * 16),
-                              v0, v1, v2, v3)
+                vals.append((v0, v1, v2, v3))
+            for i in cutlass.range_constexpr(self.chunks // THREADS):
+                n = n_of[i]
+                if p0 + n < p1:
+                    ptx.st_v4(dst_block + Int64((n // 8) * B_GROUP_BYTES + ch_of[i] * 128
+                                                + (n % 8) * 16), *vals[i])
