@@ -390,6 +390,14 @@ def ld_nc_v4(addr, *, loc=None, ip=None):
 
 
 @dsl_user_op
+def st_cs_v4(addr, a, b, c, d, *, loc=None, ip=None):
+    """16-byte streaming store (st.cs: its lines are allocated evict-first, so a stream of
+    them does not push out lines that are read again)."""
+    _stmt([Int64(addr).ir_value(loc=loc, ip=ip)] + [_i32(x, loc, ip) for x in (a, b, c, d)],
+          "st.global.cs.v4.u32 [$0], {$1, $2, $3, $4};", "l,r,r,r,r")
+
+
+@dsl_user_op
 def st_v2(addr, a, b, *, loc=None, ip=None):
     _stmt([Int64(addr).ir_value(loc=loc, ip=ip), _i32(a, loc, ip), _i32(b, loc, ip)],
           "st.global.v2.u32 [$0], {$1, $2};", "l,r,r")
