@@ -9,8 +9,8 @@
 Columns past the real K are written as zeros (they meet zero-padded weights, and 0 x garbage
 could be NaN). Token slots past a tile's pairs are not written: a token slot is one MMA column,
 so whatever they hold reaches only output columns that FC1 and FC2 never store (in an expert's
-last tile often half the block: DeepSeek-V3 at T=2048 has ~64 pairs per expert). One CTA per
-(tile, KT_PER_CTA K-tiles); CTAs of tiles past the device-side tile count return at once.
+last tile often half the block: DeepSeek-V3 at T=2048 has ~64 pairs per expert). One CTA per (tile, K-tile); CTAs of
+tiles past the device-side tile count return at once.
 """
 from __future__ import annotations
 
@@ -23,9 +23,6 @@ from moe_common.cute import ptx
 from .kernel import B_GROUP_BYTES, TILE_K
 
 THREADS = 256
-# K-tiles per CTA: the CTA's dependent loads (tile bounds, then the token ids) are paid once
-# for this many 64 KiB blocks (wide tiles)
-KT_PER_CTA = 4
 
 
 class TileGather:
@@ -39,25 +36,33 @@ class TileGather:
                  tile_start: Int64, tile_end: Int64, num_tiles: Int64, blocked: Int64,
                  k_tiles: Int32, max_tiles: Int32, stream):
         self.kernel(src, src_stride, k_real, order, row_div, tile_start, tile_end, num_tiles,
-                    blocked, k_tiles).launch(grid=[(k_tiles + KT_PER_CTA - 1) // KT_PER_CTA,
-                                                   max_tiles, 1],
-                                             block=[THREADS, 1, 1], stream=stream)
+                    blocked, k_tiles).launch(grid=[k_tiles, max_tiles, 1], block=[THREADS, 1, 1],
+                                             stream=stream)
 
     @cute.kernel
     def kernel(self, src: Int64, src_stride: Int32, k_real: Int32, order: Int64, row_div: Int32,
                tile_start: Int64, tile_end: Int64, num_tiles: Int64, blocked: Int64, k_tiles: Int32):
         tidx, _, _ = cute.arch.thread_idx()
-        kg, t, _ = cute.arch.block_idx()
-        # the tile's bounds load beside the tile count (entries past the count are stale but
-        # inside the table, and unused)
-        n_tiles = ptx.ld_u32(num_tiles)
-        p0 = ptx.ld_u32(tile_start + Int64(t) * 4)
-        p1 = ptx.ld_u32(tile_end + Int64(t) * 4)
-        if t < n_tiles:
+        kt, t, _ = cute.arch.block_idx()
+        if t < ptx.ld_u32(num_tiles):
+            p0 = ptx.ld_u32(tile_start + Int64(t) * 4)
+            p1 = ptx.ld_u32(tile_end + Int64(t) * 4)
+            dst_block = blocked + (Int64(t) * Int64(k_tiles) + Int64(kt)) * (self.chunks * 16)
             # Thread chunk i: c = tidx + i * THREADS, in 8-token group blk = c // 32, token n,
             # 8-column chunk ch; a warp instruction moves 8 tokens x 4 chunks (64 contiguous
             # bytes of each of 8 token rows in, 512 contiguous bytes out). A thread meets only
-            # bn / 64 distinct tokens.
+            # bn / 64 distinct tokens. Every load is issued before the first store: with a
+            # chunk's id load, row load and store in turn, each chunk paid two dependent round
+            # trips and the gather ran at ~2 TB/s of writes (BENCHMARKS.md, fourteenth session).
+            # The row loads are coherent (ld.global), not .nc: ptxas may not move a store above
+            # a load that might alias it, so the loads stay batched; with .nc loads it
+            # interleaved them with the stores (45 registers, 1-3 loads in flight per thread).
+            # Per CTA (one 64 KiB block) the tile bounds and the token ids stay two dependent
+            # round trips: 4 K-tiles per CTA, which paid them once for four blocks, measured
+            # slower (125.5 against 122.5 us at Qwen3-30B-A3B T=8192: 104 registers, 2 CTAs per
+            # SM). The stores stream (st.cs, evict-first): FC1 reads the blocks much later, and
+            # the source rows, each read by k tiles, keep their place in L2 (118 against 122.5
+            # us).
             n_of = []
             ch_of = []
             for i in cutlass.range_constexpr(self.chunks // THREADS):
@@ -72,34 +77,18 @@ class TileGather:
                 if p0 + n_of[i] < p1:
                     row = ptx.ld_u32(order + Int64(p0 + n_of[i]) * 4) // row_div
                 rows.append(row)
-            kt0 = kg * KT_PER_CTA
-            for kt in cutlass.range(kt0, cutlass.min(kt0 + KT_PER_CTA, k_tiles), unroll=1):
-                self._block(src, src_stride, k_real, p0, p1, rows, n_of, ch_of, distinct,
-                            blocked + (Int64(t) * Int64(k_tiles) + Int64(kt)) * (self.chunks * 16),
-                            kt)
-
-    @cute.jit
-    def _block(self, src, src_stride, k_real, p0, p1, rows, n_of, ch_of, distinct, dst_block, kt):
-        """One (tile, K-tile) block. Every row load is issued before the first store (with a
-        chunk's id load, row load and store in turn, each chunk paid two dependent round trips
-        and the gather wrote ~2 TB/s; BENCHMARKS.md, fourteenth session). The loads are coherent
-        (ld.global), not .nc: ptxas may not move a store above a load that might alias it, so
-        they stay batched; with .nc loads it interleaved them with the stores (1-3 in flight).
-        The stores stream (st.cs, evict-first): FC1 reads the block long after, from HBM, and
-        the source rows, each read by k tiles, keep their place in L2 (3.6% off the gather at
-        Qwen3-30B-A3B T=8192)."""
-        vals = []
-        for i in cutlass.range_constexpr(self.chunks // THREADS):
-            k0 = kt * TILE_K + ch_of[i] * 8
-            v0, v1, v2, v3 = Int32(0), Int32(0), Int32(0), Int32(0)
-            if p0 + n_of[i] < p1:
-                if k0 < k_real:
-                    v = ptx.ld_v4(src + (Int64(rows[i % distinct]) * Int64(src_stride)
-                                         + Int64(k0)) * 2)
-                    v0, v1, v2, v3 = v[0], v[1], v[2], v[3]
-            vals.append((v0, v1, v2, v3))
-        for i in cutlass.range_constexpr(self.chunks // THREADS):
-            n = n_of[i]
-            if p0 + n < p1:
-                ptx.st_cs_v4(dst_block + Int64((n // 8) * B_GROUP_BYTES + ch_of[i] * 128
-                                               + (n % 8) * 16), *vals[i])
+            vals = []
+            for i in cutlass.range_constexpr(self.chunks // THREADS):
+                k0 = kt * TILE_K + ch_of[i] * 8
+                v0, v1, v2, v3 = Int32(0), Int32(0), Int32(0), Int32(0)
+                if p0 + n_of[i] < p1:
+                    if k0 < k_real:
+                        v = ptx.ld_v4(src + (Int64(rows[i % distinct]) * Int64(src_stride)
+                                                + Int64(k0)) * 2)
+                        v0, v1, v2, v3 = v[0], v[1], v[2], v[3]
+                vals.append((v0, v1, v2, v3))
+            for i in cutlass.range_constexpr(self.chunks // THREADS):
+                n = n_of[i]
+                if p0 + n < p1:
+                    ptx.st_cs_v4(dst_block + Int64((n // 8) * B_GROUP_BYTES + ch_of[i] * 128
+                                                   + (n % 8) * 16), *vals[i])
