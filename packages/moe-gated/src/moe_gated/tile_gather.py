@@ -30,6 +30,9 @@ class TileGather:
         self.bn = bn  # tokens per tile
         self.chunks = bn * TILE_K // 8  # 16-byte chunks per block
         assert self.chunks % THREADS == 0
+        # a thread's chunk i lies in 8-token group (warp + 8 i) % (bn / 8): with 8 warps its
+        # token repeats every bn / 64 chunks, so it loads only that many token ids
+        assert THREADS == 256 and bn % 64 == 0
 
     @cute.jit
     def __call__(self, src: Int64, src_stride: Int32, k_real: Int32, order: Int64, row_div: Int32,
