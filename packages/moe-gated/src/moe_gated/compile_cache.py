@@ -34,21 +34,9 @@ def compile_config(cfg: GatedConfig):
 
     z = Int64(0)
     i1 = Int32(1)
-    args = ([z] * 10 + [i1, Int32(16), z, Int32(128), Int32(128), z,
+    args = ([z] * 10 + [Int32(128), Int32(128), i1, i1, Int32(16), z, Int32(128), Int32(128), z,
                         Float32(1.0), Float32(1.0), Float32(1.0), z, i1, jit.example_stream()])
     return jit.compile_kernel(GatedGemm(cfg), *args)
-
-
-def tile_gather(bn: int):
-    """The token-row gather into tiles of bn tokens."""
-    from cutlass import Int32, Int64
-
-    from .tile_gather import TileGather
-
-    z = Int64(0)
-    i1 = Int32(1)
-    return jit.compiled(("moe-gated", "tile_gather", bn), lambda: jit.compile_kernel(
-        TileGather(bn), z, Int32(128), Int32(128), z, i1, z, z, z, z, i1, i1, jit.example_stream()))
 
 
 def get(phase: str, weight_format: str, activation: str, geometry: str = "wide"):
