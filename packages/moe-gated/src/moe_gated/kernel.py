@@ -114,8 +114,10 @@ class GatedConfig:
     # tests/test_gated_cpu.py)
     pending: int | None = None
     # timing-only variants (wrong results): "nodecode" feeds raw codes to the MMA, "nomma" skips
-    # it, "nostore" skips the epilogues' global stores
+    # it, "nostore" skips the epilogues' global stores, "nogather" FC1's token-row copies
     variant: str = "full"
+    # FC1: the consumers' proxy fence between the cp.async-gathered B and wgmma (False: measuring)
+    b_fence: bool = True
 
 
 class GatedGemm:
@@ -229,6 +231,7 @@ class GatedGemm:
         hands each item to the consumers (and the other producer warps) through the item ring
         and copies the item's weights (and FC2's B) into the stages as the consumers free them;
         in FC1 every producer warp also gathers its share of the item's token rows (B)."""
+        cfg = self.cfg
         lead = pwarp == 0
         i = Int32(0)  # items handed out
         g = Int32(0)  # K-tiles issued
@@ -291,7 +294,7 @@ class GatedGemm:
                     cute.arch.sync_warp()
                     if copy_ok:
                         ptx.bulk_copy_g2s(stage + cdst, csrc + Int64(kt) * cstep, cbytes, bar)
-                if cutlass.const_expr(self.gather):
+                if cutlass.const_expr(self.gather and cfg.variant != "nogather"):
                     self._gather_k_tile(stage, pwarp, lane, rows, p0, p1, b_src, src_stride,
                                         k_real, kt)
                     ptx.cp_async_mbarrier_arrive_noinc(bar)
@@ -371,7 +374,7 @@ class GatedGemm:
         for kt in cutlass.range(k_tiles, unroll=1):
             g = g0 + kt
             ptx.mbarrier_wait(s_base + self.full_off + (g % self.stages) * 8, (g // self.stages) % 2)
-            if cutlass.const_expr(self.gather):
+            if cutlass.const_expr(self.gather and cfg.b_fence):
                 # B arrived by cp.async (generic proxy) and wgmma reads it through the async
                 # proxy
                 ptx.fence_proxy_async_shared()
