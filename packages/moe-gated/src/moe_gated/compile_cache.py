@@ -17,7 +17,6 @@ ACTIVATIONS = ("silu", "gelu_tanh", "swigluoai")
 # applies the variant to that phase only.
 PENDING = int(os.environ["MOE_GATED_PENDING"]) if "MOE_GATED_PENDING" in os.environ else None
 VARIANT = os.environ.get("MOE_GATED_VARIANT", "full")
-B_FENCE = os.environ.get("MOE_GATED_B_FENCE", "1") != "0"
 
 
 def config(phase: str, weight_format: str, activation: str, geometry: str = "wide") -> GatedConfig:
@@ -27,7 +26,7 @@ def config(phase: str, weight_format: str, activation: str, geometry: str = "wid
         variant = variant if only == phase else "full"
     return GatedConfig(phase=phase, weight_format=weight_format,
                        activation=activation if phase == "fc1" else "none", geometry=geometry,
-                       pending=PENDING, variant=variant, b_fence=B_FENCE)
+                       pending=PENDING, variant=variant)
 
 
 def compile_config(cfg: GatedConfig):
@@ -35,9 +34,21 @@ def compile_config(cfg: GatedConfig):
 
     z = Int64(0)
     i1 = Int32(1)
-    args = ([z] * 10 + [Int32(128), Int32(128), i1, i1, Int32(16), z, Int32(128), Int32(128), z,
+    args = ([z] * 10 + [i1, Int32(16), z, Int32(128), Int32(128), z,
                         Float32(1.0), Float32(1.0), Float32(1.0), z, i1, jit.example_stream()])
     return jit.compile_kernel(GatedGemm(cfg), *args)
+
+
+def tile_gather(bn: int):
+    """The token-row gather into tiles of bn tokens."""
+    from cutlass import Int32, Int64
+
+    from .tile_gather import TileGather
+
+    z = Int64(0)
+    i1 = Int32(1)
+    return jit.compiled(("moe-gated", "tile_gather", bn), lambda: jit.compile_kernel(
+        TileGather(bn), z, Int32(128), Int32(128), z, i1, z, z, z, z, i1, i1, jit.example_stream()))
 
 
 def get(phase: str, weight_format: str, activation: str, geometry: str = "wide"):

@@ -15,7 +15,7 @@ CTAs (one per SM), so an expert with many tokens is spread over every SM and ske
 stays balanced. Consecutive tickets are the row tiles of one token tile, so the concurrently
 running CTAs share that tile's token rows in L2.
 
-Per CTA: a producer warpgroup (see THREADS) and 2 consumer warpgroups; consumer
+Per CTA: a producer warp (in a third warpgroup, see THREADS) and 2 consumer warpgroups; consumer
 warp w owns gpw weight groups (16 rows each) of the row tile. Per 128-deep K-tile each consumer
 warpgroup issues, per k16 slab, gpw wgmma m64nNk16 with A (the weights, decoded e2m1 -> bf16 and
 scaled in registers) from registers and B (the tokens) from shared memory; N is the tile's token
@@ -24,17 +24,14 @@ per 8 weights) is paid once per weight tile and token tile, so the wider the tok
 less decode per FLOP: GEOMETRIES has the two tile shapes, 128 rows x 256 tokens ("wide") and
 256 x 128 ("tall").
 
-Operands: each 16-row weight group's codes and scales are two contiguous bulk copies
-(cp.async.bulk, the TMA engine's 1-D copy) per K-tile. B sits in shared memory in wgmma's
-K-major core-matrix order (B_GROUP_BYTES). FC2's B, the intermediate, is one bulk copy per
-K-tile of as many tokens as the MMA is wide, from the tile-blocked buffer FC1's epilogue writes
-in that order. FC1's B is gathered from the token rows by the whole producer warpgroup with
-16-byte cp.async, each thread's copies completing one arrival on the stage's mbarrier; a
-separate gather kernel into a tile-blocked buffer cost 119 us of 1475 at Qwen3-30B-A3B T=8192
-(BENCHMARKS.md, fourteenth session) and sent the rows through HBM twice more. Copies issued by
-the consumers themselves (a CTA-wide per-thread cp.async ring) measured 21.1 ms at DeepSeek-V3
-T=8192 with the consumers' issue stalled on the load/store unit (ncu: 21% of warp samples on
-one LDGSTS address register); the producer warps' stalls hold up no MMA.
+Operands arrive by bulk copy (cp.async.bulk, the TMA engine's 1-D copy): B is one copy per
+K-tile of as many tokens as the MMA is wide from a tile-blocked buffer already in wgmma's
+core-matrix order (FC1: token rows gathered by tile_gather; FC2: the intermediate, which FC1's
+epilogue writes in that order), and each 16-row weight group's codes and scales are two
+contiguous copies. A CTA-wide per-thread cp.async ring measured 21.1 ms at DeepSeek-V3 T=8192
+with its issue stalled on the load/store unit (ncu: 21% of warp samples on one LDGSTS address
+register, long scoreboard); the bulk copies take one instruction per 1-64 KiB instead of one
+per 16 bytes per thread.
 
 Pipeline: a ring of `stages` stages with a full mbarrier (the producer's transaction bytes) and
 an empty mbarrier (one arrival per consumer warp) per stage; there is no CTA barrier in the
@@ -76,7 +73,7 @@ B_GROUP_BYTES = 8 * TILE_K * 2
 WARPGROUPS = 2  # consumer warpgroups (warps 0-7)
 CONSUMER_WARPS = 4 * WARPGROUPS
 PRODUCER_WARP = CONSUMER_WARPS  # warp 8 fetches work items and issues the bulk copies
-# A third warpgroup holds the producer warp (in FC1 all four of its warps gather B): warps are spread over the 4 schedulers, each with
+# A third warpgroup holds the producer warp: warps are spread over the 4 schedulers, each with
 # a quarter of the registers, so a lone 9th warp would cap every thread at 168 registers (3
 # warps on one scheduler). With a whole warpgroup the producer side gives its registers to the
 # consumers (setmaxnreg): 4 x 40 + 8 x 232 per thread-slot fits the 64 K register file.
@@ -114,10 +111,8 @@ class GatedConfig:
     # tests/test_gated_cpu.py)
     pending: int | None = None
     # timing-only variants (wrong results): "nodecode" feeds raw codes to the MMA, "nomma" skips
-    # it, "nostore" skips the epilogues' global stores, "nogather" FC1's token-row copies
+    # it, "nostore" skips the epilogues' global stores
     variant: str = "full"
-    # FC1: the consumers' proxy fence between the cp.async-gathered B and wgmma (False: measuring)
-    b_fence: bool = True
 
 
 class GatedGemm:
@@ -130,11 +125,6 @@ class GatedGemm:
         self.widths = WIDTHS[self.bn]
         self.pending = cfg.pending if cfg.pending is not None else (2 if self.gpw == 1 else 1)
         self.b_bytes = self.bn * TILE_K * 2
-        # FC1 gathers its token rows into B itself (cp.async by the whole producer warpgroup);
-        # FC2's B, the intermediate, is already tile-blocked and arrives by bulk copy
-        self.gather = cfg.phase == "fc1"
-        self.gather_warps = 4 if self.gather else 0
-        self.producer_warps = max(1, self.gather_warps)
         self.scale_bytes = 16 * fm.scale_bytes_per_row(cfg.weight_format)  # per group tile
         self.a_group_bytes = fm.group_tile_bytes(cfg.weight_format)
         self.groups = CONSUMER_WARPS * self.gpw  # 16-row weight groups per row tile
@@ -163,15 +153,14 @@ class GatedGemm:
         self,
         wblob: Int64, sblob: Int64, gscale: Int64, bias: Int64,
         tile_expert: Int64, tile_start: Int64, tile_end: Int64, num_tiles: Int64,
-        order: Int64, b_src: Int64, src_stride: Int32, k_real: Int32, row_div: Int32,
-        k_tiles: Int32, row_groups: Int32,
+        order: Int64, b_blocked: Int64, k_tiles: Int32, row_groups: Int32,
         out: Int64, out_stride: Int32, out_rows: Int32, route_w: Int64,
         act_alpha: Float32, act_beta: Float32, act_limit: Float32,
         queue: Int64, grid: Int32, stream,
     ):
         self.kernel(
             wblob, sblob, gscale, bias, tile_expert, tile_start, tile_end, num_tiles,
-            order, b_src, src_stride, k_real, row_div, k_tiles, row_groups,
+            order, b_blocked, k_tiles, row_groups,
             out, out_stride, out_rows, route_w, act_alpha, act_beta, act_limit, queue, grid,
         ).launch(grid=[grid, 1, 1], block=[THREADS, 1, 1], smem=self.smem_bytes, stream=stream,
                  # .minnctapersm 1 pins the kernel's entry register count (168) for ptxas, which
@@ -186,8 +175,7 @@ class GatedGemm:
         self,
         wblob: Int64, sblob: Int64, gscale: Int64, bias: Int64,
         tile_expert: Int64, tile_start: Int64, tile_end: Int64, num_tiles: Int64,
-        order: Int64, b_src: Int64, src_stride: Int32, k_real: Int32, row_div: Int32,
-        k_tiles: Int32, row_groups: Int32,
+        order: Int64, b_blocked: Int64, k_tiles: Int32, row_groups: Int32,
         out: Int64, out_stride: Int32, out_rows: Int32, route_w: Int64,
         act_alpha: Float32, act_beta: Float32, act_limit: Float32,
         queue: Int64, grid: Int32,
@@ -200,8 +188,7 @@ class GatedGemm:
         s_base = Int32(sbuf.toint())
         if tidx == 0:
             for st in cutlass.range_constexpr(self.stages):
-                # the producer's expect_tx, and in FC1 one cp.async arrival per producer thread
-                ptx.mbarrier_init(s_base + self.full_off + st * 8, 1 + 32 * self.gather_warps)
+                ptx.mbarrier_init(s_base + self.full_off + st * 8, 1)  # the producer's expect_tx
                 ptx.mbarrier_init(s_base + self.empty_off + st * 8, CONSUMER_WARPS)
             for i in cutlass.range_constexpr(ITEM_SLOTS):
                 ptx.mbarrier_init(s_base + self.item_bar_off + i * 8, 1)
@@ -212,10 +199,9 @@ class GatedGemm:
         total = Int32(ptx.ld_u32(num_tiles)) * row_tiles
         if warp >= PRODUCER_WARP:
             cute.arch.setmaxregister_decrease(PRODUCER_REGS)
-            if warp < PRODUCER_WARP + self.producer_warps:
-                self._producer(s_base, warp - PRODUCER_WARP, lane, total, row_tiles, wblob, sblob,
-                               tile_expert, tile_start, tile_end, order, b_src, src_stride,
-                               k_real, row_div, k_tiles, row_groups, queue, grid)
+            if warp == PRODUCER_WARP:
+                self._producer(s_base, lane, total, row_tiles, wblob, sblob, tile_expert, tile_start,
+                               tile_end, b_blocked, k_tiles, row_groups, queue, grid)
         else:
             cute.arch.setmaxregister_increase(CONSUMER_REGS)
             self._consumer(s_base, warp, lane, total, row_tiles, gscale, bias, tile_expert,
@@ -224,33 +210,22 @@ class GatedGemm:
 
     # ------------------------------------------------------------------ producer warp
     @cute.jit
-    def _producer(self, s_base, pwarp, lane, total, row_tiles, wblob, sblob, tile_expert,
-                  tile_start, tile_end, order, b_src, src_stride, k_real, row_div, k_tiles,
-                  row_groups, queue, grid):
-        """Warp pwarp of the producer warpgroup. Warp 0 takes tickets from the device queue,
-        hands each item to the consumers (and the other producer warps) through the item ring
-        and copies the item's weights (and FC2's B) into the stages as the consumers free them;
-        in FC1 every producer warp also gathers its share of the item's token rows (B)."""
-        cfg = self.cfg
-        lead = pwarp == 0
+    def _producer(self, s_base, lane, total, row_tiles, wblob, sblob, tile_expert, tile_start,
+                  tile_end, b_blocked, k_tiles, row_groups, queue, grid):
+        """Takes tickets from the device queue, hands each to the consumers through the item
+        ring, and streams the item's K-tiles into the stages as the consumers free them."""
         i = Int32(0)  # items handed out
         g = Int32(0)  # K-tiles issued
         item = Int32(0)
-        if lead:
-            if lane == 0:
-                item = ptx.atom_add_global(queue, 1)
-            item = cute.arch.shuffle_sync(item, 0)
-        else:
-            item = self._next_item(s_base, i)
+        if lane == 0:
+            item = ptx.atom_add_global(queue, 1)
+        item = cute.arch.shuffle_sync(item, 0)
         while item < total:
-            if lead:
-                self._post_item(s_base, lane, i, item)
+            self._post_item(s_base, lane, i, item)
             tile = item // row_tiles
             rt = item % row_tiles
             e = ptx.ld_u32(tile_expert + Int64(tile) * 4)
-            p0 = ptx.ld_u32(tile_start + Int64(tile) * 4)
-            p1 = ptx.ld_u32(tile_end + Int64(tile) * 4)
-            cnt = p1 - p0
+            cnt = ptx.ld_u32(tile_end + Int64(tile) * 4) - ptx.ld_u32(tile_start + Int64(tile) * 4)
             b_copy = Int32(self.b_bytes)  # the first (MMA width) tokens of each K-tile's block
             for w in cutlass.range_constexpr(1, len(self.widths)):
                 if cnt <= self.widths[w]:
@@ -272,13 +247,8 @@ class GatedGemm:
             groups_here = row_groups - rt * (self.row_tile // 16)
             if groups_here > self.row_tile // 16:
                 groups_here = Int32(self.row_tile // 16)
-            stage_tx = groups_here * self.a_group_bytes
-            if cutlass.const_expr(not self.gather):
-                stage_tx = stage_tx + b_copy
-            b_tile = b_src + Int64(tile) * Int64(k_tiles) * self.b_bytes
-            rows = []
-            if cutlass.const_expr(self.gather):
-                rows = self._gather_rows(pwarp, lane, order, p0, p1, row_div)
+            stage_tx = b_copy + groups_here * self.a_group_bytes
+            b_tile = b_blocked + Int64(tile) * Int64(k_tiles) * self.b_bytes
             for kt in cutlass.range(k_tiles, unroll=1):
                 s = g % self.stages
                 # the stage's previous use released by every consumer warp (the first use of
@@ -286,74 +256,24 @@ class GatedGemm:
                 ptx.mbarrier_wait(s_base + self.empty_off + s * 8, ((g // self.stages) % 2) ^ 1)
                 stage = s_base + s * self.stage_bytes
                 bar = s_base + self.full_off + s * 8
-                if lead:
-                    if lane == 0:
-                        ptx.mbarrier_arrive_expect_tx(bar, stage_tx)
-                        if cutlass.const_expr(not self.gather):
-                            ptx.bulk_copy_g2s(stage, b_tile + Int64(kt) * self.b_bytes, b_copy, bar)
-                    cute.arch.sync_warp()
-                    if copy_ok:
-                        ptx.bulk_copy_g2s(stage + cdst, csrc + Int64(kt) * cstep, cbytes, bar)
-                if cutlass.const_expr(self.gather and cfg.variant != "nogather"):
-                    self._gather_k_tile(stage, pwarp, lane, rows, p0, p1, b_src, src_stride,
-                                        k_real, kt)
-                    ptx.cp_async_mbarrier_arrive_noinc(bar)
+                if lane == 0:
+                    ptx.mbarrier_arrive_expect_tx(bar, stage_tx)
+                    ptx.bulk_copy_g2s(stage, b_tile + Int64(kt) * self.b_bytes, b_copy, bar)
+                cute.arch.sync_warp()
+                if copy_ok:
+                    ptx.bulk_copy_g2s(stage + cdst, csrc + Int64(kt) * cstep, cbytes, bar)
                 g = g + 1
             i = i + 1
-            if lead:
-                if lane == 0:
-                    item = ptx.atom_add_global(queue, 1)
-                item = cute.arch.shuffle_sync(item, 0)
-            else:
-                item = self._next_item(s_base, i)
-        if lead:
-            self._post_item(s_base, lane, i, item)  # past the end: the others stop
-            # queue[0]: next ticket; queue[1]: CTAs finished. The last CTA to finish sets both
-            # back to 0, so the next launch (or CUDA-graph replay) starts from a clean queue.
             if lane == 0:
-                if ptx.atom_add_global(queue + 4, 1) == grid - 1:
-                    ptx.st_u32(queue, 0)
-                    ptx.st_u32(queue + 4, 0)
-        if cutlass.const_expr(self.gather):
-            ptx.cp_async_commit()
-            ptx.cp_async_wait(0)  # no copy outlives its thread
-
-    # FC1's B: producer warp pw gathers 8-token groups pw, pw + 4, ...; in each, lane l copies
-    # token l % 8's 16-byte chunks 4 c + l // 8 (c = 0..3). A warp instruction reads 64
-    # contiguous bytes of each of 8 token rows (two whole sectors) and writes 512 contiguous
-    # bytes of shared memory (each 8-lane phase a 128-byte row: no bank conflict).
-    @cute.jit
-    def _gather_rows(self, pwarp, lane, order, p0, p1, row_div):
-        """The source rows of this lane's tokens in the item's tile (0 past its pairs)."""
-        rows = []
-        for m in cutlass.range_constexpr(self.bn // 32):
-            n = (pwarp + 4 * m) * 8 + lane % 8
-            row = Int32(0)
-            if p0 + n < p1:
-                row = ptx.ld_u32(order + Int64(p0 + n) * 4) // row_div
-            rows.append(row)
-        return rows
-
-    @cute.jit
-    def _gather_k_tile(self, stage, pwarp, lane, rows, p0, p1, b_src, src_stride, k_real, kt):
-        """cp.async this lane's chunks of K-tile kt into the stage's B, in the tile-blocked
-        order (see B_GROUP_BYTES); columns past k_real are zero-filled (they meet zero-padded
-        weights, and 0 x garbage could be NaN). Token slots past the tile's pairs are not
-        written: a token slot is one MMA column, and FC1 and FC2 never store those columns."""
-        c0 = lane // 8
-        nbytes = []
-        for cq in cutlass.range_constexpr(4):
-            nb = Int32(0)
-            if kt * TILE_K + (4 * cq + c0) * 8 < k_real:
-                nb = Int32(16)
-            nbytes.append(nb)
-        for m in cutlass.range_constexpr(self.bn // 32):
-            tg = pwarp + 4 * m
-            if p0 + tg * 8 + lane % 8 < p1:
-                src = b_src + (Int64(rows[m]) * Int64(src_stride) + Int64(kt * TILE_K + c0 * 8)) * 2
-                dst = stage + tg * B_GROUP_BYTES + c0 * 128 + (lane % 8) * 16
-                for cq in cutlass.range_constexpr(4):
-                    ptx.cp_async_16_zfill(dst + cq * 512, src + cq * 64, nbytes[cq])
+                item = ptx.atom_add_global(queue, 1)
+            item = cute.arch.shuffle_sync(item, 0)
+        self._post_item(s_base, lane, i, item)  # past the end: the consumers stop
+        # queue[0]: next ticket; queue[1]: CTAs finished. The last CTA to finish sets both back
+        # to 0, so the next launch (or CUDA-graph replay) starts from a clean queue.
+        if lane == 0:
+            if ptx.atom_add_global(queue + 4, 1) == grid - 1:
+                ptx.st_u32(queue, 0)
+                ptx.st_u32(queue + 4, 0)
 
     @cute.jit
     def _post_item(self, s_base, lane, i, item):
@@ -374,10 +294,6 @@ class GatedGemm:
         for kt in cutlass.range(k_tiles, unroll=1):
             g = g0 + kt
             ptx.mbarrier_wait(s_base + self.full_off + (g % self.stages) * 8, (g // self.stages) % 2)
-            if cutlass.const_expr(self.gather and cfg.b_fence):
-                # B arrived by cp.async (generic proxy) and wgmma reads it through the async
-                # proxy
-                ptx.fence_proxy_async_shared()
             if active:
                 stage = s_base + (g % self.stages) * self.stage_bytes
                 words = [fm.load_group_words(stage + a_warp_off + gi * self.a_group_bytes, lane,

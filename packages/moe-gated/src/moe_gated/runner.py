@@ -1,8 +1,8 @@
 """Host side of moe-gated: routing, the two persistent grouped GEMMs, the top-k reduce.
 
 A call is: routing into tiles of the chosen geometry's width (moe_common's routing kernel) ->
-[w4a4: quantized token rows] -> FC1 + activation (persistent, queue-driven; it gathers the
-token rows itself), writing the intermediate tile-blocked -> [w4a4: requantized
+[w4a4: quantized token rows] -> token rows gathered into tile-blocked B -> FC1 + activation
+(persistent, queue-driven), writing the intermediate tile-blocked -> [w4a4: requantized
 intermediate] -> FC2 + router weight into y [T * k, H] fp32 -> fixed-order top-k reduce -> bf16
 out. Every step is asynchronous on the current stream and nothing syncs with the host, so the
 call can be captured in a CUDA graph once compiled and its workspace allocated. The work
@@ -91,12 +91,16 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     tile_args = routed.tile_args
     queues = bufs.get("queues", (2, 2), torch.int32, zeroed=True)
 
-    # 2. FC1's token rows: pair p reads row order[p] // row_div of src
+    # 2. token rows gathered into tile-blocked B (one bulk copy per tile and K-tile)
     if quant_mode == "w4a4":
         src, row_div = w4a4_fc1_rows(x, weights, ids, bufs.get("xq", (P, H), torch.bfloat16)), 1
     else:
         src, row_div = x, k
     kt1, kt2 = Hp // TILE_K, Ip // TILE_K
+    x_blocked = bufs.get("x_blocked", (slots // bn, kt1, bn * TILE_K), torch.bfloat16)
+    compile_cache.tile_gather(bn)(src.data_ptr(), src.stride(0), H, order.data_ptr(), row_div,
+                                  tiles[1].data_ptr(), tiles[2].data_ptr(), num_tiles.data_ptr(),
+                                  x_blocked.data_ptr(), kt1, cap, stream)
 
     # 3. FC1 + activation -> intermediate, written in FC2's tile-blocked B layout
     inter = bufs.get("inter_blocked", (slots // bn, kt2, bn * TILE_K), torch.bfloat16)
@@ -104,8 +108,7 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     _, fc1 = compile_cache.get("fc1", weights.weight_format, activation.name, geometry)
     grid1 = _persistent_grid(dev, cap * -(-prep.fc1_rows // row_tile(geometry)))
     fc1(prep.w13.data_ptr(), prep.w13_scale.data_ptr(), prep.fc1_alpha[quant_mode].data_ptr(),
-        prep.w13_bias.data_ptr(), *tile_args, order.data_ptr(), src.data_ptr(), src.stride(0), H,
-        row_div, kt1,
+        prep.w13_bias.data_ptr(), *tile_args, order.data_ptr(), x_blocked.data_ptr(), kt1,
         prep.fc1_rows // 16, inter.data_ptr(), kt2, Ip, 0, activation.alpha, activation.beta, limit,
         queues[0].data_ptr(), grid1, stream)
 
@@ -119,7 +122,7 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     _, fc2 = compile_cache.get("fc2", weights.weight_format, "none", geometry)
     grid2 = _persistent_grid(dev, cap * -(-prep.fc2_rows // row_tile(geometry)))
     fc2(prep.w2.data_ptr(), prep.w2_scale.data_ptr(), prep.fc2_alpha[quant_mode].data_ptr(),
-        prep.w2_bias.data_ptr(), *tile_args, order.data_ptr(), inter.data_ptr(), 0, Ip, 1, kt2,
+        prep.w2_bias.data_ptr(), *tile_args, order.data_ptr(), inter.data_ptr(), kt2,
         prep.fc2_rows // 16, y.data_ptr(), H, H, route_w.data_ptr(), 1.0, 1.0, math.inf,
         queues[1].data_ptr(), grid2, stream)
 
@@ -132,7 +135,7 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
 
 def blocked_to_rows(blocked, bn: int):
     """The tile-blocked layout [tiles, K-tiles, bn / 8 token groups x 16 chunks x 8 tokens x 8]
-    (moe_gated.kernel.B_GROUP_BYTES) as rows [tiles * bn, K-tiles * 128] (a copy)."""
+    (moe_gated.tile_gather) as rows [tiles * bn, K-tiles * 128] (a copy)."""
     cap, kt, _ = blocked.shape
     return (blocked.view(cap, kt, bn // 8, TILE_K // 8, 8, 8).permute(0, 2, 4, 1, 3, 5)
             .reshape(cap * bn, kt * TILE_K))

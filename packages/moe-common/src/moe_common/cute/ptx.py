@@ -208,14 +208,6 @@ def cp_async_16_zfill(smem_addr, gmem_addr, nbytes, *, loc=None, ip=None):
 
 
 @dsl_user_op
-def cp_async_mbarrier_arrive_noinc(mbar, *, loc=None, ip=None):
-    """One arrival on the mbarrier once this thread's earlier cp.async copies have landed
-    (.noinc: the arrival is counted in the barrier's init count)."""
-    _stmt([Int32(mbar).ir_value(loc=loc, ip=ip)],
-          "cp.async.mbarrier.arrive.noinc.shared::cta.b64 [$0];", "r")
-
-
-@dsl_user_op
 def cp_async_commit(*, loc=None, ip=None):
     _stmt([], "cp.async.commit_group;", "")
 
