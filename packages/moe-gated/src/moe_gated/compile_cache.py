@@ -17,6 +17,7 @@ ACTIVATIONS = ("silu", "gelu_tanh", "swigluoai")
 # applies the variant to that phase only.
 PENDING = int(os.environ["MOE_GATED_PENDING"]) if "MOE_GATED_PENDING" in os.environ else None
 VARIANT = os.environ.get("MOE_GATED_VARIANT", "full")
+TILE_GROUP = int(os.environ.get("MOE_GATED_TILE_GROUP", "1"))
 
 
 def config(phase: str, weight_format: str, activation: str, geometry: str = "wide") -> GatedConfig:
@@ -26,7 +27,7 @@ def config(phase: str, weight_format: str, activation: str, geometry: str = "wid
         variant = variant if only == phase else "full"
     return GatedConfig(phase=phase, weight_format=weight_format,
                        activation=activation if phase == "fc1" else "none", geometry=geometry,
-                       pending=PENDING, variant=variant)
+                       pending=PENDING, variant=variant, tile_group=TILE_GROUP)
 
 
 def compile_config(cfg: GatedConfig):
