@@ -17,7 +17,6 @@ ACTIVATIONS = ("silu", "gelu_tanh", "swigluoai")
 # applies the variant to that phase only.
 PENDING = int(os.environ["MOE_GATED_PENDING"]) if "MOE_GATED_PENDING" in os.environ else None
 VARIANT = os.environ.get("MOE_GATED_VARIANT", "full")
-TILE_GROUP = int(os.environ.get("MOE_GATED_TILE_GROUP", "1"))
 
 
 def config(phase: str, weight_format: str, activation: str, geometry: str = "wide") -> GatedConfig:
@@ -27,7 +26,7 @@ def config(phase: str, weight_format: str, activation: str, geometry: str = "wid
         variant = variant if only == phase else "full"
     return GatedConfig(phase=phase, weight_format=weight_format,
                        activation=activation if phase == "fc1" else "none", geometry=geometry,
-                       pending=PENDING, variant=variant, tile_group=TILE_GROUP)
+                       pending=PENDING, variant=variant)
 
 
 def compile_config(cfg: GatedConfig):

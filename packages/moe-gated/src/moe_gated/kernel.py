@@ -113,8 +113,6 @@ class GatedConfig:
     # timing-only variants (wrong results): "nodecode" feeds raw codes to the MMA, "nomma" skips
     # it, "nostore" skips the epilogues' global stores
     variant: str = "full"
-    # token tiles whose items interleave row tile by row tile (see _coords; 1: tile by tile)
-    tile_group: int = 1
 
 
 class GatedGemm:
@@ -224,7 +222,8 @@ class GatedGemm:
         item = cute.arch.shuffle_sync(item, 0)
         while item < total:
             self._post_item(s_base, lane, i, item)
-            tile, rt = self._coords(item, row_tiles, total)
+            tile = item // row_tiles
+            rt = item % row_tiles
             e = ptx.ld_u32(tile_expert + Int64(tile) * 4)
             cnt = ptx.ld_u32(tile_end + Int64(tile) * 4) - ptx.ld_u32(tile_start + Int64(tile) * 4)
             b_copy = Int32(self.b_bytes)  # the first (MMA width) tokens of each K-tile's block
@@ -277,27 +276,6 @@ class GatedGemm:
                 ptx.st_u32(queue + 4, 0)
 
     @cute.jit
-    def _coords(self, item, row_tiles, total):
-        """(token tile, row tile) of ticket `item`. Tickets run over groups of tile_group
-        consecutive token tiles, row tile by row tile, and within a row tile over the group's
-        tiles: an expert's tiles are consecutive, so the items of its full tile and of its
-        partly filled last tile that read the same weight rows run side by side and the second
-        read hits in L2 (the last group may hold fewer tiles)."""
-        tg = self.cfg.tile_group
-        tile = item // row_tiles
-        rt = item % row_tiles
-        if cutlass.const_expr(tg > 1):
-            span = tg * row_tiles
-            grp = item // span
-            r = item - grp * span
-            size = total // row_tiles - grp * tg
-            if size > tg:
-                size = Int32(tg)
-            tile = grp * tg + r % size
-            rt = r // size
-        return tile, rt
-
-    @cute.jit
     def _post_item(self, s_base, lane, i, item):
         """Write item number i into its ring slot and complete the slot's mbarrier phase. The
         producer leads by at most `stages` items (each has >= 1 K-tile), so a slot is never
@@ -345,8 +323,7 @@ class GatedGemm:
         g = Int32(0)  # K-tiles consumed
         item = self._next_item(s_base, i)
         while item < total:
-            tile, rt = self._coords(item, row_tiles, total)
-            self._work_item(tile, rt, i, g, s_base, warp, lane,
+            self._work_item(item // row_tiles, item % row_tiles, i, g, s_base, warp, lane,
                             gscale, bias, tile_expert, tile_start, tile_end, order, k_tiles,
                             row_groups, out, out_stride, out_rows, route_w, act_alpha, act_beta,
                             act_limit)
