@@ -11,6 +11,18 @@ def test_routing_and_reduce_compile(ids_bytes):
     assert jit.routing(ids_bytes) is not None
     assert all(k is not None for k in jit.routing_split(ids_bytes))
     assert jit.topk_reduce(ids_bytes) is not None
+    assert jit.topk_reduce(ids_bytes, paired=True) is not None
+
+
+def test_paired_order_is_a_permutation_of_each_16_column_block():
+    """Columns h and h + 8 of a 16-column block sit side by side (the order moe-gated's FC2
+    writes y in and the paired reduce reads it back)."""
+    from moe_common.cute.topk_reduce import paired_position
+
+    assert [paired_position(h) for h in range(16)] == [0, 2, 4, 6, 8, 10, 12, 14,
+                                                       1, 3, 5, 7, 9, 11, 13, 15]
+    assert sorted(paired_position(h) for h in range(64)) == list(range(64))
+    assert all(paired_position(h) // 16 == h // 16 for h in range(64))
 
 
 def test_split_routing_thresholds():

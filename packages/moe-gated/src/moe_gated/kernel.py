@@ -438,19 +438,21 @@ class GatedGemm:
     @cute.jit
     def _epilogue_fc2(self, acc, e, p0, p1, group0, gs, tok, lane, bias, row_groups,
                       out, out_stride, out_rows):
-        """y[pair, row] = w * (acc * scale + bias) straight from the fragment: thread (r, q)
-        holds rows r and r + 8 of its group for tokens 2q and 2q + 1 of each 8-token block, so
-        one 4-byte store per lane writes 4 tokens x 8 consecutive rows, four whole 32-byte
-        sectors per warp instruction (a shared-memory transpose would not widen them: a warp
-        owns 16 rows, 64 bytes of a token's row)."""
+        """y[pair, row] = w * (acc * scale + bias) straight from the fragment, with y's rows in
+        the paired order (moe_common.cute.topk_reduce): thread (r, q) holds rows r and r + 8 of
+        its group for tokens 2q and 2q + 1 of each 8-token block, which sit side by side there,
+        so one 8-byte store per lane writes a pair, 4 tokens x 64 contiguous bytes per warp
+        instruction. In row order it took two 4-byte stores (4 tokens x 32 bytes per
+        instruction), and the store phase, 16% of FC2 at Qwen3-30B-A3B T=8192 (nostore, seventh
+        session), paid about one cycle per cache line an instruction touches."""
         r = lane // 4
         q = lane % 4
         # nostore: a bound no row meets, but one the compiler cannot see through (with the
         # results dead, ptxas shrinks the wgmmas to N=8)
         bound = out_rows if cutlass.const_expr(self.cfg.variant != "nostore") else out_rows - (1 << 30)
         for gi in cutlass.range_constexpr(self.gpw):
-            rows = [(group0 + gi) * 16 + r + 8 * h for h in range(2)]
-            bv = [ptx.ld_nc_f32(bias + (Int64(e) * Int64(row_groups * 16) + Int64(rows[h])) * 4)
+            row0 = (group0 + gi) * 16  # out_rows is a multiple of 16: a group is in or out
+            bv = [ptx.ld_nc_f32(bias + (Int64(e) * Int64(row_groups * 16) + Int64(row0 + r + 8 * h)) * 4)
                   for h in range(2)]
             for nb in cutlass.range_constexpr(self.bn // 8):
                 if p0 + nb * 8 < p1:
@@ -459,8 +461,7 @@ class GatedGemm:
                         if p0 + n < p1:
                             pw = ptx.ld_shared_v2(tok + n * 8)
                             wgt = ptx.f32_bits(pw[1])
-                            dst = out + Int64(pw[0]) * Int64(out_stride) * 4
-                            for h in cutlass.range_constexpr(2):
-                                if rows[h] < bound:
-                                    ptx.st_f32(dst + Int64(rows[h]) * 4,
-                                               (acc[gi, nb, 2 * h + c] * gs + bv[h]) * wgt)
+                            dst = out + (Int64(pw[0]) * Int64(out_stride) + Int64(row0 + 2 * r)) * 4
+                            if row0 < bound:
+                                ptx.st_v2_f32(dst, (acc[gi, nb, c] * gs + bv[0]) * wgt,
+                                              (acc[gi, nb, 2 + c] * gs + bv[1]) * wgt)

@@ -115,7 +115,8 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     if quant_mode == "w4a4":
         w4a4_requantize_blocked(inter[:cap], weights, tiles[0][:cap], bn)
 
-    # 4. FC2 + router weight -> y [P, H] fp32 in original pair order
+    # 4. FC2 + router weight -> y [P, H] fp32 in original pair order, each row's columns in the
+    # paired order (moe_common.cute.topk_reduce)
     y = bufs.get("y", (P, H), torch.float32)
     route_w = topk_weights if topk_weights.dtype == torch.float32 else topk_weights.float()
     route_w = route_w.contiguous()
@@ -129,7 +130,7 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     # 5. out[t] = sum over the top-k, fixed order, one rounding
     if out is None:
         out = torch.empty(T, H, dtype=torch.bfloat16, device=dev)
-    jit.topk_reduce(idb)(y.data_ptr(), ids.data_ptr(), out.data_ptr(), T, k, H, off, E, stream)
+    jit.topk_reduce(idb, paired=True)(y.data_ptr(), ids.data_ptr(), out.data_ptr(), T, k, H, off, E, stream)
     return out
 
 

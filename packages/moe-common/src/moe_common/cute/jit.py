@@ -100,12 +100,13 @@ def route(ids, pairs: int, expert_offset: int, experts: int, bn: int, order, cou
             order.data_ptr(), stream)
 
 
-def topk_reduce(ids_nbytes: int):
+def topk_reduce(ids_nbytes: int, paired: bool = False):
+    """The top-k reduce; paired: y's rows in moe_common.cute.topk_reduce's paired order."""
     from cutlass import Int32, Int64
 
     from .topk_reduce import TopkReduce
 
     z = Int64(0)
-    return compiled(("topk_reduce", ids_nbytes), lambda: compile_kernel(
-        TopkReduce(ids_nbytes), z, z, z, Int32(1), Int32(1), Int32(8), Int32(0), Int32(1),
+    return compiled(("topk_reduce", ids_nbytes, paired), lambda: compile_kernel(
+        TopkReduce(ids_nbytes, paired), z, z, z, Int32(1), Int32(1), Int32(8), Int32(0), Int32(1),
         example_stream()))

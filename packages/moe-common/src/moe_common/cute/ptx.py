@@ -174,6 +174,12 @@ def st_v4_f32(addr, a, b, c, d, *, loc=None, ip=None):
 
 
 @dsl_user_op
+def st_v2_f32(addr, a, b, *, loc=None, ip=None):
+    _stmt([Int64(addr).ir_value(loc=loc, ip=ip), Float32(a).ir_value(loc=loc, ip=ip),
+           Float32(b).ir_value(loc=loc, ip=ip)], "st.global.v2.f32 [$0], {$1, $2};", "l,f,f")
+
+
+@dsl_user_op
 def st_shared_f32(addr, v, *, loc=None, ip=None):
     _stmt([Int32(addr).ir_value(loc=loc, ip=ip), Float32(v).ir_value(loc=loc, ip=ip)],
           "st.shared.f32 [$0], $1;", "r,f")
