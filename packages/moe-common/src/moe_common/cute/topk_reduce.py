@@ -6,12 +6,11 @@ y is fp32 [T * k, H] with rows of non-local routes never written: they are skipp
 read. Each thread owns 8 consecutive h of one token: two 16-byte loads per route, one 16-byte
 store, one rounding to bf16.
 
-Paired order (`paired=True`, H a multiple of 32): within each 32-column block of a y row,
-columns j, j + 8, j + 16 and j + 24 sit side by side (column j + 8 i at position 4 j + i), the
-order in which warpgroup-MMA fragments hold them (a thread has rows r and r + 8 of each 16-row
-group it computes), so a GEMM thread writes its values of one token with one 8-byte (one
-group) or 16-byte (two groups) store. A thread here then owns one whole block: eight 16-byte
-loads per route, four 16-byte stores.
+Paired order (`paired=True`, H a multiple of 16): within each 16-column block of a y row,
+column h and h + 8 sit side by side (column j + 8 i at position 2 j + i), the order in which a
+warpgroup-MMA fragment holds them (a thread has rows r and r + 8 of its 16-row group), so the
+GEMM writes each pair with one 8-byte store. A thread then owns one whole block: four 16-byte
+loads per route, two 16-byte stores.
 """
 from __future__ import annotations
 
@@ -24,19 +23,16 @@ from . import ptx
 THREADS = 256
 
 
-PAIRED_BLOCK = 32
-
-
 def paired_position(h: int) -> int:
     """Where column h of a y row sits in the paired order."""
-    return h - h % PAIRED_BLOCK + 4 * (h % 8) + (h % PAIRED_BLOCK) // 8
+    return h - h % 16 + 2 * (h % 8) + (h % 16) // 8
 
 
 class TopkReduce:
     def __init__(self, ids_bytes: int, paired: bool = False):
         self.ids_bytes = ids_bytes
         self.paired = paired
-        self.cols = PAIRED_BLOCK if paired else 8  # y columns per thread
+        self.cols = 16 if paired else 8  # y columns per thread
 
     @cute.jit
     def __call__(self, y: Int64, ids: Int64, out: Int64, tokens: Int32, top_k: Int32, hidden: Int32,
