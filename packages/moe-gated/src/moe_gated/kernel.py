@@ -444,7 +444,10 @@ class GatedGemm:
         so one 8-byte store per lane writes a pair, 4 tokens x 64 contiguous bytes per warp
         instruction. In row order it took two 4-byte stores (4 tokens x 32 bytes per
         instruction), and the store phase, 16% of FC2 at Qwen3-30B-A3B T=8192 (nostore, seventh
-        session), paid about one cycle per cache line an instruction touches."""
+        session), paid about one cycle per cache line an instruction touches: FC2 took 520 us
+        there, now 470.5 (BENCHMARKS.md, fifteenth session). The tall geometry's two groups
+        could share one 16-byte store with a 32-column order, but the reduce over 32-column
+        blocks was slower at T=8192 (branch wip/paired-y-32)."""
         r = lane // 4
         q = lane % 4
         # nostore: a bound no row meets, but one the compiler cannot see through (with the
