@@ -11,18 +11,22 @@ def test_routing_and_reduce_compile(ids_bytes):
     assert jit.routing(ids_bytes) is not None
     assert all(k is not None for k in jit.routing_split(ids_bytes))
     assert jit.topk_reduce(ids_bytes) is not None
-    assert jit.topk_reduce(ids_bytes, paired=True) is not None
+    assert jit.topk_reduce(ids_bytes, paired=16) is not None
+    assert jit.topk_reduce(ids_bytes, paired=32) is not None
 
 
-def test_paired_order_is_a_permutation_of_each_16_column_block():
-    """Columns h and h + 8 of a 16-column block sit side by side (the order moe-gated's FC2
-    writes y in and the paired reduce reads it back)."""
+def test_paired_order_is_a_permutation_of_each_block():
+    """Columns j, j + 8, ... of a block sit side by side (the order moe-gated's FC2 writes y in
+    and the paired reduce reads it back)."""
     from moe_common.cute.topk_reduce import paired_position
 
-    assert [paired_position(h) for h in range(16)] == [0, 2, 4, 6, 8, 10, 12, 14,
-                                                       1, 3, 5, 7, 9, 11, 13, 15]
-    assert sorted(paired_position(h) for h in range(64)) == list(range(64))
-    assert all(paired_position(h) // 16 == h // 16 for h in range(64))
+    assert [paired_position(h, 16) for h in range(16)] == [0, 2, 4, 6, 8, 10, 12, 14,
+                                                           1, 3, 5, 7, 9, 11, 13, 15]
+    assert [paired_position(h, 32) for h in (0, 8, 16, 24, 1, 9, 7, 31, 32, 40)] == \
+        [0, 1, 2, 3, 4, 5, 28, 31, 32, 33]
+    for block in (16, 32):
+        assert sorted(paired_position(h, block) for h in range(96)) == list(range(96))
+        assert all(paired_position(h, block) // block == h // block for h in range(96))
 
 
 def test_split_routing_thresholds():

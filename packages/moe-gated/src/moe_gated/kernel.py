@@ -94,6 +94,12 @@ def _store_fragments(acc, res):
             acc[g, j // 4, j % 4] = v
 
 
+def y_block(geometry: str) -> int:
+    """Columns per block of FC2's paired y order (moe_common.cute.topk_reduce): a warp's 16-row
+    groups, which start at a multiple of it."""
+    return 16 * GEOMETRIES[geometry][1]
+
+
 def row_tile(geometry: str) -> int:
     """Weight rows per work item."""
     return CONSUMER_WARPS * GEOMETRIES[geometry][1] * 16
@@ -146,6 +152,7 @@ class GatedGemm:
         assert self.stages >= 3 and self.smem_bytes <= SMEM_LIMIT, (self.stages, self.smem_bytes)
         assert 2 * self.groups <= 32  # one producer lane per copy of a K-tile's weights
         assert self.bn <= 32 * CONSUMER_WARPS  # one consumer thread per FC2 token-table entry
+        assert self.gpw in (1, 2)  # FC2 stores a token's values with one 8- or 16-byte store
 
     # ------------------------------------------------------------------ host entry
     @cute.jit
@@ -439,32 +446,37 @@ class GatedGemm:
     def _epilogue_fc2(self, acc, e, p0, p1, group0, gs, tok, lane, bias, row_groups,
                       out, out_stride, out_rows):
         """y[pair, row] = w * (acc * scale + bias) straight from the fragment, with y's rows in
-        the paired order (moe_common.cute.topk_reduce): thread (r, q) holds rows r and r + 8 of
-        its group for tokens 2q and 2q + 1 of each 8-token block, which sit side by side there,
-        so one 8-byte store per lane writes a pair, 4 tokens x 64 contiguous bytes per warp
-        instruction. In row order it took two 4-byte stores (4 tokens x 32 bytes per
-        instruction), and the store phase, 16% of FC2 at Qwen3-30B-A3B T=8192 (nostore, seventh
-        session), paid about one cycle per cache line an instruction touches: FC2 took 520 us
-        there, now 470.5 (BENCHMARKS.md, fifteenth session). The tall geometry's two groups
-        could share one 16-byte store with a 32-column order, but the reduce over 32-column
-        blocks was slower at T=8192 (branch wip/paired-y-32)."""
+        the paired order of y_block(geometry) (moe_common.cute.topk_reduce): thread (r, q) holds
+        rows r and r + 8 of each of its groups for tokens 2q and 2q + 1 of each 8-token block,
+        and those sit side by side there, so a lane writes a token's values with one store:
+        8 bytes (wide, one group: 4 tokens x 64 contiguous bytes per warp instruction) or 16
+        (tall, two groups: 4 tokens x 128). In row order that took two or four 4-byte stores,
+        and the store phase, 16% of FC2 at Qwen3-30B-A3B T=8192 (nostore, seventh session),
+        cost about a cycle per cache line an instruction touched: FC2 took 520 us there, 470.5
+        with 8-byte stores (BENCHMARKS.md, fifteenth session). A wide warp's 8-byte stores in
+        the 32-column order would fill half of each sector they touch (measured slower)."""
         r = lane // 4
         q = lane % 4
         # nostore: a bound no row meets, but one the compiler cannot see through (with the
         # results dead, ptxas shrinks the wgmmas to N=8)
         bound = out_rows if cutlass.const_expr(self.cfg.variant != "nostore") else out_rows - (1 << 30)
-        for gi in cutlass.range_constexpr(self.gpw):
-            row0 = (group0 + gi) * 16  # out_rows is a multiple of 16: a group is in or out
-            bv = [ptx.ld_nc_f32(bias + (Int64(e) * Int64(row_groups * 16) + Int64(row0 + r + 8 * h)) * 4)
-                  for h in range(2)]
-            for nb in cutlass.range_constexpr(self.bn // 8):
-                if p0 + nb * 8 < p1:
-                    for c in cutlass.range_constexpr(2):
-                        n = nb * 8 + 2 * q + c
-                        if p0 + n < p1:
-                            pw = ptx.ld_shared_v2(tok + n * 8)
-                            wgt = ptx.f32_bits(pw[1])
-                            dst = out + (Int64(pw[0]) * Int64(out_stride) + Int64(row0 + 2 * r)) * 4
-                            if row0 < bound:
-                                ptx.st_v2_f32(dst, (acc[gi, nb, c] * gs + bv[0]) * wgt,
-                                              (acc[gi, nb, 2 + c] * gs + bv[1]) * wgt)
+        # the warp's groups are one block (out_rows is a multiple of 32: a block is in or out)
+        row0 = group0 * 16
+        col = row0 + 2 * self.gpw * r
+        bv = [ptx.ld_nc_f32(bias + (Int64(e) * Int64(row_groups * 16) + Int64(row0 + 16 * gi + r + 8 * h)) * 4)
+              for gi in range(self.gpw) for h in range(2)]
+        for nb in cutlass.range_constexpr(self.bn // 8):
+            if p0 + nb * 8 < p1:
+                for c in cutlass.range_constexpr(2):
+                    n = nb * 8 + 2 * q + c
+                    if p0 + n < p1:
+                        pw = ptx.ld_shared_v2(tok + n * 8)
+                        wgt = ptx.f32_bits(pw[1])
+                        dst = out + (Int64(pw[0]) * Int64(out_stride) + Int64(col)) * 4
+                        v = [(acc[gi, nb, 2 * h + c] * gs + bv[2 * gi + h]) * wgt
+                             for gi in range(self.gpw) for h in range(2)]
+                        if row0 < bound:
+                            if cutlass.const_expr(self.gpw == 1):
+                                ptx.st_v2_f32(dst, v[0], v[1])
+                            else:
+                                ptx.st_v4_f32(dst, v[0], v[1], v[2], v[3])

@@ -10,7 +10,7 @@ MAX_TOP_K = 32
 MAX_LOCAL_EXPERTS = 1024  # the shared routing kernel's limit (one thread per expert)
 MAX_TOKENS = 65536
 # H and I: multiples of 128 run natively, other multiples of 32 are zero-padded (FC2's paired y
-# order, moe_common.cute.topk_reduce, needs H a multiple of 16)
+# order, moe_common.cute.topk_reduce, needs H a multiple of 32 with the tall geometry)
 DIM_MULTIPLE = 32
 # Mean routed rows per local expert (T * top_k / E) from which moe-gated bids above moe-generic.
 # Below 256 rows per expert its tiles are 128 tokens wide (MMA 32..128 wide, the tall geometry);

@@ -24,7 +24,7 @@ from moe_common.types import Activation
 from moe_common.weights import MoEWeights
 
 from . import compile_cache
-from .kernel import GEOMETRIES, row_tile
+from .kernel import GEOMETRIES, row_tile, y_block
 from .limits import KERNEL_NAME
 
 # Mean routed pairs per local expert from which the wide geometry (256-token tiles) is used.
@@ -116,7 +116,7 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
         w4a4_requantize_blocked(inter[:cap], weights, tiles[0][:cap], bn)
 
     # 4. FC2 + router weight -> y [P, H] fp32 in original pair order, each row's columns in the
-    # paired order (moe_common.cute.topk_reduce)
+    # paired order of y_block(geometry) (moe_common.cute.topk_reduce)
     y = bufs.get("y", (P, H), torch.float32)
     route_w = topk_weights if topk_weights.dtype == torch.float32 else topk_weights.float()
     route_w = route_w.contiguous()
@@ -130,7 +130,7 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     # 5. out[t] = sum over the top-k, fixed order, one rounding
     if out is None:
         out = torch.empty(T, H, dtype=torch.bfloat16, device=dev)
-    jit.topk_reduce(idb, paired=True)(y.data_ptr(), ids.data_ptr(), out.data_ptr(), T, k, H, off, E, stream)
+    jit.topk_reduce(idb, paired=y_block(geometry))(y.data_ptr(), ids.data_ptr(), out.data_ptr(), T, k, H, off, E, stream)
     return out
 
 

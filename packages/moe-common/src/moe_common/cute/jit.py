@@ -100,8 +100,9 @@ def route(ids, pairs: int, expert_offset: int, experts: int, bn: int, order, cou
             order.data_ptr(), stream)
 
 
-def topk_reduce(ids_nbytes: int, paired: bool = False):
-    """The top-k reduce; paired: y's rows in moe_common.cute.topk_reduce's paired order."""
+def topk_reduce(ids_nbytes: int, paired: int = 0):
+    """The top-k reduce; paired: the block of y's paired column order (moe_common.cute.topk_reduce),
+    0 for row order."""
     from cutlass import Int32, Int64
 
     from .topk_reduce import TopkReduce

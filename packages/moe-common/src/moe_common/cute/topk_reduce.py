@@ -6,11 +6,12 @@ y is fp32 [T * k, H] with rows of non-local routes never written: they are skipp
 read. Each thread owns 8 consecutive h of one token: two 16-byte loads per route, one 16-byte
 store, one rounding to bf16.
 
-Paired order (`paired=True`, H a multiple of 16): within each 16-column block of a y row,
-column h and h + 8 sit side by side (column j + 8 i at position 2 j + i), the order in which a
-warpgroup-MMA fragment holds them (a thread has rows r and r + 8 of its 16-row group), so the
-GEMM writes each pair with one 8-byte store. A thread then owns one whole block: four 16-byte
-loads per route, two 16-byte stores.
+Paired order (`paired` = B, 16 or 32, H a multiple of B): within each B-column block of a y
+row, columns j, j + 8, ... sit side by side (column j + 8 i at position (B / 8) j + i), the
+order in which warpgroup-MMA fragments hold them (a thread has rows r and r + 8 of each 16-row
+group it computes, B / 16 groups), so the GEMM writes a token's values with one 8- or 16-byte
+store. A thread here then owns one whole block: B / 4 16-byte loads per route, B / 8 16-byte
+stores.
 """
 from __future__ import annotations
 
@@ -23,16 +24,17 @@ from . import ptx
 THREADS = 256
 
 
-def paired_position(h: int) -> int:
-    """Where column h of a y row sits in the paired order."""
-    return h - h % 16 + 2 * (h % 8) + (h % 16) // 8
+def paired_position(h: int, block: int) -> int:
+    """Where column h of a y row sits in the paired order of `block`-column blocks."""
+    return h - h % block + (block // 8) * (h % 8) + (h % block) // 8
 
 
 class TopkReduce:
-    def __init__(self, ids_bytes: int, paired: bool = False):
+    def __init__(self, ids_bytes: int, paired: int = 0):
+        assert paired in (0, 16, 32)
         self.ids_bytes = ids_bytes
         self.paired = paired
-        self.cols = 16 if paired else 8  # y columns per thread
+        self.cols = paired if paired else 8  # y columns per thread
 
     @cute.jit
     def __call__(self, y: Int64, ids: Int64, out: Int64, tokens: Int32, top_k: Int32, hidden: Int32,
@@ -65,7 +67,7 @@ class TopkReduce:
                     for c in cutlass.range_constexpr(cols):
                         acc[c] = acc[c] + ptx.f32_bits(vals[c // 4][c % 4])
             # column h0 + c is acc[position of c]
-            pos = [paired_position(c) if self.paired else c for c in range(cols)]
+            pos = [paired_position(c, cols) if self.paired else c for c in range(cols)]
             dst = out + (Int64(t) * Int64(hidden) + Int64(h0)) * 2
             for q in cutlass.range_constexpr(cols // 8):
                 words = [ptx.bf16x2_from_f32(acc[pos[8 * q + 2 * w]], acc[pos[8 * q + 2 * w + 1]])

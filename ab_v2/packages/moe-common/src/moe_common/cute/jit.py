@@ -1,0 +1,112 @@
+"""Compile cache and launch helpers shared by the kernels.
+
+`cute.compile` does not memoize, and compiling takes 0.3-1 s, so every compiled kernel is kept
+here keyed by its static facts. Kernels are compiled for sm_90a explicitly, so the same code
+path compiles on a CPU-only machine (CI) and on the H200.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Callable
+
+import torch
+
+ARCH_OPTIONS = "--gpu-arch=sm_90a"
+_cache: dict = {}
+_lock = threading.Lock()
+
+
+def compiled(key, build: Callable):
+    """The compiled function for `key`, built once by `build()` (which calls cute.compile)."""
+    fn = _cache.get(key)
+    if fn is None:
+        with _lock:
+            fn = _cache.get(key)
+            if fn is None:
+                fn = build()
+                _cache[key] = fn
+    return fn
+
+
+def compile_kernel(kernel, *example_args):
+    import cutlass.cute as cute
+
+    return cute.compile(kernel, *example_args, options=ARCH_OPTIONS)
+
+
+def example_stream():
+    from cuda.bindings import driver as cuda
+
+    return cuda.CUstream(0)
+
+
+def current_stream(device):
+    from cuda.bindings import driver as cuda
+
+    return cuda.CUstream(torch.cuda.current_stream(device).cuda_stream)
+
+
+def ids_bytes(topk_ids: torch.Tensor) -> int:
+    return topk_ids.element_size()
+
+
+def routing(ids_nbytes: int):
+    from cutlass import Int32, Int64
+
+    from .routing import RoutingKernel
+
+    z = Int64(0)
+    return compiled(("routing", ids_nbytes), lambda: compile_kernel(
+        RoutingKernel(ids_nbytes), z, Int32(1), Int32(0), Int32(1), Int32(8), z, z, z, z, z, z,
+        example_stream()))
+
+
+def routing_split(ids_nbytes: int):
+    """The split routing path's (histogram, scan, scatter) kernels (see routing.py)."""
+    from cutlass import Int32, Int64
+
+    from .routing import RoutingScan, RoutingSlices
+
+    z = Int64(0)
+    one = Int32(1)
+    passes = [compiled(("routing_split", scatter, ids_nbytes), lambda scatter=scatter: compile_kernel(
+        RoutingSlices(ids_nbytes, scatter), z, one, Int32(0), one, one, z, z, example_stream()))
+        for scatter in (False, True)]
+    scan = compiled(("routing_split", "scan"), lambda: compile_kernel(
+        RoutingScan(), z, one, one, Int32(8), z, z, z, z, z, example_stream()))
+    return passes[0], scan, passes[1]
+
+
+def route(ids, pairs: int, expert_offset: int, experts: int, bn: int, order, counts, tiles,
+          num_tiles, hist, stream):
+    """Routing tables (see routing.py) on `stream`: the one-CTA kernel for small batches, the
+    split path over routing.split_ctas(pairs) CTAs otherwise. ids: topk_ids (contiguous);
+    order/counts/num_tiles: int32 tensors; tiles: int32 [3, capacity]; hist: int32
+    [routing.MAX_SPLIT_CTAS, experts] scratch."""
+    from .routing import split_ctas
+
+    idb = ids.element_size()
+    tile_ptrs = (tiles[0].data_ptr(), tiles[1].data_ptr(), tiles[2].data_ptr())
+    ctas = split_ctas(pairs)
+    if ctas == 0:
+        routing(idb)(ids.data_ptr(), pairs, expert_offset, experts, bn, order.data_ptr(),
+                     counts.data_ptr(), *tile_ptrs, num_tiles.data_ptr(), stream)
+        return
+    histogram, scan, scatter = routing_split(idb)
+    histogram(ids.data_ptr(), pairs, expert_offset, experts, ctas, hist.data_ptr(), 0, stream)
+    scan(hist.data_ptr(), ctas, experts, bn, counts.data_ptr(), *tile_ptrs, num_tiles.data_ptr(),
+         stream)
+    scatter(ids.data_ptr(), pairs, expert_offset, experts, ctas, hist.data_ptr(),
+            order.data_ptr(), stream)
+
+
+def topk_reduce(ids_nbytes: int, paired: bool = False):
+    """The top-k reduce; paired: y's rows in moe_common.cute.topk_reduce's paired order."""
+    from cutlass import Int32, Int64
+
+    from .topk_reduce import TopkReduce
+
+    z = Int64(0)
+    return compiled(("topk_reduce", ids_nbytes, paired), lambda: compile_kernel(
+        TopkReduce(ids_nbytes, paired), z, z, z, Int32(1), Int32(1), Int32(8), Int32(0), Int32(1),
+        example_stream()))

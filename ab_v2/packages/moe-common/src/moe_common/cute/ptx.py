@@ -1,0 +1,528 @@
+"""Thin inline-PTX wrappers the kernels use where the DSL has no direct op.
+
+Addresses are plain 64-bit integers (global) or 32-bit shared-window offsets (shared), so the
+kernels can do their own index math exactly as they would in CUDA C++. Pure operations are
+emitted without side effects so LLVM may schedule, CSE and hoist them; loads from memory that
+other threads (or an earlier launch) write are marked volatile-free `.nc` only where the data
+is read-only for the whole launch (weights, scales, token rows).
+"""
+from __future__ import annotations
+
+from cutlass import Float32, Int32, Int64
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
+
+
+def _i32(v, loc, ip):
+    return Int32(v).ir_value(loc=loc, ip=ip)
+
+
+def _asm(ret, operands, text, constraints, side_effects=False):
+    return llvm.inline_asm(
+        ret, operands, text, constraints, has_side_effects=side_effects,
+        is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+
+
+def _stmt(operands, text, constraints):
+    """An asm statement with side effects and no result (stores, waits, fences)."""
+    llvm.inline_asm(None, operands, text, constraints, has_side_effects=True,
+                    is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
+def _unpack(struct, n, ty):
+    return tuple(llvm.extractvalue(ty, struct, [i]) for i in range(n))
+
+
+# ---------------------------------------------------------------- integer / bit ops
+@dsl_user_op
+def prmt(a, b, sel, *, loc=None, ip=None) -> Int32:
+    """Byte permute: bytes {b:a} (a = bytes 0..3) picked by the low 4 nibbles of sel."""
+    return Int32(_asm(T.i32(), [_i32(a, loc, ip), _i32(b, loc, ip), _i32(sel, loc, ip)],
+                      "prmt.b32 $0, $1, $2, $3;", "=r,r,r,r"))
+
+
+@dsl_user_op
+def rotl(a, n: int, *, loc=None, ip=None) -> Int32:
+    """a rotated left by the constant n (a funnel shift of a with itself: one SHF)."""
+    return Int32(_asm(T.i32(), [_i32(a, loc, ip)], f"shf.l.wrap.b32 $0, $1, $1, {int(n)};",
+                      "=r,r"))
+
+
+@dsl_user_op
+def or_and(a, b, mask, *, loc=None, ip=None) -> Int32:
+    """a | (b & mask) in one LOP3 (immLut: a=0xF0, b=0xCC, c=0xAA)."""
+    return Int32(_asm(T.i32(), [_i32(a, loc, ip), _i32(b, loc, ip), _i32(mask, loc, ip)],
+                      "lop3.b32 $0, $1, $2, $3, 0xF8;", "=r,r,r,r"))
+
+
+# ---------------------------------------------------------------- bf16x2 / conversions
+@dsl_user_op
+def mul_bf16x2(a, b, *, loc=None, ip=None) -> Int32:
+    """Packed bf16x2 multiply, round to nearest (exact for e2m1 x e4m3 / e8m0 products)."""
+    return Int32(_asm(T.i32(), [_i32(a, loc, ip), _i32(b, loc, ip)],
+                      "mul.rn.bf16x2 $0, $1, $2;", "=r,r,r"))
+
+
+def bcast_half_ptx(dst: str, word: str, h: str, x: str, half: int) -> list:
+    """PTX lines: dst = {v, v} for the bf16 v in half `half` (0 low, 1 high) of word (h, x: b16
+    scratch registers). Written inside the asm of the bf16x2 multiplies that use dst, ptxas
+    folds it into their .H0_H0 / .H1_H1 operand swizzle (a prmt costs one instruction)."""
+    unpack = f"{{{x}, {h}}}" if half else f"{{{h}, {x}}}"
+    return [f"mov.b32 {unpack}, {word};", f"mov.b32 {dst}, {{{h}, {h}}};"]
+
+
+@dsl_user_op
+def mul_bf16x2_bcast(a, w, half: int, *, loc=None, ip=None) -> Int32:
+    """a * {v, v} for the bf16 v in half `half` of w, in one HMUL2 (see bcast_half_ptx)."""
+    lines = ["{", ".reg .b16 h, x;", ".reg .b32 s;", *bcast_half_ptx("s", "$2", "h", "x", half),
+             "mul.rn.bf16x2 $0, $1, s;", "}"]
+    return Int32(_asm(T.i32(), [_i32(a, loc, ip), _i32(w, loc, ip)], "\n".join(lines),
+                      "=r,r,r"))
+
+
+@dsl_user_op
+def bf16x2_from_f32(lo, hi, *, loc=None, ip=None) -> Int32:
+    """Pack two fp32 into bf16x2 (lo in the low half), round to nearest even."""
+    return Int32(_asm(T.i32(), [Float32(hi).ir_value(loc=loc, ip=ip), Float32(lo).ir_value(loc=loc, ip=ip)],
+                      "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f"))
+
+
+@dsl_user_op
+def bf16_lo_to_f32(v, *, loc=None, ip=None) -> Float32:
+    """The low bf16 of a packed pair as fp32 (exact)."""
+    return Float32(_asm(T.f32(), [_i32(v, loc, ip)], "shl.b32 $0, $1, 16;", "=f,r"))
+
+
+@dsl_user_op
+def bf16_hi_to_f32(v, *, loc=None, ip=None) -> Float32:
+    """The high bf16 of a packed pair as fp32 (exact)."""
+    return Float32(_asm(T.f32(), [_i32(v, loc, ip)], "and.b32 $0, $1, 0xffff0000;", "=f,r"))
+
+
+@dsl_user_op
+def e4m3x2_to_f32x2(v, *, loc=None, ip=None):
+    """Two e4m3 bytes (low 16 bits of v) -> two fp32 (exact: f16 holds every e4m3 value)."""
+    s = _asm(llvm.StructType.get_literal([T.f32(), T.f32()]), [_i32(v, loc, ip)],
+             "{ .reg .b16 l; .reg .b32 h; .reg .b16 h0, h1;\n"
+             "  cvt.u16.u32 l, $2;\n"
+             "  cvt.rn.f16x2.e4m3x2 h, l;\n"
+             "  mov.b32 {h0, h1}, h;\n"
+             "  cvt.f32.f16 $0, h0;\n"
+             "  cvt.f32.f16 $1, h1; }",
+             "=f,=f,r")
+    a, b = _unpack(s, 2, T.f32())
+    return Float32(a), Float32(b)
+
+
+@dsl_user_op
+def f32_bits(v, *, loc=None, ip=None) -> Float32:
+    """Reinterpret an int32 bit pattern as fp32."""
+    return Float32(_asm(T.f32(), [_i32(v, loc, ip)], "mov.b32 $0, $1;", "=f,r"))
+
+
+@dsl_user_op
+def ld_nc_u32(addr, *, loc=None, ip=None) -> Int32:
+    return Int32(_asm(T.i32(), [Int64(addr).ir_value(loc=loc, ip=ip)],
+                      "ld.global.nc.u32 $0, [$1];", "=r,l"))
+
+
+@dsl_user_op
+def ld_nc_f32(addr, *, loc=None, ip=None) -> Float32:
+    return Float32(_asm(T.f32(), [Int64(addr).ir_value(loc=loc, ip=ip)],
+                        "ld.global.nc.f32 $0, [$1];", "=f,l"))
+
+
+@dsl_user_op
+def ld_u32(addr, *, loc=None, ip=None) -> Int32:
+    """Coherent 4-byte global load (for data written earlier in the same stream)."""
+    return Int32(_asm(T.i32(), [Int64(addr).ir_value(loc=loc, ip=ip)],
+                      "ld.global.u32 $0, [$1];", "=r,l", side_effects=True))
+
+
+@dsl_user_op
+def st_v4(addr, a, b, c, d, *, loc=None, ip=None):
+    _stmt([Int64(addr).ir_value(loc=loc, ip=ip)] + [_i32(x, loc, ip) for x in (a, b, c, d)], "st.global.v4.u32 [$0], {$1, $2, $3, $4};", "l,r,r,r,r")
+
+
+@dsl_user_op
+def st_u32(addr, a, *, loc=None, ip=None):
+    _stmt([Int64(addr).ir_value(loc=loc, ip=ip), _i32(a, loc, ip)], "st.global.u32 [$0], $1;", "l,r")
+
+
+@dsl_user_op
+def st_u16(addr, a, *, loc=None, ip=None):
+    """Store the low 16 bits of a."""
+    _stmt([Int64(addr).ir_value(loc=loc, ip=ip), _i32(a, loc, ip)], "{ .reg .b16 t; cvt.u16.u32 t, $1; st.global.u16 [$0], t; }", "l,r")
+
+
+@dsl_user_op
+def st_f32(addr, a, *, loc=None, ip=None):
+    _stmt([Int64(addr).ir_value(loc=loc, ip=ip), Float32(a).ir_value(loc=loc, ip=ip)], "st.global.f32 [$0], $1;", "l,f")
+
+
+@dsl_user_op
+def red_add_f32(addr, a, *, loc=None, ip=None):
+    """Atomic fp32 add at L2, no result (relaxed, gpu scope)."""
+    _stmt([Int64(addr).ir_value(loc=loc, ip=ip), Float32(a).ir_value(loc=loc, ip=ip)], "red.global.add.f32 [$0], $1;", "l,f")
+
+
+@dsl_user_op
+def st_v4_f32(addr, a, b, c, d, *, loc=None, ip=None):
+    _stmt([Int64(addr).ir_value(loc=loc, ip=ip)] + [Float32(x).ir_value(loc=loc, ip=ip) for x in (a, b, c, d)],
+          "st.global.v4.f32 [$0], {$1, $2, $3, $4};", "l,f,f,f,f")
+
+
+@dsl_user_op
+def st_v2_f32(addr, a, b, *, loc=None, ip=None):
+    _stmt([Int64(addr).ir_value(loc=loc, ip=ip), Float32(a).ir_value(loc=loc, ip=ip),
+           Float32(b).ir_value(loc=loc, ip=ip)], "st.global.v2.f32 [$0], {$1, $2};", "l,f,f")
+
+
+@dsl_user_op
+def st_shared_f32(addr, v, *, loc=None, ip=None):
+    _stmt([Int32(addr).ir_value(loc=loc, ip=ip), Float32(v).ir_value(loc=loc, ip=ip)],
+          "st.shared.f32 [$0], $1;", "r,f")
+
+
+@dsl_user_op
+def stmatrix_x4_trans(addr, r0, r1, r2, r3, *, loc=None, ip=None):
+    """Store four 8x8 bf16 matrices transposed: lanes 8m..8m+7 give the row addresses of
+    matrix m; register m of the thread (row t // 4, columns 2 (t % 4), +1) lands in memory row
+    2 (t % 4) (+1), position t // 4."""
+    _stmt([Int32(addr).ir_value(loc=loc, ip=ip)] + [_i32(x, loc, ip) for x in (r0, r1, r2, r3)],
+          "stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [$0], {$1, $2, $3, $4};", "r,r,r,r,r")
+
+
+@dsl_user_op
+def ld_shared_u32(addr, *, loc=None, ip=None) -> Int32:
+    return Int32(_asm(T.i32(), [Int32(addr).ir_value(loc=loc, ip=ip)],
+                      "ld.shared.u32 $0, [$1];", "=r,r", side_effects=True))
+
+
+@dsl_user_op
+def cp_async_16(smem_addr, gmem_addr, *, loc=None, ip=None):
+    """Asynchronous 16-byte global -> shared copy (L2 only: token rows are reused via smem)."""
+    _stmt([Int32(smem_addr).ir_value(loc=loc, ip=ip), Int64(gmem_addr).ir_value(loc=loc, ip=ip)], "cp.async.cg.shared.global [$0], [$1], 16;", "r,l")
+
+
+@dsl_user_op
+def cp_async_16_zfill(smem_addr, gmem_addr, nbytes, *, loc=None, ip=None):
+    """As cp_async_16, reading only `nbytes` (0 or 16) and zero-filling the rest."""
+    _stmt([Int32(smem_addr).ir_value(loc=loc, ip=ip), Int64(gmem_addr).ir_value(loc=loc, ip=ip),
+                           _i32(nbytes, loc, ip)], "cp.async.cg.shared.global [$0], [$1], 16, $2;", "r,l,r")
+
+
+@dsl_user_op
+def cp_async_commit(*, loc=None, ip=None):
+    _stmt([], "cp.async.commit_group;", "")
+
+
+@dsl_user_op
+def mma_bf16_16816(d, a, b, *, loc=None, ip=None):
+    """d += A(16x16, row) @ B(16x8, col), bf16 in, fp32 accumulate (mma.sync, m16n8k16).
+
+    d: 4 fp32, a: 4 bf16x2 registers, b: 2 bf16x2 registers, in the PTX fragment order.
+    """
+    ops = [Float32(x).ir_value(loc=loc, ip=ip) for x in d] + [_i32(x, loc, ip) for x in a] + \
+          [_i32(x, loc, ip) for x in b]
+    s = _asm(llvm.StructType.get_literal([T.f32()] * 4), ops,
+             "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+             "{$0, $1, $2, $3}, {$8, $9, $10, $11}, {$12, $13}, {$4, $5, $6, $7};",
+             "=f,=f,=f,=f,f,f,f,f,r,r,r,r,r,r")
+    return tuple(Float32(x) for x in _unpack(s, 4, T.f32()))
+
+
+@dsl_user_op
+def ldmatrix_x4(addr, *, loc=None, ip=None):
+    """Four 8x8 b16 matrices from shared memory; lane l supplies row l % 8 of matrix l // 8."""
+    s = _asm(llvm.StructType.get_literal([T.i32()] * 4), [Int32(addr).ir_value(loc=loc, ip=ip)],
+             "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,r",
+             side_effects=True)
+    return tuple(Int32(x) for x in _unpack(s, 4, T.i32()))
+
+
+@dsl_user_op
+def ldmatrix_x2(addr, *, loc=None, ip=None):
+    """Two 8x8 b16 matrices (lanes 0..15 supply the row addresses)."""
+    s = _asm(llvm.StructType.get_literal([T.i32()] * 2), [Int32(addr).ir_value(loc=loc, ip=ip)],
+             "ldmatrix.sync.aligned.m8n8.x2.shared.b16 {$0, $1}, [$2];", "=r,=r,r", side_effects=True)
+    return tuple(Int32(x) for x in _unpack(s, 2, T.i32()))
+
+
+@dsl_user_op
+def st_shared_u32(addr, v, *, loc=None, ip=None):
+    _stmt([Int32(addr).ir_value(loc=loc, ip=ip), _i32(v, loc, ip)], "st.shared.u32 [$0], $1;", "r,r")
+
+
+@dsl_user_op
+def ld_shared_u16(addr, *, loc=None, ip=None) -> Int32:
+    """A zero-extended 16-bit shared-memory value."""
+    return Int32(_asm(T.i32(), [Int32(addr).ir_value(loc=loc, ip=ip)],
+                      "{\n.reg .u16 h;\nld.shared.u16 h, [$1];\ncvt.u32.u16 $0, h;\n}", "=r,r",
+                      side_effects=True))
+
+
+@dsl_user_op
+def st_shared_u16(addr, v, *, loc=None, ip=None):
+    """The low 16 bits of v."""
+    _stmt([Int32(addr).ir_value(loc=loc, ip=ip), _i32(v, loc, ip)],
+          "{\n.reg .u16 h;\ncvt.u16.u32 h, $1;\nst.shared.u16 [$0], h;\n}", "r,r")
+
+
+@dsl_user_op
+def atom_add_shared(addr, v, *, loc=None, ip=None) -> Int32:
+    """Atomic add on a shared-memory int32; returns the old value."""
+    return Int32(_asm(T.i32(), [Int32(addr).ir_value(loc=loc, ip=ip), _i32(v, loc, ip)],
+                      "atom.shared.add.u32 $0, [$1], $2;", "=r,r,r", side_effects=True))
+
+
+@dsl_user_op
+def atom_max_shared(addr, v, *, loc=None, ip=None) -> Int32:
+    """Atomic unsigned max on a shared-memory int32; returns the old value."""
+    return Int32(_asm(T.i32(), [Int32(addr).ir_value(loc=loc, ip=ip), _i32(v, loc, ip)],
+                      "atom.shared.max.u32 $0, [$1], $2;", "=r,r,r", side_effects=True))
+
+
+@dsl_user_op
+def flag_set_release_cta(addr, *, loc=None, ip=None):
+    """Set a shared-memory flag to 1 with release semantics at CTA scope: after a warp sync, the
+    warp's earlier writes (global included) are visible to a warp of the CTA that sees the flag
+    through flag_wait_acquire_cta. A CTA-scope fence, not a round trip to L2."""
+    _stmt([Int32(addr).ir_value(loc=loc, ip=ip)], "st.release.cta.shared.u32 [$0], 1;", "r")
+
+
+@dsl_user_op
+def flag_wait_acquire_cta(addr, *, loc=None, ip=None):
+    """Spin until a shared-memory flag is 1 (acquire, CTA scope; see flag_set_release_cta)."""
+    _stmt([Int32(addr).ir_value(loc=loc, ip=ip)],
+          "{\n.reg .pred p;\n.reg .b32 v;\nWAIT_${:uid}:\n"
+          "ld.acquire.cta.shared.u32 v, [$0];\n"
+          "setp.ne.u32 p, v, 1;\n"
+          "@p bra WAIT_${:uid};\n}", "r")
+
+
+@dsl_user_op
+def globaltimer_lo_hi(*, loc=None, ip=None):
+    """%globaltimer (ns) as two u32 halves, and %smid (timing diagnostics)."""
+    s = _asm(llvm.StructType.get_literal([T.i32()] * 3), [],
+             "{ .reg .b64 t; mov.u64 t, %globaltimer; mov.b64 {$0, $1}, t; mov.u32 $2, %smid; }",
+             "=r,=r,=r", side_effects=True)
+    return tuple(Int32(x) for x in _unpack(s, 3, T.i32()))
+
+
+@dsl_user_op
+def atom_add_global(addr, v, *, loc=None, ip=None) -> Int32:
+    """Relaxed device-scope atomic add on a global int32; returns the old value."""
+    return Int32(_asm(T.i32(), [Int64(addr).ir_value(loc=loc, ip=ip), _i32(v, loc, ip)],
+                      "atom.global.add.u32 $0, [$1], $2;", "=r,l,r", side_effects=True))
+
+
+@dsl_user_op
+def wgmma_wait(n: int, *, loc=None, ip=None):
+    """Wait until at most n committed wgmma groups of this warp are in flight (n: compile-time)."""
+    _stmt([], f"wgmma.wait_group.sync.aligned {int(n)};", "")
+
+
+@dsl_user_op
+def ld_nc_s64_as_s32(addr, *, loc=None, ip=None) -> Int32:
+    """Low 32 bits of a read-only int64 (expert ids stored as int64)."""
+    return Int32(_asm(T.i32(), [Int64(addr).ir_value(loc=loc, ip=ip)],
+                      "{ .reg .b64 t; ld.global.nc.b64 t, [$1]; cvt.u32.u64 $0, t; }", "=r,l"))
+
+
+@dsl_user_op
+def ld_v4(addr, *, loc=None, ip=None):
+    """Coherent 16-byte global load (data written by an earlier kernel of the same stream)."""
+    s = _asm(llvm.StructType.get_literal([T.i32()] * 4), [Int64(addr).ir_value(loc=loc, ip=ip)],
+             "ld.global.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l", side_effects=True)
+    return tuple(Int32(x) for x in _unpack(s, 4, T.i32()))
+
+
+@dsl_user_op
+def ld_shared_v4(addr, *, loc=None, ip=None):
+    s = _asm(llvm.StructType.get_literal([T.i32()] * 4), [Int32(addr).ir_value(loc=loc, ip=ip)],
+             "ld.shared.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,r", side_effects=True)
+    return tuple(Int32(x) for x in _unpack(s, 4, T.i32()))
+
+
+@dsl_user_op
+def ld_shared_v2(addr, *, loc=None, ip=None):
+    s = _asm(llvm.StructType.get_literal([T.i32()] * 2), [Int32(addr).ir_value(loc=loc, ip=ip)],
+             "ld.shared.v2.u32 {$0, $1}, [$2];", "=r,=r,r", side_effects=True)
+    return tuple(Int32(x) for x in _unpack(s, 2, T.i32()))
+
+
+@dsl_user_op
+def cp_async_wait(n: int, *, loc=None, ip=None):
+    """Wait until at most n committed cp.async groups are still in flight (n: compile-time)."""
+    _stmt([], f"cp.async.wait_group {int(n)};", "")
+
+
+@dsl_user_op
+def fence_proxy_async_shared(*, loc=None, ip=None):
+    """Order this thread's generic-proxy shared-memory writes before async-proxy reads (wgmma)."""
+    _stmt([], "fence.proxy.async.shared::cta;", "")
+
+
+# ---------------------------------------------------------------- persistent-kernel helpers
+@dsl_user_op
+def ld_cg_v4(addr, *, loc=None, ip=None):
+    """16-byte global load through L2 only (data other CTAs of this launch wrote before a
+    grid barrier; L1 is not coherent across SMs)."""
+    s = _asm(llvm.StructType.get_literal([T.i32()] * 4), [Int64(addr).ir_value(loc=loc, ip=ip)],
+             "ld.global.cg.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l", side_effects=True)
+    return tuple(Int32(x) for x in _unpack(s, 4, T.i32()))
+
+
+@dsl_user_op
+def ld_cg_v4_if(addr, pred, *, loc=None, ip=None):
+    """ld_cg_v4 where pred != 0, else four zeros and no load (the access is predicated off)."""
+    s = _asm(llvm.StructType.get_literal([T.i32()] * 4),
+             [Int64(addr).ir_value(loc=loc, ip=ip), _i32(pred, loc, ip)],
+             "{\n.reg .pred p;\nsetp.ne.u32 p, $5, 0;\n"
+             "mov.u32 $0, 0;\nmov.u32 $1, 0;\nmov.u32 $2, 0;\nmov.u32 $3, 0;\n"
+             "@p ld.global.cg.v4.u32 {$0, $1, $2, $3}, [$4];\n}",
+             "=r,=r,=r,=r,l,r", side_effects=True)
+    return tuple(Int32(x) for x in _unpack(s, 4, T.i32()))
+
+
+@dsl_user_op
+def ld_nc_v4(addr, *, loc=None, ip=None):
+    """16-byte read-only global load."""
+    s = _asm(llvm.StructType.get_literal([T.i32()] * 4), [Int64(addr).ir_value(loc=loc, ip=ip)],
+             "ld.global.nc.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l")
+    return tuple(Int32(x) for x in _unpack(s, 4, T.i32()))
+
+
+@dsl_user_op
+def st_cs_v4(addr, a, b, c, d, *, loc=None, ip=None):
+    """16-byte streaming store (st.cs: its lines are allocated evict-first, so a stream of
+    them does not push out lines that are read again)."""
+    _stmt([Int64(addr).ir_value(loc=loc, ip=ip)] + [_i32(x, loc, ip) for x in (a, b, c, d)],
+          "st.global.cs.v4.u32 [$0], {$1, $2, $3, $4};", "l,r,r,r,r")
+
+
+@dsl_user_op
+def st_v2(addr, a, b, *, loc=None, ip=None):
+    _stmt([Int64(addr).ir_value(loc=loc, ip=ip), _i32(a, loc, ip), _i32(b, loc, ip)],
+          "st.global.v2.u32 [$0], {$1, $2};", "l,r,r")
+
+
+@dsl_user_op
+def grid_barrier_arrive_wait(state, master, last, *, loc=None, ip=None):
+    """One thread per CTA: wait until every CTA of the (co-resident) grid has arrived.
+
+    state: one u32 in global memory, 0 before the first use. Each barrier adds 2^31 to it in
+    all: the master CTA (master != 0, exactly one) adds 2^31 - last, every other CTA 1 (last =
+    grid size - 1), so bit 31 flips exactly when the last CTA arrives and the low bits are back
+    at 0: the same word serves every call and every CUDA-graph replay without a reset. One
+    atomic and one poll per CTA (the scheme of CUDA's cooperative-groups grid sync); the
+    version before (a counter the last CTA reset and a generation it bumped) had two more
+    round trips to L2 on the path. The caller brackets this with CTA barriers, so the CTA's
+    earlier writes are ordered before the fence here and its later reads after the last one.
+    """
+    _stmt([Int64(state).ir_value(loc=loc, ip=ip), _i32(master, loc, ip), _i32(last, loc, ip)],
+          "{\n"
+          ".reg .pred p;\n"
+          ".reg .b32 nb, old, cur;\n"
+          "setp.ne.u32 p, $1, 0;\n"
+          "sub.u32 nb, 0x80000000, $2;\n"
+          "selp.u32 nb, nb, 1, p;\n"
+          "fence.acq_rel.gpu;\n"
+          "atom.relaxed.gpu.global.add.u32 old, [$0], nb;\n"
+          "WAIT_${:uid}:\n"
+          "ld.relaxed.gpu.global.u32 cur, [$0];\n"
+          "xor.b32 cur, cur, old;\n"
+          "setp.lt.s32 p, cur, 0;\n"
+          "@!p bra WAIT_${:uid};\n"
+          "fence.acq_rel.gpu;\n"
+          "}", "l,r,r")
+
+
+# ---------------------------------------------------------------- mbarrier + bulk copy (TMA 1D)
+@dsl_user_op
+def mbarrier_init(addr, count, *, loc=None, ip=None):
+    _stmt([Int32(addr).ir_value(loc=loc, ip=ip), _i32(count, loc, ip)],
+          "mbarrier.init.shared::cta.b64 [$0], $1;", "r,r")
+
+
+@dsl_user_op
+def fence_mbarrier_init(*, loc=None, ip=None):
+    """Make mbarrier.init visible to the async proxy (bulk copies) before first use."""
+    _stmt([], "fence.mbarrier_init.release.cluster;", "")
+
+
+@dsl_user_op
+def mbarrier_arrive(addr, *, loc=None, ip=None):
+    _stmt([Int32(addr).ir_value(loc=loc, ip=ip)],
+          "{ .reg .b64 st; mbarrier.arrive.shared::cta.b64 st, [$0]; }", "r")
+
+
+@dsl_user_op
+def mbarrier_arrive_expect_tx(addr, nbytes, *, loc=None, ip=None):
+    """Arrive once and add nbytes to the phase's expected transaction count."""
+    _stmt([Int32(addr).ir_value(loc=loc, ip=ip), _i32(nbytes, loc, ip)],
+          "{ .reg .b64 st; mbarrier.arrive.expect_tx.shared::cta.b64 st, [$0], $1; }", "r,r")
+
+
+@dsl_user_op
+def mbarrier_wait(addr, parity, *, loc=None, ip=None):
+    """Spin until the phase with this parity (0/1) of the mbarrier has completed."""
+    _stmt([Int32(addr).ir_value(loc=loc, ip=ip), _i32(parity, loc, ip)],
+          "{\n.reg .pred p;\nWAIT_${:uid}:\n"
+          "mbarrier.try_wait.parity.shared::cta.b64 p, [$0], $1;\n"
+          "@!p bra WAIT_${:uid};\n}", "r,r")
+
+
+@dsl_user_op
+def bulk_copy_g2s(smem_addr, gmem_addr, nbytes, mbar, *, loc=None, ip=None):
+    """cp.async.bulk global -> shared (16-byte aligned, nbytes a multiple of 16), completing
+    nbytes of transactions on the mbarrier."""
+    _stmt([Int32(smem_addr).ir_value(loc=loc, ip=ip), Int64(gmem_addr).ir_value(loc=loc, ip=ip),
+           _i32(nbytes, loc, ip), Int32(mbar).ir_value(loc=loc, ip=ip)],
+          "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$0], [$1], $2, [$3];",
+          "r,l,r,r")
+
+
+
+# ---------------------------------------------------------------- per-warp streams (moe-static)
+@dsl_user_op
+def named_barrier(barrier_id, threads, *, loc=None, ip=None):
+    """bar.sync on hardware barrier barrier_id (1..15; 0 is the CTA barrier) for `threads`
+    threads (a multiple of 32): the warps of one team meet without stopping the others."""
+    _stmt([_i32(barrier_id, loc, ip), _i32(threads, loc, ip)], "bar.sync $0, $1;", "r,r")
+
+
+@dsl_user_op
+def st_shared_v4_f32(addr, a, b, c, d, *, loc=None, ip=None):
+    _stmt([Int32(addr).ir_value(loc=loc, ip=ip)] + [Float32(x).ir_value(loc=loc, ip=ip) for x in (a, b, c, d)],
+          "st.shared.v4.f32 [$0], {$1, $2, $3, $4};", "r,f,f,f,f")
+
+
+@dsl_user_op
+def sync_warp(*, loc=None, ip=None):
+    """bar.warp.sync over the whole warp: orders the lanes' shared-memory accesses (cp.async
+    data one lane copied and another reads, after each lane's cp.async.wait_group)."""
+    _stmt([], "bar.warp.sync -1;", "")
+
+
+@dsl_user_op
+def fence_proxy_async_global(*, loc=None, ip=None):
+    """Order this thread's generic-proxy global writes before async-proxy (bulk copy) reads of
+    them that a later barrier makes happen after."""
+    _stmt([], "fence.proxy.async.global;", "")
+
+
+@dsl_user_op
+def shfl_up_i32(v, delta, *, loc=None, ip=None) -> Int32:
+    """v of lane (lane - delta); lanes below delta get their own v (shfl.sync.up, full warp)."""
+    return Int32(_asm(T.i32(), [_i32(v, loc, ip), _i32(delta, loc, ip)],
+                      "shfl.sync.up.b32 $0, $1, $2, 0x0, 0xffffffff;", "=r,r,r", side_effects=True))
+
+
+@dsl_user_op
+def shfl_idx_i32(v, src_lane, *, loc=None, ip=None) -> Int32:
+    """v of lane src_lane (shfl.sync.idx, full warp)."""
+    return Int32(_asm(T.i32(), [_i32(v, loc, ip), _i32(src_lane, loc, ip)],
+                      "shfl.sync.idx.b32 $0, $1, $2, 0x1f, 0xffffffff;", "=r,r,r", side_effects=True))

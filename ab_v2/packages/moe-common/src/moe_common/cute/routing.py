@@ -1,0 +1,225 @@
+"""Device-side routing preparation in CuTe DSL (no host sync, CUDA-graph capturable).
+
+Input: topk_ids [T, k] (int32 or int64), the local expert range. Output, for grouped GEMMs that
+work on (expert, up to `bn` routed pairs) tiles:
+  order[P]            sorted position -> original pair index t * k + j, grouped by local expert
+  tile_expert/start/end[max_tiles], num_tiles[1]
+  counts[E]           routed pairs per local expert
+Pairs whose expert is outside the local range are dropped (never given a position).
+
+Two ways, the same tables:
+- RoutingKernel, one CTA of 1024 threads (one launch; decode and small batches): histogram
+  with shared-memory atomics, a warp-shuffle scan over the experts (one thread per expert,
+  E <= 1024) for the pair and tile offsets, the tile table, then positions by a second pass of
+  atomics. Each pass loads BATCH ids per thread before using any, so the loads overlap.
+- Split over G CTAs (large batches, `split_ctas`): RoutingSlices counts each CTA's slice of
+  the pairs into hist[g][e]; RoutingScan (one CTA) turns hist into each (CTA, expert)'s first
+  position and writes the tile table; RoutingSlices(scatter=True) places each slice's pairs
+  from those bases. One CTA was bound by issuing every pair's shared atomic and scattered 4-byte `order`
+  store from a single SM: 71 us for 65536 pairs (Qwen3-30B-A3B at T=8192).
+The order of pairs inside one expert varies from run to run either way; results do not,
+because every routed pair's output is computed on its own (its own MMA column, its own output
+row) and reduced afterwards in a fixed order.
+"""
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32, Int64
+
+from . import ptx
+from .scan import exclusive_scan2
+
+THREADS = 1024
+MAX_EXPERTS = THREADS
+# ids loaded per thread before the first is used: one load in flight per warp made each pass
+# latency-bound (88 us for 65536 pairs, Qwen3-30B-A3B at T=8192, tools/profile_split.py)
+BATCH = 8
+SPLIT_THREADS = 512  # per CTA of the histogram and scatter kernels
+MAX_SPLIT_CTAS = 32  # RoutingScan holds one hist value per CTA in registers (1024 threads)
+SPLIT_MIN_PAIRS = 16384  # below this the single-CTA kernel's one launch is cheaper
+PAIRS_PER_SPLIT_CTA = 2048
+
+
+def split_ctas(pairs: int) -> int:
+    """CTAs of the split path for `pairs` routed pairs; 0 = use the single-CTA kernel."""
+    if pairs < SPLIT_MIN_PAIRS:
+        return 0
+    return min(MAX_SPLIT_CTAS, -(-pairs // PAIRS_PER_SPLIT_CTA))
+
+
+def local_expert(ids, p, expert_offset, ids_bytes: int):
+    """Routed pair p's expert as a local id, from topk_ids of `ids_bytes`-byte ints; valid iff
+    0 <= id < experts (one unsigned compare). Trace-time helper."""
+    if ids_bytes == 4:
+        e = ptx.ld_nc_u32(ids + Int64(p) * 4)
+    else:
+        e = ptx.ld_nc_s64_as_s32(ids + Int64(p) * 8)
+    return e - expert_offset
+
+
+class _PairIds:
+    """Reads expert ids of routed pairs as local ids (invalid ones as values >= experts)."""
+
+    def __init__(self, ids_bytes: int):
+        assert ids_bytes in (4, 8)
+        self.ids_bytes = ids_bytes
+
+    @cute.jit
+    def _expert(self, ids, p, expert_offset, experts):
+        return local_expert(ids, p, expert_offset, self.ids_bytes)
+
+    @cute.jit
+    def _experts(self, ids, p0, step: cutlass.Constexpr, end, expert_offset, experts):
+        """Local ids of pairs p0 + u * step, u < BATCH, all loads issued before any is used;
+        pairs at or past `end` read pair 0 and come back as -1 (invalid)."""
+        ps = [p0 + u * step for u in range(BATCH)]
+        raw = [self._expert(ids, cutlass.select_(p < end, p, Int32(0)), expert_offset, experts)
+               for p in ps]
+        return [cutlass.select_(p < end, e, Int32(-1)) for p, e in zip(ps, raw)]
+
+
+@cute.jit
+def _expert_table(tid, cnt, s_scratch, experts, bn, counts_out, tile_expert, tile_start,
+                  tile_end, num_tiles):
+    """Thread e of 1024 holds expert e's pair count: scan counts and tiles over the experts,
+    write counts[e], e's tile-table entries and num_tiles; return e's first sorted position.
+    s_scratch: 64 int32 of shared memory no thread reads meanwhile (free again after the
+    caller's next CTA barrier)."""
+    tiles = (cnt + bn - 1) // bn
+    start, first_tile, _, _ = exclusive_scan2(cnt, tiles, tid, THREADS, s_scratch)
+    if tid < experts:
+        ptx.st_u32(counts_out + Int64(tid) * 4, cnt)
+        for j in cutlass.range(tiles, unroll=1):
+            t = Int64(first_tile + j) * 4
+            ts = start + j * bn
+            ptx.st_u32(tile_expert + t, tid)
+            ptx.st_u32(tile_start + t, ts)
+            ptx.st_u32(tile_end + t, cutlass.min(ts + bn, start + cnt))
+    if tid == experts - 1:
+        ptx.st_u32(num_tiles, first_tile + tiles)
+    return start
+
+
+class RoutingKernel(_PairIds):
+    @cute.jit
+    def __call__(self, ids: Int64, pairs: Int32, expert_offset: Int32, experts: Int32, bn: Int32,
+                 order: Int64, counts_out: Int64, tile_expert: Int64, tile_start: Int64,
+                 tile_end: Int64, num_tiles: Int64, stream):
+        self.kernel(ids, pairs, expert_offset, experts, bn, order, counts_out, tile_expert,
+                    tile_start, tile_end, num_tiles).launch(grid=[1, 1, 1], block=[THREADS, 1, 1],
+                                                            stream=stream)
+
+    @cute.kernel
+    def kernel(self, ids: Int64, pairs: Int32, expert_offset: Int32, experts: Int32, bn: Int32,
+               order: Int64, counts_out: Int64, tile_expert: Int64, tile_start: Int64,
+               tile_end: Int64, num_tiles: Int64):
+        tid, _, _ = cute.arch.thread_idx()
+        smem = cutlass.memory.SmemAllocator()
+        buf = smem.allocate_array(cutlass.Int32, 3 * THREADS, byte_alignment=16)
+        s_cnt = Int32(buf.toint())          # pair counts per expert
+        s_til = s_cnt + THREADS * 4          # the expert scan's scratch
+        s_cur = s_cnt + 2 * THREADS * 4      # per-expert cursor for the position pass
+        ptx.st_shared_u32(s_cnt + tid * 4, 0)
+        cute.arch.sync_threads()
+        for base in cutlass.range(0, pairs, THREADS * BATCH, unroll=1):
+            es = self._experts(ids, base + tid, THREADS, pairs, expert_offset, experts)
+            for u in cutlass.range_constexpr(BATCH):
+                if cutlass.Uint32(es[u]) < cutlass.Uint32(experts):
+                    ptx.atom_add_shared(s_cnt + es[u] * 4, 1)
+        cute.arch.sync_threads()
+        cnt = ptx.ld_shared_u32(s_cnt + tid * 4)
+        start = _expert_table(tid, cnt, s_til, experts, bn, counts_out, tile_expert,
+                              tile_start, tile_end, num_tiles)
+        ptx.st_shared_u32(s_cur + tid * 4, start)
+        cute.arch.sync_threads()
+        for base in cutlass.range(0, pairs, THREADS * BATCH, unroll=1):
+            es = self._experts(ids, base + tid, THREADS, pairs, expert_offset, experts)
+            for u in cutlass.range_constexpr(BATCH):
+                if cutlass.Uint32(es[u]) < cutlass.Uint32(experts):
+                    pos = ptx.atom_add_shared(s_cur + es[u] * 4, 1)
+                    ptx.st_u32(order + Int64(pos) * 4, base + tid + u * THREADS)
+
+
+# ---------------------------------------------------------------- split path (G CTAs)
+class RoutingSlices(_PairIds):
+    """CTA g of `ctas` takes pairs [g * chunk, min(pairs, (g + 1) * chunk)), chunk =
+    ceil(pairs / ctas). scatter=False (the histogram pass): hist[g][e] = its pairs routed to
+    local expert e. scatter=True (after RoutingScan turned hist into each (CTA, expert)'s first
+    sorted position): order[hist[g][e] + rank] = p for its pairs p."""
+
+    def __init__(self, ids_bytes: int, scatter: bool):
+        super().__init__(ids_bytes)
+        self.scatter = scatter
+
+    @cute.jit
+    def __call__(self, ids: Int64, pairs: Int32, expert_offset: Int32, experts: Int32,
+                 ctas: Int32, hist: Int64, order: Int64, stream):
+        self.kernel(ids, pairs, expert_offset, experts, ctas, hist, order).launch(
+            grid=[ctas, 1, 1], block=[SPLIT_THREADS, 1, 1], stream=stream)
+
+    @cute.kernel
+    def kernel(self, ids: Int64, pairs: Int32, expert_offset: Int32, experts: Int32,
+               ctas: Int32, hist: Int64, order: Int64):
+        tid, _, _ = cute.arch.thread_idx()
+        g, _, _ = cute.arch.block_idx()
+        smem = cutlass.memory.SmemAllocator()
+        buf = smem.allocate_array(cutlass.Int32, MAX_EXPERTS, byte_alignment=16)
+        s_cnt = Int32(buf.toint())  # per-expert counter: from 0, or from the CTA's bases
+        row = hist + Int64(g) * Int64(experts) * 4
+        for e in cutlass.range(tid, experts, SPLIT_THREADS, unroll=1):
+            first = Int32(0)
+            if cutlass.const_expr(self.scatter):
+                first = ptx.ld_u32(row + Int64(e) * 4)
+            ptx.st_shared_u32(s_cnt + e * 4, first)
+        cute.arch.sync_threads()
+        chunk = (pairs + ctas - 1) // ctas
+        p1 = cutlass.min(g * chunk + chunk, pairs)
+        for base in cutlass.range(g * chunk, p1, SPLIT_THREADS * BATCH, unroll=1):
+            es = self._experts(ids, base + tid, SPLIT_THREADS, p1, expert_offset, experts)
+            for u in cutlass.range_constexpr(BATCH):
+                if cutlass.Uint32(es[u]) < cutlass.Uint32(experts):
+                    pos = ptx.atom_add_shared(s_cnt + es[u] * 4, 1)
+                    if cutlass.const_expr(self.scatter):
+                        ptx.st_u32(order + Int64(pos) * 4, base + tid + u * SPLIT_THREADS)
+        if cutlass.const_expr(not self.scatter):
+            cute.arch.sync_threads()
+            for e in cutlass.range(tid, experts, SPLIT_THREADS, unroll=1):
+                ptx.st_u32(row + Int64(e) * 4, ptx.ld_shared_u32(s_cnt + e * 4))
+
+
+class RoutingScan:
+    """One CTA: expert e's count = sum over CTAs of hist[g][e]; the expert table as in
+    RoutingKernel; then hist[g][e] <- e's first position + pairs of e in CTAs before g."""
+
+    @cute.jit
+    def __call__(self, hist: Int64, ctas: Int32, experts: Int32, bn: Int32, counts_out: Int64,
+                 tile_expert: Int64, tile_start: Int64, tile_end: Int64, num_tiles: Int64, stream):
+        self.kernel(hist, ctas, experts, bn, counts_out, tile_expert, tile_start, tile_end,
+                    num_tiles).launch(grid=[1, 1, 1], block=[THREADS, 1, 1], stream=stream)
+
+    @cute.kernel
+    def kernel(self, hist: Int64, ctas: Int32, experts: Int32, bn: Int32, counts_out: Int64,
+               tile_expert: Int64, tile_start: Int64, tile_end: Int64, num_tiles: Int64):
+        tid, _, _ = cute.arch.thread_idx()
+        smem = cutlass.memory.SmemAllocator()
+        buf = smem.allocate_array(cutlass.Int32, 2 * THREADS, byte_alignment=16)
+        s_cnt = Int32(buf.toint())
+        s_til = s_cnt + THREADS * 4
+        # every CTA's count of expert `tid` loaded at once (ctas <= MAX_SPLIT_CTAS)
+        col = hist + Int64(cutlass.min(tid, experts - 1)) * 4
+        vals = [cutlass.select_(Int32(g) < ctas, ptx.ld_u32(
+                    col + Int64(cutlass.min(Int32(g), ctas - 1)) * Int64(experts) * 4), Int32(0))
+                for g in range(MAX_SPLIT_CTAS)]
+        cnt = Int32(0)
+        for g in cutlass.range_constexpr(MAX_SPLIT_CTAS):
+            cnt = cnt + vals[g]
+        cnt = cutlass.select_(tid < experts, cnt, Int32(0))
+        start = _expert_table(tid, cnt, s_til, experts, bn, counts_out, tile_expert,
+                              tile_start, tile_end, num_tiles)
+        if tid < experts:
+            run = start
+            for g in cutlass.range_constexpr(MAX_SPLIT_CTAS):
+                if Int32(g) < ctas:
+                    ptx.st_u32(col + Int64(g) * Int64(experts) * 4, run)
+                run = run + vals[g]

@@ -1,0 +1,73 @@
+"""Sum of the top-k weighted expert outputs per token, in a fixed order (deterministic).
+
+    out[t, :] = bf16( sum_{j < k, id[t, j] local} y[t * k + j, :] )
+
+y is fp32 [T * k, H] with rows of non-local routes never written: they are skipped by id, not
+read. Each thread owns 8 consecutive h of one token: two 16-byte loads per route, one 16-byte
+store, one rounding to bf16.
+
+Paired order (`paired=True`, H a multiple of 16): within each 16-column block of a y row,
+column h and h + 8 sit side by side (column j + 8 i at position 2 j + i), the order in which a
+warpgroup-MMA fragment holds them (a thread has rows r and r + 8 of its 16-row group), so the
+GEMM writes each pair with one 8-byte store. A thread then owns one whole block: four 16-byte
+loads per route, two 16-byte stores.
+"""
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64
+
+from . import ptx
+
+THREADS = 256
+
+
+def paired_position(h: int) -> int:
+    """Where column h of a y row sits in the paired order."""
+    return h - h % 16 + 2 * (h % 8) + (h % 16) // 8
+
+
+class TopkReduce:
+    def __init__(self, ids_bytes: int, paired: bool = False):
+        self.ids_bytes = ids_bytes
+        self.paired = paired
+        self.cols = 16 if paired else 8  # y columns per thread
+
+    @cute.jit
+    def __call__(self, y: Int64, ids: Int64, out: Int64, tokens: Int32, top_k: Int32, hidden: Int32,
+                 expert_offset: Int32, experts: Int32, stream):
+        items = tokens * (hidden // self.cols)
+        self.kernel(y, ids, out, items, top_k, hidden, expert_offset, experts).launch(
+            grid=[(items + THREADS - 1) // THREADS, 1, 1], block=[THREADS, 1, 1], stream=stream)
+
+    @cute.kernel
+    def kernel(self, y: Int64, ids: Int64, out: Int64, items: Int32, top_k: Int32, hidden: Int32,
+               expert_offset: Int32, experts: Int32):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        i = bidx * THREADS + tidx
+        cols = self.cols
+        if i < items:
+            t = i // (hidden // cols)
+            h0 = (i - t * (hidden // cols)) * cols
+            acc = cute.make_rmem_tensor(cute.make_layout(cols), Float32)
+            acc.fill(0.0)
+            for j in cutlass.range(top_k, unroll=1):
+                pair = t * top_k + j
+                if cutlass.const_expr(self.ids_bytes == 4):
+                    e = ptx.ld_nc_u32(ids + Int64(pair) * 4)
+                else:
+                    e = ptx.ld_nc_s64_as_s32(ids + Int64(pair) * 8)
+                if cutlass.Uint32(e - expert_offset) < cutlass.Uint32(experts):
+                    src = y + (Int64(pair) * Int64(hidden) + Int64(h0)) * 4
+                    vals = [ptx.ld_v4(src + 16 * q) for q in range(cols // 4)]
+                    for c in cutlass.range_constexpr(cols):
+                        acc[c] = acc[c] + ptx.f32_bits(vals[c // 4][c % 4])
+            # column h0 + c is acc[position of c]
+            pos = [paired_position(c) if self.paired else c for c in range(cols)]
+            dst = out + (Int64(t) * Int64(hidden) + Int64(h0)) * 2
+            for q in cutlass.range_constexpr(cols // 8):
+                words = [ptx.bf16x2_from_f32(acc[pos[8 * q + 2 * w]], acc[pos[8 * q + 2 * w + 1]])
+                         for w in range(4)]
+                ptx.st_v4(dst + 16 * q, *words)

@@ -1,0 +1,128 @@
+"""Decode-and-multiply for a whole 128-deep K-tile in one inline-PTX block (sm_90a wgmma).
+
+The register-A warpgroup MMA reads its A fragment asynchronously, so decoding slab s + 1 can
+overlap the tensor core's work on slab s, but only if nothing outside the asm can reuse the
+fragment registers while a wgmma is in flight. Keeping the e2m1 decode (the same rotations
+and masks as `decode.decode_fragment_word`), the block-scale multiply, the wgmmas and the final
+wait in one asm statement gives every slab its own PTX registers and leaves the scheduling to
+ptxas, which tracks wgmma register lifetimes itself.
+
+B: K-major core matrices (8 tokens x 16 bytes) in shared memory, without swizzle; their strides
+are the descriptor's (`b_lbo`, `b_sbo`).
+"""
+from __future__ import annotations
+
+from cutlass import Float32, Int32
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
+
+from ..fragments import DECODE_PLAN
+from .ptx import bcast_half_ptx
+
+_SLAB_REGS = ["t1", "t2", "t3", "v0", "v1", "v2", "v3", "sr", "sq"]
+_SLAB_HALVES = ["hr", "xr", "hq", "xq"]  # b16: the scale words' halves
+
+
+def _slab_ptx(g: int, s: int, code: str, s_r: str, s_r8: str, half: int) -> list:
+    """PTX decoding slab s of group g into registers a{g}_{s}_{0..3} (decode.decode_fragment_word),
+    times the block scales in half `half` of the scale words s_r (row r) and s_r8 (row r + 8)."""
+    t = f"{g}_{s}"
+    lines = []
+    for i, pieces in enumerate(DECODE_PLAN):  # fragments.DECODE_PLAN, as decode_fragment_word
+        moved = []
+        for j, (op, n, _) in enumerate(pieces):
+            if op == "none":
+                moved.append(code)
+                continue
+            lines.append(f"shl.b32 t{j + 1}{t}, {code}, {n};" if op == "shl" else
+                         f"shf.l.wrap.b32 t{j + 1}{t}, {code}, {code}, {n};")
+            moved.append(f"t{j + 1}{t}")
+        if len(pieces) == 1:
+            lines.append(f"and.b32 v{i}{t}, {moved[0]}, {pieces[0][2]:#x};")
+        else:
+            lines += [f"and.b32 t3{t}, {moved[0]}, {pieces[0][2]:#x};",
+                      f"lop3.b32 v{i}{t}, t3{t}, {moved[1]}, {pieces[1][2]:#x}, 0xF8;"]
+    return lines + [
+        # the scale broadcasts, folded by ptxas into the multiplies' operand swizzle
+        *bcast_half_ptx(f"sr{t}", s_r, f"hr{t}", f"xr{t}", half),
+        *bcast_half_ptx(f"sq{t}", s_r8, f"hq{t}", f"xq{t}", half),
+        f"mul.rn.bf16x2 a{t}0, v0{t}, sr{t};",
+        f"mul.rn.bf16x2 a{t}1, v1{t}, sq{t};",
+        f"mul.rn.bf16x2 a{t}2, v2{t}, sr{t};",
+        f"mul.rn.bf16x2 a{t}3, v3{t}, sq{t};",
+    ]
+
+
+@dsl_user_op
+def wgmma_decode_k128(accs, codes, scales, weight_format: str, b_smem, n: int, pending=None,
+                      decode: bool = True, b_lbo=None, b_sbo: int = 128, *, loc=None, ip=None):
+    """accs[g] (64 x n fp32) += decode(codes[g], scales[g]) (64 x 128) @ B (128 x n).
+
+    pending=None: one commit group for the tile and a wait for all of it before returning.
+    pending=j: one commit group per k16 slab and, after each, a wait down to j groups, so the
+    last j slabs of this tile are still running when the block returns (the caller waits with
+    ptx.wgmma_wait before reading accs or reusing B's shared memory); at most j + 1 slabs' A
+    registers are live.
+    b_lbo / b_sbo: bytes between core matrices adjacent in K / in tokens. The default is
+    chunk-major (each 8-column K-chunk holds the n tokens' 16 bytes in a row: b_lbo = 16 n,
+    b_sbo = 128); b_lbo = 16 x (a wider tile's tokens) lets an n-token MMA read the first n
+    tokens of that tile, and (128, 16 x 128) is token-group-major (each 8-token group's 128 K
+    columns contiguous, so a tile's first n tokens are its first 256 n bytes).
+    decode=False feeds the raw code words as A (wrong results: for timing the decode's cost only).
+
+    codes[g]: the 8 fragment-ordered code words of this lane (one per k16 slab); scales[g]: the
+    bf16 block-scale words of rows r and r + 8 (NVFP4: 4 + 4 words, slab s in half s % 2 of word
+    s // 2; MXFP4: 2 + 2 words, block s // 2 in half (s // 2) % 2 of word s // 4).
+    """
+    h = n // 2
+    b_lbo = 16 * n if b_lbo is None else b_lbo
+    assert b_lbo % 16 == 0 and b_sbo % 16 == 0 and b_lbo < (1 << 18) and b_sbo < (1 << 18)
+    G = len(accs)
+    nsw = 4 if weight_format == "nvfp4" else 2
+    ops = [Float32(x).ir_value(loc=loc, ip=ip) for acc in accs for x in acc]
+    ins = [w for g in range(G) for w in list(codes[g]) + list(scales[g])]
+    ops += [Int32(x).ir_value(loc=loc, ip=ip) for x in ins]
+    ops += [Int32(b_smem).ir_value(loc=loc, ip=ip), Int32(1).ir_value(loc=loc, ip=ip)]
+    base = 2 * G * h  # outputs, tied inputs, then the words
+    per_g = 8 + 2 * nsw
+    addr, one = base + G * per_g, base + G * per_g + 1
+    regs, halves = [], []
+    for g in range(G):
+        for s in range(8):
+            t = f"{g}_{s}"
+            regs += [f"{r}{t}" for r in _SLAB_REGS] + [f"a{t}{j}" for j in range(4)]
+            halves += [f"{r}{t}" for r in _SLAB_HALVES]
+    lines = ["{", ".reg .pred p;", ".reg .b64 d0, ds;",
+             f".reg .b32 {', '.join(regs)};", f".reg .b16 {', '.join(halves)};",
+             f"setp.ne.b32 p, ${one}, 0;",
+             f"cvt.u64.u32 d0, ${addr};", "shr.u64 d0, d0, 4;", "and.b64 d0, d0, 16383;",
+             f"or.b64 d0, d0, {((b_lbo >> 4) << 16) | ((b_sbo >> 4) << 32)};"]
+    for s in range(8):
+        for g in range(G):
+            w0 = base + g * per_g
+            code = f"${w0 + s}"
+            if weight_format == "nvfp4":
+                wi, half = s // 2, s % 2
+            else:
+                wi, half = s // 4, (s // 2) % 2
+            s_r, s_r8 = f"${w0 + 8 + wi}", f"${w0 + 8 + nsw + wi}"
+            if decode:
+                lines += _slab_ptx(g, s, code, s_r, s_r8, half)
+            else:
+                lines += [f"mov.b32 a{g}_{s}{j}, {code};" for j in range(4)]
+        lines.append(f"add.s64 ds, d0, {s * 2 * (b_lbo >> 4)};")  # slab s: K-chunks 2s, 2s + 1
+        lines.append("wgmma.fence.sync.aligned;")  # A registers were just written
+        for g in range(G):
+            d = ", ".join(f"${g * h + i}" for i in range(h))
+            av = ", ".join(f"a{g}_{s}{j}" for j in range(4))
+            lines.append(f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 {{{d}}}, {{{av}}}, ds, p, 1, 1, 0;")
+        if pending is not None:
+            lines += ["wgmma.commit_group.sync.aligned;", f"wgmma.wait_group.sync.aligned {int(pending)};"]
+    if pending is None:
+        lines += ["wgmma.commit_group.sync.aligned;", "wgmma.wait_group.sync.aligned 0;"]
+    lines.append("}")
+    cons = ",".join(["=f"] * (G * h) + [str(i) for i in range(G * h)] + ["r"] * (G * per_g) + ["r", "r"])
+    st = llvm.inline_asm(llvm.StructType.get_literal([T.f32()] * (G * h)), ops, "\n".join(lines), cons,
+                         has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+    res = [Float32(llvm.extractvalue(T.f32(), st, [i])) for i in range(G * h)]
+    return [tuple(res[g * h:(g + 1) * h]) for g in range(G)]

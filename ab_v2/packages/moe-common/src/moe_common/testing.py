@@ -1,0 +1,211 @@
+"""Helpers for the kernels' tests: random layers and routing, and the DESIGN section 5 bar.
+
+Every call draws fresh random data (seeded from the clock unless a seed is given), so a test
+that passes checks the kernel on data it has never seen.
+"""
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+import torch
+
+from .types import MoEShape
+from .weights import MoEWeights
+
+REL_L2_MAX = 1e-2
+COSINE_MIN = 0.9999
+
+
+def fresh_seed() -> int:
+    return time.time_ns() % (2**31)
+
+
+def random_layer(experts: int, hidden: int, intermediate: int, *, weight_format: str = "nvfp4",
+                 gated: bool = True, bias: bool = False, w4a4: bool = False,
+                 local_expert_offset: int = 0, num_experts: Optional[int] = None,
+                 device="cuda", generator: Optional[torch.Generator] = None) -> MoEWeights:
+    """Random bf16 weights quantized with MoEWeights.quantize (w4a4: NVFP4 activation scales)."""
+    g = generator
+    n1 = 2 * intermediate if gated else intermediate
+    w13 = (torch.randn(experts, n1, hidden, generator=g, device=device) * hidden ** -0.5).bfloat16()
+    w2 = (torch.randn(experts, hidden, intermediate, generator=g, device=device) * intermediate ** -0.5).bfloat16()
+    kw = {}
+    if bias:
+        kw["w13_bias"] = torch.randn(experts, n1, generator=g, device=device) * 0.1
+        kw["w2_bias"] = torch.randn(experts, hidden, generator=g, device=device) * 0.1
+    if w4a4 and weight_format == "nvfp4":
+        # x ~ N(0, 1): amax about 4.5; the intermediate is O(1)
+        kw["input_scale"] = (4.5 + torch.rand(experts, generator=g, device=device)) / 2688
+        kw["fc2_input_scale"] = (1.0 + torch.rand(experts, generator=g, device=device)) / 2688
+    return MoEWeights.quantize(w13, w2, weight_format=weight_format,
+                               local_expert_offset=local_expert_offset, num_experts=num_experts, **kw)
+
+
+def make_shape(**overrides) -> MoEShape:
+    """A small bf16 sm_90 call shape for support-check tests; keywords replace its fields."""
+    base = dict(tokens=4, hidden=256, intermediate=128, num_experts=8, num_local_experts=8,
+                local_expert_offset=0, top_k=2, weight_format="nvfp4", quant_mode="w4a16",
+                has_bias=False, device_capability=(9, 0), dtype=torch.bfloat16)
+    base.update(overrides)
+    return MoEShape(**base)
+
+
+def random_routing(tokens: int, num_experts: int, top_k: int, *, device="cuda", skew: float = 0.0,
+                   generator: Optional[torch.Generator] = None):
+    """(topk_weights fp32 [T, k], topk_ids int32 [T, k]) from softmax(randn) logits.
+
+    skew > 0 adds a Zipf-like bias (expert e gets -skew * log(e + 1)), so a few experts get most
+    of the tokens and some get none.
+    """
+    logits = torch.randn(tokens, num_experts, generator=generator, device=device)
+    if skew:
+        logits = logits - skew * torch.log(torch.arange(1, num_experts + 1, device=device).float())
+    w, ids = torch.topk(torch.softmax(logits, dim=-1), top_k, dim=-1)
+    return w.float().contiguous(), ids.to(torch.int32).contiguous()
+
+
+def compare(out: torch.Tensor, ref: torch.Tensor) -> dict:
+    """Relative L2 error, cosine similarity and NaN count of out against ref."""
+    o, r = out.float().flatten(), ref.float().flatten()
+    rel = ((o - r).norm() / r.norm().clamp_min(1e-30)).item()
+    cos = torch.nn.functional.cosine_similarity(o, r, dim=0).item()
+    return {"rel_l2": rel, "cosine": cos, "nan": int(torch.isnan(o).sum().item())}
+
+
+def assert_close(out: torch.Tensor, ref: torch.Tensor, what: str = "") -> dict:
+    m = compare(out, ref)
+    assert m["nan"] == 0, f"{what}: {m['nan']} NaN in the output (unwritten elements?) {m}"
+    assert m["rel_l2"] <= REL_L2_MAX and m["cosine"] >= COSINE_MIN, f"{what}: {m}"
+    return m
+
+
+def assert_graph_replay_matches_eager(fused_moe, *, tokens: int, experts: int = 32, hidden: int = 512,
+                                      intermediate: int = 256, top_k: int = 4,
+                                      activation: str = "swigluoai", replays: int = 3):
+    """Capture one call of `fused_moe` (a package's direct entry) with a frozen workspace in a
+    CUDA graph, then replay it on new inputs written into the same buffers: each replay must
+    equal an eager call bitwise (MXFP4 layer with biases)."""
+    from .workspace import Workspace
+
+    w = random_layer(experts, hidden, intermediate, weight_format="mxfp4", bias=True)
+    x = torch.randn(tokens, hidden, device="cuda").bfloat16()
+    tw, ti = random_routing(tokens, experts, top_k)
+    ws = Workspace()
+    out = torch.empty(tokens, hidden, device="cuda", dtype=torch.bfloat16)
+    fused_moe(x, w, tw, ti, activation=activation, out=out, workspace=ws)  # compile + allocate
+    ws.freeze()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fused_moe(x, w, tw, ti, activation=activation, out=out, workspace=ws)
+    for _ in range(replays):
+        x.copy_(torch.randn_like(x))
+        nw, ni = random_routing(tokens, experts, top_k)
+        tw.copy_(nw)
+        ti.copy_(ni)
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, fused_moe(x, w, tw, ti, activation=activation))
+
+
+_WHEEL_ALONE_PROBE = r"""
+import json, sys
+target, purelib, dist, module = sys.argv[1:5]
+sys.path[:0] = [target]
+sys.path.append(purelib)
+import importlib, importlib_metadata as md
+import torch
+eps = [ep for ep in md.entry_points(group="fused_moe.kernels") if ep.name == dist]
+plugin = eps[0].load()
+from moe_common.types import Activation, MoEShape
+from moe_common.testing import random_layer, random_routing
+pkg = importlib.import_module(module)
+shape = MoEShape(tokens=1, hidden=64, intermediate=64, num_experts=4, num_local_experts=4,
+                 local_expert_offset=0, top_k=2, weight_format="nvfp4", quant_mode="w4a16",
+                 has_bias=False, device_capability=None, dtype=torch.bfloat16)
+answer = plugin.can_handle(shape=shape, activation=Activation("silu"))
+w = random_layer(4, 64, 32, device="cpu")
+tw, ti = random_routing(2, 4, 2, device="cpu")
+try:
+    pkg.fused_moe(torch.randn(2, 64).bfloat16(), w, tw, ti)
+    err = None
+except ValueError as e:
+    err = str(e)
+print(json.dumps({"eps": [ep.value for ep in eps], "file": pkg.__file__,
+                  "answer": getattr(answer, "reason", None), "error": err,
+                  "dispatcher_imported": "dispatcher" in sys.modules}))
+"""
+
+
+def probe_wheel_alone(root, tmp_path, dist: str) -> dict:
+    """Build the wheels of moe-common and kernel package `dist` (under root/packages), unpack
+    only those two into a fresh directory and, in a Python without site-packages on the path
+    (torch and friends appended after), load the package's entry point, ask its plugin about a
+    CPU call and call its direct fused_moe. Returns what the probe saw (see the keys above)."""
+    import json
+    import subprocess
+    import sys
+    import sysconfig
+    import zipfile
+    from pathlib import Path
+
+    target = Path(tmp_path) / "target"
+    for name in ("moe-common", dist):
+        out = Path(tmp_path) / name
+        r = subprocess.run([sys.executable, "-m", "hatchling", "build", "-t", "wheel", "-d", str(out)],
+                           cwd=Path(root) / "packages" / name, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+        with zipfile.ZipFile(next(out.glob(name.replace("-", "_") + "-*.whl"))) as z:
+            z.extractall(target)
+    module = dist.replace("-", "_")
+    r = subprocess.run([sys.executable, "-S", "-c", _WHEEL_ALONE_PROBE, str(target),
+                        sysconfig.get_paths()["purelib"], dist, module],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    got["target"] = str(target)
+    return got
+
+
+def ptxas() -> Optional[str]:
+    """A ptxas that assembles sm_90a: the one torch's triton dependency ships, else PATH's."""
+    import shutil
+    from pathlib import Path
+
+    try:
+        import triton
+
+        bundled = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+        if bundled.exists():
+            return str(bundled)
+    except ImportError:
+        pass
+    return shutil.which("ptxas")
+
+
+def ptxas_report(probe: str, args, kernel_glob: str, tmp_path) -> str:
+    """Run `probe` (Python that compiles kernels; argv[1:] = args) with the DSL keeping its PTX
+    in tmp_path, assemble the one PTX whose name matches kernel_glob with `ptxas -v` for
+    sm_90a and return ptxas's report (registers, spills, warnings such as C7512). Skips the
+    calling test where no ptxas is found."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import pytest
+
+    assembler = ptxas()
+    if assembler is None:
+        pytest.skip("no ptxas")
+    env = dict(os.environ, CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=str(tmp_path))
+    subprocess.run([sys.executable, "-c", probe, *map(str, args)], env=env, check=True,
+                   cwd=tmp_path)
+    ptx = sorted(Path(tmp_path).rglob(kernel_glob))
+    assert len(ptx) == 1, ptx
+    res = subprocess.run([assembler, "-arch=sm_90a", "-v", str(ptx[0]), "-o",
+                          str(Path(tmp_path) / "k.cubin")], capture_output=True, text=True,
+                         check=True)
+    return res.stdout + res.stderr

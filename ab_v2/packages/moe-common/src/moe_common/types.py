@@ -1,0 +1,94 @@
+"""The problem description shared by every package: activation, shape, plugin answers.
+
+These are the only types that cross the plugin boundary, so they stay small and frozen.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+
+ACTIVATIONS = ("silu", "gelu_tanh", "swigluoai", "relu2")
+GATED_ACTIVATIONS = ("silu", "gelu_tanh", "swigluoai")
+QUANT_MODES = ("w4a16", "w4a4")
+WEIGHT_FORMATS = ("nvfp4", "mxfp4")
+
+
+@dataclass(frozen=True)
+class Activation:
+    """An activation and its parameters (alpha/beta/limit are used by swigluoai only).
+
+    `limit=None` disables the swigluoai clamp, in the reference and in every kernel.
+    """
+
+    name: str = "silu"
+    alpha: float = 1.702
+    beta: float = 1.0
+    limit: Optional[float] = 7.0
+
+    def __post_init__(self):
+        if self.name not in ACTIVATIONS:
+            raise ValueError(f"activation: got {self.name!r}; allowed: {', '.join(ACTIVATIONS)}")
+
+    @property
+    def gated(self) -> bool:
+        return self.name in GATED_ACTIVATIONS
+
+
+@dataclass(frozen=True)
+class MoEShape:
+    """Everything a kernel needs to decide whether it can run a call (no tensors)."""
+
+    tokens: int
+    hidden: int
+    intermediate: int
+    num_experts: int  # global expert count (ids range over [0, num_experts))
+    num_local_experts: int
+    local_expert_offset: int
+    top_k: int
+    weight_format: str  # "nvfp4" | "mxfp4"
+    quant_mode: str  # "w4a16" | "w4a4"
+    has_bias: bool
+    device_capability: Optional[tuple]  # (major, minor) of x's CUDA device; None on CPU
+    dtype: torch.dtype = torch.bfloat16
+
+    @property
+    def routed_rows(self) -> int:
+        return self.tokens * self.top_k
+
+    @property
+    def on_hopper(self) -> bool:
+        return self.device_capability is not None and self.device_capability[0] == 9
+
+
+# A kernel's runner. Called as
+#   run(x, weights, topk_weights, topk_ids, *, activation, quant_mode, out, workspace,
+#       deterministic) -> out
+# `out` is a preallocated [T, H] bf16 tensor the runner must fully overwrite; `workspace` is a
+# moe_common.workspace.Workspace (or None: the runner then allocates what it needs).
+Runner = Callable[..., torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Offer:
+    """A plugin's yes: run me with `run`; the highest priority wins (ties: name order)."""
+
+    kernel: str
+    priority: int
+    run: Runner = field(repr=False, compare=False)
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Decline:
+    """A plugin's no, with a one-line reason a human can act on."""
+
+    kernel: str
+    reason: str
+
+
+PRIORITY_REFERENCE = 0
+PRIORITY_GENERIC = 10
+PRIORITY_GATED = 20
+PRIORITY_STATIC = 30

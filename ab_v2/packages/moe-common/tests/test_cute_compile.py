@@ -1,0 +1,65 @@
+"""The shared CuTe DSL kernels compile for sm_90a on a machine without a GPU."""
+from __future__ import annotations
+
+import pytest
+
+from moe_common.cute import jit
+
+
+@pytest.mark.parametrize("ids_bytes", [4, 8])
+def test_routing_and_reduce_compile(ids_bytes):
+    assert jit.routing(ids_bytes) is not None
+    assert all(k is not None for k in jit.routing_split(ids_bytes))
+    assert jit.topk_reduce(ids_bytes) is not None
+    assert jit.topk_reduce(ids_bytes, paired=True) is not None
+
+
+def test_paired_order_is_a_permutation_of_each_16_column_block():
+    """Columns h and h + 8 of a 16-column block sit side by side (the order moe-gated's FC2
+    writes y in and the paired reduce reads it back)."""
+    from moe_common.cute.topk_reduce import paired_position
+
+    assert [paired_position(h) for h in range(16)] == [0, 2, 4, 6, 8, 10, 12, 14,
+                                                       1, 3, 5, 7, 9, 11, 13, 15]
+    assert sorted(paired_position(h) for h in range(64)) == list(range(64))
+    assert all(paired_position(h) // 16 == h // 16 for h in range(64))
+
+
+def test_split_routing_thresholds():
+    from moe_common.cute.routing import MAX_SPLIT_CTAS, SPLIT_MIN_PAIRS, split_ctas
+
+    assert split_ctas(SPLIT_MIN_PAIRS - 1) == 0  # one launch for small batches
+    assert split_ctas(SPLIT_MIN_PAIRS) > 1
+    assert split_ctas(65536 * 32) == MAX_SPLIT_CTAS  # the largest batch the kernels accept
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_dequantize_compiles(fmt):
+    from moe_common.cute.dequant import compile_dequantize
+
+    assert compile_dequantize(fmt) is not None
+
+
+def test_route_pairs_buffers_and_launch(monkeypatch):
+    """The runners' shared routing step: its tables live in the runner's workspace (so a frozen
+    FusedMoE workspace holds them) and reach jit.route with the split path's scratch."""
+    import torch
+
+    from moe_common.cute.routing import MAX_SPLIT_CTAS
+    from moe_common.kernel_package import Buffers, route_pairs
+    from moe_common.workspace import Workspace
+
+    calls = []
+    monkeypatch.setattr(jit, "route", lambda *a: calls.append(a))
+    ws = Workspace()
+    ids = torch.zeros(5, 4, dtype=torch.int64)
+    routed = route_pairs(Buffers("k", ws, "cpu"), ids, 8, 16, 64, 37, "stream")
+    (got_ids, pairs, off, experts, bn, order, counts, tiles, num_tiles, hist, stream), = calls
+    assert got_ids is ids and (pairs, off, experts, bn, stream) == (20, 8, 16, 64, "stream")
+    assert order.shape == (20,) and counts.shape == (16,) and tiles.shape == (3, 37)
+    assert hist.shape == (MAX_SPLIT_CTAS, 16) and num_tiles.shape == (1,)
+    assert routed.order is order and routed.tiles is tiles and routed.num_tiles is num_tiles
+    assert routed.tile_args == (tiles[0].data_ptr(), tiles[1].data_ptr(), tiles[2].data_ptr(),
+                                num_tiles.data_ptr())
+    ws.freeze()  # the same call again is served from the frozen workspace
+    route_pairs(Buffers("k", ws, "cpu"), ids, 8, 16, 64, 37, "stream")

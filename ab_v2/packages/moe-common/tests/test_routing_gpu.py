@@ -1,0 +1,53 @@
+"""The device routing tables on the H200, both paths (one CTA, and split over CTAs), against
+torch: counts, the tile table and `order` as a per-expert permutation of the routed pairs."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from moe_common.cute import jit
+from moe_common.cute.routing import MAX_SPLIT_CTAS, SPLIT_MIN_PAIRS, split_ctas
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("tokens,top_k,experts,offset,bn,dtype", [
+    (3, 2, 8, 0, 8, torch.int32),                       # decode, one CTA
+    (1000, 8, 128, 0, 64, torch.int64),                 # one CTA
+    (SPLIT_MIN_PAIRS // 4, 4, 256, 0, 128, torch.int32),  # the split path's smallest batch
+    (8192, 8, 128, 64, 128, torch.int64),               # split, expert-parallel slice
+    (40000, 6, 1024, 0, 16, torch.int32),               # split, 32 CTAs, E = 1024
+])
+def test_routing_tables(tokens, top_k, experts, offset, bn, dtype):
+    dev = "cuda"
+    total = experts + 2 * offset
+    P = tokens * top_k
+    ids = torch.randint(0, total, (tokens, top_k), device=dev, dtype=dtype)
+    ids.view(-1)[::97] = -1  # out of any range: dropped
+    order = torch.full((P,), -7, dtype=torch.int32, device=dev)
+    counts = torch.empty(experts, dtype=torch.int32, device=dev)
+    cap = -(-P // bn) + min(P, experts)
+    tiles = torch.full((3, cap), -7, dtype=torch.int32, device=dev)
+    num_tiles = torch.empty(1, dtype=torch.int32, device=dev)
+    hist = torch.empty(MAX_SPLIT_CTAS, experts, dtype=torch.int32, device=dev)
+    jit.route(ids, P, offset, experts, bn, order, counts, tiles, num_tiles, hist,
+              jit.current_stream(torch.device(dev)))
+    torch.cuda.synchronize()
+    assert (split_ctas(P) > 0) == (P >= SPLIT_MIN_PAIRS)
+
+    local = ids.view(-1).long() - offset
+    valid = (local >= 0) & (local < experts)
+    want = torch.bincount(local[valid], minlength=experts)
+    assert torch.equal(counts.long(), want)
+    n = int(valid.sum())
+    got = order[:n].long()
+    # every routed pair exactly once, grouped by expert in expert order
+    assert torch.equal(torch.sort(got).values, torch.nonzero(valid).view(-1))
+    assert torch.equal(local[got], torch.sort(local[valid]).values)
+    # tiles: per expert, consecutive chunks of at most bn sorted positions
+    starts = torch.cumsum(want, 0) - want
+    exp_tiles = [(e, int(s) + j, min(int(s) + j + bn, int(s) + int(c)))
+                 for e, (s, c) in enumerate(zip(starts.tolist(), want.tolist())) for j in range(0, c, bn)]
+    assert int(num_tiles) == len(exp_tiles)
+    got_tiles = list(zip(*[t.tolist() for t in tiles[:, :len(exp_tiles)]]))
+    assert got_tiles == exp_tiles

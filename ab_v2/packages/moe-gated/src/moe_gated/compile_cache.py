@@ -1,0 +1,66 @@
+"""moe-gated's compiled kernels, keyed by their static facts (see moe_common.cute.jit)."""
+from __future__ import annotations
+
+import os
+
+from moe_common.cute import jit
+
+from .kernel import GEOMETRIES, GatedConfig, GatedGemm
+
+FORMATS = ("nvfp4", "mxfp4")
+ACTIVATIONS = ("silu", "gelu_tanh", "swigluoai")
+
+# Development knobs for measuring variants (the defaults are the measured best):
+# MOE_GATED_PENDING=j leaves j wgmma slabs in flight across K-tiles (default: the geometry's);
+# MOE_GATED_VARIANT=nodecode|nomma|nostore times the kernel without the decode, without the MMA
+# or without the epilogues' global stores (wrong output: timing only); a suffix -fc1 or -fc2
+# applies the variant to that phase only.
+PENDING = int(os.environ["MOE_GATED_PENDING"]) if "MOE_GATED_PENDING" in os.environ else None
+VARIANT = os.environ.get("MOE_GATED_VARIANT", "full")
+
+
+def config(phase: str, weight_format: str, activation: str, geometry: str = "wide") -> GatedConfig:
+    variant = VARIANT
+    if variant.endswith(("-fc1", "-fc2")):  # e.g. nostore-fc2: one phase only
+        variant, only = variant.rsplit("-", 1)
+        variant = variant if only == phase else "full"
+    return GatedConfig(phase=phase, weight_format=weight_format,
+                       activation=activation if phase == "fc1" else "none", geometry=geometry,
+                       pending=PENDING, variant=variant)
+
+
+def compile_config(cfg: GatedConfig):
+    from cutlass import Float32, Int32, Int64
+
+    z = Int64(0)
+    i1 = Int32(1)
+    args = ([z] * 10 + [i1, Int32(16), z, Int32(128), Int32(128), z,
+                        Float32(1.0), Float32(1.0), Float32(1.0), z, i1, jit.example_stream()])
+    return jit.compile_kernel(GatedGemm(cfg), *args)
+
+
+def tile_gather(bn: int):
+    """The token-row gather into tiles of bn tokens."""
+    from cutlass import Int32, Int64
+
+    from .tile_gather import TileGather
+
+    z = Int64(0)
+    i1 = Int32(1)
+    return jit.compiled(("moe-gated", "tile_gather", bn), lambda: jit.compile_kernel(
+        TileGather(bn), z, Int32(128), Int32(128), z, i1, z, z, z, z, i1, i1, jit.example_stream()))
+
+
+def get(phase: str, weight_format: str, activation: str, geometry: str = "wide"):
+    cfg = config(phase, weight_format, activation, geometry)
+    return cfg, jit.compiled(("moe-gated", cfg), lambda: compile_config(cfg))
+
+
+def all_configs():
+    """Every configuration the dispatcher can pick (CPU CI compiles each for sm_90a)."""
+    out = []
+    for geometry in GEOMETRIES:
+        for fmt in FORMATS:
+            out += [config("fc1", fmt, a, geometry) for a in ACTIVATIONS]
+            out.append(config("fc2", fmt, "none", geometry))
+    return out

@@ -1,0 +1,467 @@
+"""The moe-gated CuTe DSL kernel: a persistent grouped GEMM with large tiles on warpgroup MMA.
+
+    FC1: inter[p, j]  = act(scale_2[e] * (src[order[p] // row_div] @ w13[e]^T) + b13[e])  (bf16)
+    FC2: y[order[p], h] = w[order[p]] * (scale_2[e] * (inter[p] @ w2[e]^T) + b2[e])      (fp32)
+
+p runs over routed pairs sorted by expert (moe_common.cute.routing, tiles of up to bn pairs).
+
+Branch pairing: the packed w13 (moe_common.packed) holds each 16-row group as [8 gate rows;
+8 up rows] of the same 8 intermediate columns, so the MMA puts gate (row r) and up (row r + 8)
+of one (column, token) in the same thread's accumulators and the activation is applied in the
+FC1 epilogue, with no second pass and no gate/up round trip through memory.
+
+Work: items (token tile, weight row tile), taken from a device-side atomic queue by persistent
+CTAs (one per SM), so an expert with many tokens is spread over every SM and skewed routing
+stays balanced. Consecutive tickets are the row tiles of one token tile, so the concurrently
+running CTAs share that tile's token rows in L2.
+
+Per CTA: a producer warp (in a third warpgroup, see THREADS) and 2 consumer warpgroups; consumer
+warp w owns gpw weight groups (16 rows each) of the row tile. Per 128-deep K-tile each consumer
+warpgroup issues, per k16 slab, gpw wgmma m64nNk16 with A (the weights, decoded e2m1 -> bf16 and
+scaled in registers) from registers and B (the tokens) from shared memory; N is the tile's token
+count rounded up to one of WIDTHS. The decode (9 integer instructions and 4 bf16x2 multiplies
+per 8 weights) is paid once per weight tile and token tile, so the wider the token tile, the
+less decode per FLOP: GEOMETRIES has the two tile shapes, 128 rows x 256 tokens ("wide") and
+256 x 128 ("tall").
+
+Operands arrive by bulk copy (cp.async.bulk, the TMA engine's 1-D copy): B is one copy per
+K-tile of as many tokens as the MMA is wide from a tile-blocked buffer already in wgmma's
+core-matrix order (FC1: token rows gathered by tile_gather; FC2: the intermediate, which FC1's
+epilogue writes in that order), and each 16-row weight group's codes and scales are two
+contiguous copies. A CTA-wide per-thread cp.async ring measured 21.1 ms at DeepSeek-V3 T=8192
+with its issue stalled on the load/store unit (ncu: 21% of warp samples on one LDGSTS address
+register, long scoreboard); the bulk copies take one instruction per 1-64 KiB instead of one
+per 16 bytes per thread.
+
+Pipeline: a ring of `stages` stages with a full mbarrier (the producer's transaction bytes) and
+an empty mbarrier (one arrival per consumer warp) per stage; there is no CTA barrier in the
+mainloop. The producer takes tickets itself and hands items to the consumers through a small
+ring, so it loads the next item's K-tiles while the consumers run the epilogue. wgmma runs
+asynchronously: each slab is its own commit group and at most `pending` slabs stay in flight
+across the K-tile boundary; a warp releases K-tile g - 1's stage once K-tile g's wgmmas are
+issued, when none of g - 1's can still be reading it.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64
+
+from moe_common.cute import activation as act
+from moe_common.cute import fragment_mma as fm
+from moe_common.cute import ptx
+from moe_common.cute.wgmma_decode import wgmma_decode_k128
+
+TILE_K = 128
+# Tile geometries, (tokens per tile, 16-row weight groups per consumer warp): "wide" (256 x 1:
+# 128 weight rows) pays the decode once per 256 tokens and is the faster one when experts get
+# whole 256-token tiles; "tall" (128 x 2: 256 weight rows) does twice the decode per FLOP but
+# moves half the B bytes per FLOP and gives each warp two independent decode+MMA chains, so it
+# wins where tiles are partly filled (BENCHMARKS.md, seventh session). The runner picks one per
+# call from the routed pairs per expert.
+GEOMETRIES = {"wide": (256, 1), "tall": (128, 2)}
+# MMA widths per tile size: a tile's token count is rounded up to one of these
+WIDTHS = {256: (256, 192, 128, 64, 32), 128: (128, 96, 64, 32)}
+MAX_STAGES = 4  # (2 stages measured 29-32% slower at T=8192: BENCHMARKS.md, eighth session)
+# B (tokens) in shared memory and in the tile-blocked buffers: K-major core matrices, each
+# 8-token group's 128 K columns contiguous (16 chunks x 8 tokens x 16 bytes), so a tile's first
+# n tokens are its first n x 256 bytes and a partly filled tile copies only its MMA width
+B_GROUP_BYTES = 8 * TILE_K * 2
+WARPGROUPS = 2  # consumer warpgroups (warps 0-7)
+CONSUMER_WARPS = 4 * WARPGROUPS
+PRODUCER_WARP = CONSUMER_WARPS  # warp 8 fetches work items and issues the bulk copies
+# A third warpgroup holds the producer warp: warps are spread over the 4 schedulers, each with
+# a quarter of the registers, so a lone 9th warp would cap every thread at 168 registers (3
+# warps on one scheduler). With a whole warpgroup the producer side gives its registers to the
+# consumers (setmaxnreg): 4 x 40 + 8 x 232 per thread-slot fits the 64 K register file.
+THREADS = 32 * (CONSUMER_WARPS + 4)
+PRODUCER_REGS = 40
+CONSUMER_REGS = 232
+STG_TOKENS = 32  # FC1 epilogue: tokens per staged chunk (512 bytes per warp)
+SMEM_LIMIT = 227 * 1024  # sm_90's largest dynamic shared memory per CTA
+MIN_BLOCKS = int(os.environ.get("MOE_GATED_MIN_BLOCKS", "1"))  # 0: no .minnctapersm (measuring)
+ITEM_SLOTS = 8  # work-item ring from the producer to the consumers (it leads by <= stages items)
+
+
+def _store_fragments(acc, res):
+    """acc[g, j // 4, j % 4] = res[g][j]: a plain trace-time loop (unrolled like
+    range_constexpr, without its warning about 128-iteration static loops)."""
+    for g, vals in enumerate(res):
+        for j, v in enumerate(vals):
+            acc[g, j // 4, j % 4] = v
+
+
+def row_tile(geometry: str) -> int:
+    """Weight rows per work item."""
+    return CONSUMER_WARPS * GEOMETRIES[geometry][1] * 16
+
+
+@dataclass(frozen=True)
+class GatedConfig:
+    phase: str  # "fc1" | "fc2"
+    weight_format: str  # "nvfp4" | "mxfp4"
+    activation: str = "silu"  # fc1: silu | gelu_tanh | swigluoai (alpha/beta/limit at run time)
+    geometry: str = "wide"  # see GEOMETRIES
+    # wgmma slabs left in flight when a K-tile's block returns (None: the geometry's default).
+    # wide: 2, measured 1.2-1.7% faster than 1 at T=8192 (BENCHMARKS.md, 6073ca8). tall: 1;
+    # with two groups per warp, 2 makes ptxas serialize every wgmma (C7512, checked by
+    # tests/test_gated_cpu.py)
+    pending: int | None = None
+    # timing-only variants (wrong results): "nodecode" feeds raw codes to the MMA, "nomma" skips
+    # it, "nostore" skips the epilogues' global stores
+    variant: str = "full"
+
+
+class GatedGemm:
+    def __init__(self, cfg: GatedConfig):
+        assert cfg.phase in ("fc1", "fc2")
+        assert cfg.phase == "fc2" or cfg.activation in ("silu", "gelu_tanh", "swigluoai")
+        self.cfg = cfg
+        self.bn, self.gpw = GEOMETRIES[cfg.geometry]
+        self.row_tile = row_tile(cfg.geometry)
+        self.widths = WIDTHS[self.bn]
+        self.pending = cfg.pending if cfg.pending is not None else (2 if self.gpw == 1 else 1)
+        self.b_bytes = self.bn * TILE_K * 2
+        self.scale_bytes = 16 * fm.scale_bytes_per_row(cfg.weight_format)  # per group tile
+        self.a_group_bytes = fm.group_tile_bytes(cfg.weight_format)
+        self.groups = CONSUMER_WARPS * self.gpw  # 16-row weight groups per row tile
+        self.stage_bytes = self.b_bytes + self.groups * self.a_group_bytes
+        ep_bytes = CONSUMER_WARPS * STG_TOKENS * 16 if cfg.phase == "fc1" else 2 * self.bn * 8
+        fixed = 8 * ITEM_SLOTS + 4 * ITEM_SLOTS + ep_bytes
+        # as many stages as fit (NVFP4 wide: 3 x 73 KiB; tall: 4 x 50 KiB), one CTA per SM
+        self.stages = min(MAX_STAGES, (SMEM_LIMIT - fixed) // (self.stage_bytes + 16))
+        # shared memory: the stages, then 8-byte mbarriers (full[stages], empty[stages],
+        # item_full[ITEM_SLOTS]), the work-item ring (4 bytes per slot), then per phase
+        # FC1: each consumer warp's epilogue staging (STG_TOKENS tokens x 16 bytes);
+        # FC2: the tile's (pair, router weight) table, 8 bytes per token, double-buffered
+        self.full_off = self.stages * self.stage_bytes
+        self.empty_off = self.full_off + 8 * self.stages
+        self.item_bar_off = self.empty_off + 8 * self.stages
+        self.item_off = self.item_bar_off + 8 * ITEM_SLOTS
+        self.ep_off = self.item_off + 4 * ITEM_SLOTS
+        self.smem_bytes = self.ep_off + ep_bytes
+        assert self.stages >= 3 and self.smem_bytes <= SMEM_LIMIT, (self.stages, self.smem_bytes)
+        assert 2 * self.groups <= 32  # one producer lane per copy of a K-tile's weights
+        assert self.bn <= 32 * CONSUMER_WARPS  # one consumer thread per FC2 token-table entry
+
+    # ------------------------------------------------------------------ host entry
+    @cute.jit
+    def __call__(
+        self,
+        wblob: Int64, sblob: Int64, gscale: Int64, bias: Int64,
+        tile_expert: Int64, tile_start: Int64, tile_end: Int64, num_tiles: Int64,
+        order: Int64, b_blocked: Int64, k_tiles: Int32, row_groups: Int32,
+        out: Int64, out_stride: Int32, out_rows: Int32, route_w: Int64,
+        act_alpha: Float32, act_beta: Float32, act_limit: Float32,
+        queue: Int64, grid: Int32, stream,
+    ):
+        self.kernel(
+            wblob, sblob, gscale, bias, tile_expert, tile_start, tile_end, num_tiles,
+            order, b_blocked, k_tiles, row_groups,
+            out, out_stride, out_rows, route_w, act_alpha, act_beta, act_limit, queue, grid,
+        ).launch(grid=[grid, 1, 1], block=[THREADS, 1, 1], smem=self.smem_bytes, stream=stream,
+                 # .minnctapersm 1 pins the kernel's entry register count (168) for ptxas, which
+                 # the setmaxnreg regions are allocated against (NVIDIA/cutlass#3406). Measured
+                 # 1.3-1.4% faster at T=8192 (BENCHMARKS.md); the consumers' SASS changes only a
+                 # little (highest register R218 -> R223 in FC1 NVFP4 silu)
+                 min_blocks_per_mp=MIN_BLOCKS)
+
+    # ------------------------------------------------------------------ device
+    @cute.kernel
+    def kernel(
+        self,
+        wblob: Int64, sblob: Int64, gscale: Int64, bias: Int64,
+        tile_expert: Int64, tile_start: Int64, tile_end: Int64, num_tiles: Int64,
+        order: Int64, b_blocked: Int64, k_tiles: Int32, row_groups: Int32,
+        out: Int64, out_stride: Int32, out_rows: Int32, route_w: Int64,
+        act_alpha: Float32, act_beta: Float32, act_limit: Float32,
+        queue: Int64, grid: Int32,
+    ):
+        tidx, _, _ = cute.arch.thread_idx()
+        warp = tidx // 32
+        lane = tidx % 32
+        smem = cutlass.memory.SmemAllocator()
+        sbuf = smem.allocate_array(cutlass.Uint8, self.smem_bytes, byte_alignment=128)
+        s_base = Int32(sbuf.toint())
+        if tidx == 0:
+            for st in cutlass.range_constexpr(self.stages):
+                ptx.mbarrier_init(s_base + self.full_off + st * 8, 1)  # the producer's expect_tx
+                ptx.mbarrier_init(s_base + self.empty_off + st * 8, CONSUMER_WARPS)
+            for i in cutlass.range_constexpr(ITEM_SLOTS):
+                ptx.mbarrier_init(s_base + self.item_bar_off + i * 8, 1)
+            ptx.fence_mbarrier_init()
+        cute.arch.sync_threads()  # the only CTA-wide barrier
+
+        row_tiles = (row_groups + (self.row_tile // 16 - 1)) // (self.row_tile // 16)
+        total = Int32(ptx.ld_u32(num_tiles)) * row_tiles
+        if warp >= PRODUCER_WARP:
+            cute.arch.setmaxregister_decrease(PRODUCER_REGS)
+            if warp == PRODUCER_WARP:
+                self._producer(s_base, lane, total, row_tiles, wblob, sblob, tile_expert, tile_start,
+                               tile_end, b_blocked, k_tiles, row_groups, queue, grid)
+        else:
+            cute.arch.setmaxregister_increase(CONSUMER_REGS)
+            self._consumer(s_base, warp, lane, total, row_tiles, gscale, bias, tile_expert,
+                           tile_start, tile_end, order, k_tiles, row_groups, out, out_stride,
+                           out_rows, route_w, act_alpha, act_beta, act_limit)
+
+    # ------------------------------------------------------------------ producer warp
+    @cute.jit
+    def _producer(self, s_base, lane, total, row_tiles, wblob, sblob, tile_expert, tile_start,
+                  tile_end, b_blocked, k_tiles, row_groups, queue, grid):
+        """Takes tickets from the device queue, hands each to the consumers through the item
+        ring, and streams the item's K-tiles into the stages as the consumers free them."""
+        i = Int32(0)  # items handed out
+        g = Int32(0)  # K-tiles issued
+        item = Int32(0)
+        if lane == 0:
+            item = ptx.atom_add_global(queue, 1)
+        item = cute.arch.shuffle_sync(item, 0)
+        while item < total:
+            self._post_item(s_base, lane, i, item)
+            tile = item // row_tiles
+            rt = item % row_tiles
+            e = ptx.ld_u32(tile_expert + Int64(tile) * 4)
+            cnt = ptx.ld_u32(tile_end + Int64(tile) * 4) - ptx.ld_u32(tile_start + Int64(tile) * 4)
+            b_copy = Int32(self.b_bytes)  # the first (MMA width) tokens of each K-tile's block
+            for w in cutlass.range_constexpr(1, len(self.widths)):
+                if cnt <= self.widths[w]:
+                    b_copy = Int32(self.widths[w] * TILE_K * 2)
+            # lane l < 2 x groups copies group l // 2 of the row tile: l even its codes, l odd
+            # its scales
+            cgroup = rt * (self.row_tile // 16) + lane // 2
+            ctile = (Int64(e) * Int64(row_groups) + Int64(cgroup)) * Int64(k_tiles)
+            csrc = wblob + ctile * 1024
+            cbytes = Int32(1024)
+            cdst = self.b_bytes + (lane // 2) * self.a_group_bytes
+            cstep = Int64(1024)
+            if lane % 2 == 1:
+                csrc = sblob + ctile * self.scale_bytes
+                cbytes = Int32(self.scale_bytes)
+                cdst = cdst + 1024
+                cstep = Int64(self.scale_bytes)
+            copy_ok = lane < 2 * self.groups and cgroup < row_groups
+            groups_here = row_groups - rt * (self.row_tile // 16)
+            if groups_here > self.row_tile // 16:
+                groups_here = Int32(self.row_tile // 16)
+            stage_tx = b_copy + groups_here * self.a_group_bytes
+            b_tile = b_blocked + Int64(tile) * Int64(k_tiles) * self.b_bytes
+            for kt in cutlass.range(k_tiles, unroll=1):
+                s = g % self.stages
+                # the stage's previous use released by every consumer warp (the first use of
+                # each stage passes at once: parity of the phase before a fresh barrier's first)
+                ptx.mbarrier_wait(s_base + self.empty_off + s * 8, ((g // self.stages) % 2) ^ 1)
+                stage = s_base + s * self.stage_bytes
+                bar = s_base + self.full_off + s * 8
+                if lane == 0:
+                    ptx.mbarrier_arrive_expect_tx(bar, stage_tx)
+                    ptx.bulk_copy_g2s(stage, b_tile + Int64(kt) * self.b_bytes, b_copy, bar)
+                cute.arch.sync_warp()
+                if copy_ok:
+                    ptx.bulk_copy_g2s(stage + cdst, csrc + Int64(kt) * cstep, cbytes, bar)
+                g = g + 1
+            i = i + 1
+            if lane == 0:
+                item = ptx.atom_add_global(queue, 1)
+            item = cute.arch.shuffle_sync(item, 0)
+        self._post_item(s_base, lane, i, item)  # past the end: the consumers stop
+        # queue[0]: next ticket; queue[1]: CTAs finished. The last CTA to finish sets both back
+        # to 0, so the next launch (or CUDA-graph replay) starts from a clean queue.
+        if lane == 0:
+            if ptx.atom_add_global(queue + 4, 1) == grid - 1:
+                ptx.st_u32(queue, 0)
+                ptx.st_u32(queue + 4, 0)
+
+    @cute.jit
+    def _post_item(self, s_base, lane, i, item):
+        """Write item number i into its ring slot and complete the slot's mbarrier phase. The
+        producer leads by at most `stages` items (each has >= 1 K-tile), so a slot is never
+        rewritten before every consumer has read it."""
+        if lane == 0:
+            slot = i % ITEM_SLOTS
+            ptx.st_shared_u32(s_base + self.item_off + slot * 4, item)
+            ptx.mbarrier_arrive(s_base + self.item_bar_off + slot * 8)
+
+    # ------------------------------------------------------------------ consumer warps
+    @cute.jit
+    def _mainloop(self, n_tok: cutlass.Constexpr, acc, active, g0, s_base, lane, a_warp_off, k_tiles):
+        """acc[:, :n_tok / 8] += this warp's weight groups x the first n_tok tokens, over every
+        K-tile of the item; each stage is released as soon as this warp's wgmmas on it are done."""
+        cfg = self.cfg
+        for kt in cutlass.range(k_tiles, unroll=1):
+            g = g0 + kt
+            ptx.mbarrier_wait(s_base + self.full_off + (g % self.stages) * 8, (g // self.stages) % 2)
+            if active:
+                stage = s_base + (g % self.stages) * self.stage_bytes
+                words = [fm.load_group_words(stage + a_warp_off + gi * self.a_group_bytes, lane,
+                                             cfg.weight_format) for gi in range(self.gpw)]
+                if cutlass.const_expr(cfg.variant == "nomma"):
+                    for gi in cutlass.range_constexpr(self.gpw):
+                        acc[gi, 0, 0] = acc[gi, 0, 0] + Float32(ptx.f32_bits(words[gi][0] ^ words[gi][9]))
+                else:
+                    accs = [[acc[gi, j // 4, j % 4] for j in range(n_tok // 2)]
+                            for gi in range(self.gpw)]
+                    res = wgmma_decode_k128(accs, [w[:8] for w in words], [w[8:] for w in words],
+                                            cfg.weight_format, stage, n_tok, pending=self.pending,
+                                            decode=cfg.variant != "nodecode",
+                                            b_lbo=128, b_sbo=B_GROUP_BYTES)
+                    _store_fragments(acc, res)
+            # at most `pending` slabs of K-tile g are in flight: K-tile g - 1 is finished
+            if kt > 0:
+                self._release(s_base, lane, g - 1)
+        ptx.wgmma_wait(0)
+        self._release(s_base, lane, g0 + k_tiles - 1)
+
+    @cute.jit
+    def _consumer(self, s_base, warp, lane, total, row_tiles, gscale, bias, tile_expert,
+                  tile_start, tile_end, order, k_tiles, row_groups, out, out_stride, out_rows,
+                  route_w, act_alpha, act_beta, act_limit):
+        i = Int32(0)
+        g = Int32(0)  # K-tiles consumed
+        item = self._next_item(s_base, i)
+        while item < total:
+            self._work_item(item // row_tiles, item % row_tiles, i, g, s_base, warp, lane,
+                            gscale, bias, tile_expert, tile_start, tile_end, order, k_tiles,
+                            row_groups, out, out_stride, out_rows, route_w, act_alpha, act_beta,
+                            act_limit)
+            g = g + k_tiles
+            i = i + 1
+            item = self._next_item(s_base, i)
+
+    @cute.jit
+    def _next_item(self, s_base, i):
+        slot = i % ITEM_SLOTS
+        ptx.mbarrier_wait(s_base + self.item_bar_off + slot * 8, (i // ITEM_SLOTS) % 2)
+        return ptx.ld_shared_u32(s_base + self.item_off + slot * 4)
+
+    @cute.jit
+    def _release(self, s_base, lane, g):
+        """This warp is done with K-tile g's stage (its wgmmas on it have completed)."""
+        if lane == 0:
+            ptx.mbarrier_arrive(s_base + self.empty_off + (g % self.stages) * 8)
+
+    @cute.jit
+    def _work_item(self, tile, rt, i, g0, s_base, warp, lane,
+                   gscale, bias, tile_expert, tile_start, tile_end, order, k_tiles, row_groups,
+                   out, out_stride, out_rows, route_w, act_alpha, act_beta, act_limit):
+        cfg = self.cfg
+        e = ptx.ld_u32(tile_expert + Int64(tile) * 4)
+        p0 = ptx.ld_u32(tile_start + Int64(tile) * 4)
+        p1 = ptx.ld_u32(tile_end + Int64(tile) * 4)
+        # warp w owns groups gpw * w .. gpw * w + gpw - 1 of the row tile. Rows are padded to
+        # 128, so a wide row tile is always full and in a tall one a whole warpgroup (128 rows)
+        # may be past the real rows: it sits out but still waits for and releases every stage,
+        # which keeps the barrier phases in step.
+        group0 = rt * (self.row_tile // 16) + warp * self.gpw
+        active = group0 < row_groups
+        a_warp_off = self.b_bytes + warp * self.gpw * self.a_group_bytes
+
+        # FC2's token table (pair, router weight): consumer thread c owns token slot c. The
+        # pair index is loaded now and the dependent weight load after the mainloop, so neither
+        # latency stalls a warp in front of its wgmmas.
+        ctid = warp * 32 + lane
+        tok = s_base + self.ep_off + (i % 2) * (self.bn * 8)
+        pair_c = Int32(0)
+        if cutlass.const_expr(cfg.phase == "fc2"):
+            if ctid < self.bn and p0 + ctid < p1:
+                pair_c = ptx.ld_u32(order + Int64(p0 + ctid) * 4)
+
+        acc = cute.make_rmem_tensor(cute.make_layout((self.gpw, self.bn // 8, 4)), Float32)
+        acc.fill(0.0)
+        # An expert's last tile is usually partly filled (DeepSeek-V3 at T=8192: ~256 +- 16
+        # tokens per expert): the MMA runs only as wide as the tile's tokens, rounded up.
+        cnt = p1 - p0
+        # (the producer copies B as wide as this choice, see WIDTHS)
+        for w in cutlass.range_constexpr(len(self.widths)):
+            below = self.widths[w + 1] if w + 1 < len(self.widths) else 0
+            if cnt > below and cnt <= self.widths[w]:
+                self._mainloop(self.widths[w], acc, active, g0, s_base, lane, a_warp_off, k_tiles)
+
+        if cutlass.const_expr(cfg.phase == "fc2"):
+            if ctid < self.bn and p0 + ctid < p1:
+                ptx.st_shared_u32(tok + ctid * 8, pair_c)
+                ptx.st_shared_u32(tok + ctid * 8 + 4, ptx.ld_nc_u32(route_w + Int64(pair_c) * 4))
+            # every consumer warp has finished item i - 1's epilogue (it ran before this item's
+            # mainloop), so the other buffer is free for item i + 1
+            ptx.named_barrier(1, 32 * CONSUMER_WARPS)
+
+        # ---- epilogue (overlaps the producer's loads of the next item): global scale, bias,
+        # then the activation (FC1) or the router weight (FC2).
+        if active:
+            gs = ptx.ld_nc_f32(gscale + Int64(e) * 4)
+            if cutlass.const_expr(cfg.phase == "fc1"):
+                stg = s_base + self.ep_off + warp * (STG_TOKENS * 16)
+                self._epilogue_fc1(acc, tile, e, p0, p1, group0, gs, stg, lane, bias, row_groups,
+                                   out, out_stride, act_alpha, act_beta, act_limit)
+            else:
+                self._epilogue_fc2(acc, e, p0, p1, group0, gs, tok, lane, bias, row_groups,
+                                   out, out_stride, out_rows)
+
+    @cute.jit
+    def _epilogue_fc1(self, acc, tile, e, p0, p1, group0, gs, stg, lane, bias, row_groups,
+                      out, out_stride, act_alpha, act_beta, act_limit):
+        """Group g's 8 intermediate columns j = 8g .. 8g + 7 are chunk g % 16 of K-tile g // 16
+        in FC2's tile-blocked B (token n's 16 bytes at (n // 8) * B_GROUP_BYTES + chunk * 128 +
+        (n % 8) * 16). stmatrix.trans turns the fragment (thread: column r, tokens 2q, 2q + 1)
+        of 32 tokens into token rows in shared memory; the warp then copies them out 16 bytes
+        per lane, 128 contiguous bytes per 8 tokens. Token slots past the tile's pairs (in the
+        last 32-token block) get act() of whatever their B columns held; FC2 never stores a
+        result from those columns."""
+        cfg = self.cfg
+        r = lane // 4
+        for gi in cutlass.range_constexpr(self.gpw):
+            g = group0 + gi
+            brow = bias + (Int64(e) * Int64(row_groups * 16) + Int64(g * 16 + r)) * 4
+            b_lo = ptx.ld_nc_f32(brow)  # gate row r
+            b_hi = ptx.ld_nc_f32(brow + 32)  # up row r + 8
+            chunk = out + (Int64(tile) * Int64(out_stride) + Int64(g // 16)) * self.b_bytes \
+                + Int64((g % 16) * 128 + (lane // 8) * B_GROUP_BYTES + (lane % 8) * 16)
+            for m in cutlass.range_constexpr(self.bn // STG_TOKENS):
+                if p0 + m * STG_TOKENS < p1:
+                    regs = []
+                    for i in cutlass.range_constexpr(STG_TOKENS // 8):
+                        nb = (STG_TOKENS // 8) * m + i
+                        hv = [act.gated(cfg.activation, acc[gi, nb, c] * gs + b_lo,
+                                        acc[gi, nb, 2 + c] * gs + b_hi, act_alpha, act_beta, act_limit)
+                              for c in range(2)]
+                        regs.append(ptx.bf16x2_from_f32(hv[0], hv[1]))
+                    ptx.stmatrix_x4_trans(stg + lane * 16, regs[0], regs[1], regs[2], regs[3])
+                    cute.arch.sync_warp()
+                    v = ptx.ld_shared_v4(stg + lane * 16)
+                    if cutlass.const_expr(cfg.variant != "nostore"):
+                        ptx.st_v4(chunk + m * (STG_TOKENS // 8) * B_GROUP_BYTES, v[0], v[1], v[2], v[3])
+                    cute.arch.sync_warp()  # the staging buffer is rewritten by the next block
+
+    @cute.jit
+    def _epilogue_fc2(self, acc, e, p0, p1, group0, gs, tok, lane, bias, row_groups,
+                      out, out_stride, out_rows):
+        """y[pair, row] = w * (acc * scale + bias) straight from the fragment, with y's rows in
+        the paired order (moe_common.cute.topk_reduce): thread (r, q) holds rows r and r + 8 of
+        its group for tokens 2q and 2q + 1 of each 8-token block, which sit side by side there,
+        so one 8-byte store per lane writes a pair, 4 tokens x 64 contiguous bytes per warp
+        instruction. In row order it took two 4-byte stores (4 tokens x 32 bytes per
+        instruction), and the store phase, 16% of FC2 at Qwen3-30B-A3B T=8192 (nostore, seventh
+        session), paid about one cycle per cache line an instruction touches."""
+        r = lane // 4
+        q = lane % 4
+        # nostore: a bound no row meets, but one the compiler cannot see through (with the
+        # results dead, ptxas shrinks the wgmmas to N=8)
+        bound = out_rows if cutlass.const_expr(self.cfg.variant != "nostore") else out_rows - (1 << 30)
+        for gi in cutlass.range_constexpr(self.gpw):
+            row0 = (group0 + gi) * 16  # out_rows is a multiple of 16: a group is in or out
+            bv = [ptx.ld_nc_f32(bias + (Int64(e) * Int64(row_groups * 16) + Int64(row0 + r + 8 * h)) * 4)
+                  for h in range(2)]
+            for nb in cutlass.range_constexpr(self.bn // 8):
+                if p0 + nb * 8 < p1:
+                    for c in cutlass.range_constexpr(2):
+                        n = nb * 8 + 2 * q + c
+                        if p0 + n < p1:
+                            pw = ptx.ld_shared_v2(tok + n * 8)
+                            wgt = ptx.f32_bits(pw[1])
+                            dst = out + (Int64(pw[0]) * Int64(out_stride) + Int64(row0 + 2 * r)) * 4
+                            if row0 < bound:
+                                ptx.st_v2_f32(dst, (acc[gi, nb, c] * gs + bv[0]) * wgt,
+                                              (acc[gi, nb, 2 + c] * gs + bv[1]) * wgt)

@@ -1,0 +1,163 @@
+"""Host side of moe-gated: routing, the two persistent grouped GEMMs, the top-k reduce.
+
+A call is: routing into tiles of the chosen geometry's width (moe_common's routing kernel) ->
+[w4a4: quantized token rows] -> token rows gathered into tile-blocked B -> FC1 + activation
+(persistent, queue-driven), writing the intermediate tile-blocked -> [w4a4: requantized
+intermediate] -> FC2 + router weight into y [T * k, H] fp32 -> fixed-order top-k reduce -> bf16
+out. Every step is asynchronous on the current stream and nothing syncs with the host, so the
+call can be captured in a CUDA graph once compiled and its workspace allocated. The work
+queues' counters are zeroed once at allocation and left at zero by every launch.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+
+from moe_common.cute import jit
+from moe_common.fragments import TILE_K
+from moe_common.formats import get_format
+from moe_common.kernel_package import Buffers, quantize_rows, route_pairs, w4a4_fc1_rows
+from moe_common.packed import pack
+from moe_common.types import Activation
+from moe_common.weights import MoEWeights
+
+from . import compile_cache
+from .kernel import GEOMETRIES, row_tile
+from .limits import KERNEL_NAME
+
+# Mean routed pairs per local expert from which the wide geometry (256-token tiles) is used.
+# Measured on the H200 (BENCHMARKS.md, seventh session, 1ed3350), each geometry forced, wide
+# against tall: at 256 pairs per expert 2.5-7% faster (Qwen3-30B-A3B T=4096, DeepSeek-V3 and
+# gpt-oss-120b T=8192); at 128, 1-3% slower (DeepSeek-V3, gpt-oss-120b T=4096, Qwen3-30B-A3B
+# T=2048); at 64, 24-26% slower (DeepSeek-V3, gpt-oss-120b T=2048).
+WIDE_MIN_PAIRS_PER_EXPERT = 256
+
+
+def geometry_for(pairs: int, local_experts: int) -> str:
+    forced = os.environ.get("MOE_GATED_GEOMETRY")  # development knob: wide | tall (measuring)
+    if forced in GEOMETRIES:
+        return forced
+    return "wide" if pairs >= WIDE_MIN_PAIRS_PER_EXPERT * local_experts else "tall"
+
+
+def tiles_capacity(pairs: int, local_experts: int, bn: int) -> int:
+    """Bound on the routing's tile count (sum over experts of ceil(c / bn)); grows with P."""
+    return -(-pairs // bn) + min(pairs, local_experts)
+
+
+def _table_tiles(pairs: int, local_experts: int) -> int:
+    """Routing-table tiles, enough for either geometry (the narrower tiles are more), for the
+    same reason as _token_slots."""
+    return max(tiles_capacity(pairs, local_experts, bn) for bn, _ in GEOMETRIES.values())
+
+
+def _token_slots(pairs: int, local_experts: int) -> int:
+    """Token slots of the tile-blocked buffers, enough for either geometry (a workspace warmed
+    at one T may later serve a call that takes the other geometry)."""
+    return max(tiles_capacity(pairs, local_experts, bn) * bn for bn, _ in GEOMETRIES.values())
+
+
+def _persistent_grid(device, max_items: int) -> int:
+    # one CTA per SM (each holds ~210 KB of shared memory); never more CTAs than work items
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return max(1, min(sms, max_items))
+
+
+def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activation,
+        quant_mode: str = "w4a16", out=None, workspace=None, deterministic: bool = True):
+    """The layer call: routing, FC1, FC2, top-k reduce on the current stream, no host sync.
+    Always deterministic (each output element has one writer and a fixed summation order)."""
+    prep = pack(weights)
+    T, k = topk_ids.shape
+    P = T * k
+    E = weights.num_local_experts
+    off = weights.local_expert_offset
+    dev = x.device
+    H, Hp, Ip = prep.hidden, prep.hidden_padded, prep.intermediate_padded
+    bufs = Buffers(KERNEL_NAME, workspace, dev)
+    stream = jit.current_stream(dev)
+    ids = topk_ids.contiguous()
+    idb = ids.element_size()
+    geometry = geometry_for(P, E)
+    bn, _ = GEOMETRIES[geometry]
+    cap = tiles_capacity(P, E, bn)
+    slots = _token_slots(P, E)
+
+    # 1. routing tables: (expert, up to bn sorted pairs) tiles
+    routed = route_pairs(bufs, ids, off, E, bn, _table_tiles(P, E), stream)
+    order, tiles, num_tiles = routed
+    tile_args = routed.tile_args
+    queues = bufs.get("queues", (2, 2), torch.int32, zeroed=True)
+
+    # 2. token rows gathered into tile-blocked B (one bulk copy per tile and K-tile)
+    if quant_mode == "w4a4":
+        src, row_div = w4a4_fc1_rows(x, weights, ids, bufs.get("xq", (P, H), torch.bfloat16)), 1
+    else:
+        src, row_div = x, k
+    kt1, kt2 = Hp // TILE_K, Ip // TILE_K
+    x_blocked = bufs.get("x_blocked", (slots // bn, kt1, bn * TILE_K), torch.bfloat16)
+    compile_cache.tile_gather(bn)(src.data_ptr(), src.stride(0), H, order.data_ptr(), row_div,
+                                  tiles[1].data_ptr(), tiles[2].data_ptr(), num_tiles.data_ptr(),
+                                  x_blocked.data_ptr(), kt1, cap, stream)
+
+    # 3. FC1 + activation -> intermediate, written in FC2's tile-blocked B layout
+    inter = bufs.get("inter_blocked", (slots // bn, kt2, bn * TILE_K), torch.bfloat16)
+    limit = activation.limit if activation.limit is not None else math.inf
+    _, fc1 = compile_cache.get("fc1", weights.weight_format, activation.name, geometry)
+    grid1 = _persistent_grid(dev, cap * -(-prep.fc1_rows // row_tile(geometry)))
+    fc1(prep.w13.data_ptr(), prep.w13_scale.data_ptr(), prep.fc1_alpha[quant_mode].data_ptr(),
+        prep.w13_bias.data_ptr(), *tile_args, order.data_ptr(), x_blocked.data_ptr(), kt1,
+        prep.fc1_rows // 16, inter.data_ptr(), kt2, Ip, 0, activation.alpha, activation.beta, limit,
+        queues[0].data_ptr(), grid1, stream)
+
+    if quant_mode == "w4a4":
+        w4a4_requantize_blocked(inter[:cap], weights, tiles[0][:cap], bn)
+
+    # 4. FC2 + router weight -> y [P, H] fp32 in original pair order, each row's columns in the
+    # paired order (moe_common.cute.topk_reduce)
+    y = bufs.get("y", (P, H), torch.float32)
+    route_w = topk_weights if topk_weights.dtype == torch.float32 else topk_weights.float()
+    route_w = route_w.contiguous()
+    _, fc2 = compile_cache.get("fc2", weights.weight_format, "none", geometry)
+    grid2 = _persistent_grid(dev, cap * -(-prep.fc2_rows // row_tile(geometry)))
+    fc2(prep.w2.data_ptr(), prep.w2_scale.data_ptr(), prep.fc2_alpha[quant_mode].data_ptr(),
+        prep.w2_bias.data_ptr(), *tile_args, order.data_ptr(), inter.data_ptr(), kt2,
+        prep.fc2_rows // 16, y.data_ptr(), H, H, route_w.data_ptr(), 1.0, 1.0, math.inf,
+        queues[1].data_ptr(), grid2, stream)
+
+    # 5. out[t] = sum over the top-k, fixed order, one rounding
+    if out is None:
+        out = torch.empty(T, H, dtype=torch.bfloat16, device=dev)
+    jit.topk_reduce(idb, paired=True)(y.data_ptr(), ids.data_ptr(), out.data_ptr(), T, k, H, off, E, stream)
+    return out
+
+
+def blocked_to_rows(blocked, bn: int):
+    """The tile-blocked layout [tiles, K-tiles, bn / 8 token groups x 16 chunks x 8 tokens x 8]
+    (moe_gated.tile_gather) as rows [tiles * bn, K-tiles * 128] (a copy)."""
+    cap, kt, _ = blocked.shape
+    return (blocked.view(cap, kt, bn // 8, TILE_K // 8, 8, 8).permute(0, 2, 4, 1, 3, 5)
+            .reshape(cap * bn, kt * TILE_K))
+
+
+def rows_to_blocked(rows, tiles: int, bn: int):
+    """Inverse of blocked_to_rows: [tiles * bn, K] rows -> [tiles, K / 128, bn * 128]."""
+    kt = rows.shape[1] // TILE_K
+    return (rows.reshape(tiles, bn // 8, 8, kt, TILE_K // 8, 8).permute(0, 3, 1, 4, 2, 5)
+            .reshape(tiles, kt, bn * TILE_K))
+
+
+def w4a4_requantize_blocked(inter, weights, tile_expert, bn: int):
+    """w4a4 FC2 input: the tile-blocked intermediate requantized in place, row by row, with
+    each tile's expert fc2_input_scale (NVFP4). Token slots a tile does not use hold stale
+    values; their columns are never stored."""
+    cap = inter.shape[0]
+    rows = blocked_to_rows(inter, bn)
+    gs = None
+    if weights.weight_format == "nvfp4":
+        e = tile_expert.long().clamp(0, weights.num_local_experts - 1)
+        gs = weights.fc2_input_scale.float()[e].repeat_interleave(bn)
+    q = quantize_rows(torch.nan_to_num(rows), get_format(weights.weight_format), gs)
+    inter.copy_(rows_to_blocked(q, cap, bn))

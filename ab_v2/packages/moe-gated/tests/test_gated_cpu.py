@@ -1,0 +1,163 @@
+"""moe-gated without a GPU: every configuration compiles for sm_90a; limits and bids."""
+from __future__ import annotations
+
+import pytest
+
+from moe_common.testing import make_shape, ptxas_report
+from moe_common.types import PRIORITY_GATED, PRIORITY_GENERIC, Activation
+from moe_gated.limits import CUTOVER_ROWS_PER_EXPERT, priority, unsupported_reason
+
+
+def test_every_dispatchable_config_compiles_for_sm90a():
+    from moe_gated.compile_cache import all_configs, compile_config, tile_gather
+    from moe_gated.kernel import GEOMETRIES
+
+    for bn, _ in GEOMETRIES.values():
+        assert tile_gather(bn) is not None
+    configs = all_configs()
+    assert len(configs) == 16  # 2 geometries x 2 formats x (3 gated FC1 activations + FC2)
+    for cfg in configs:
+        assert compile_config(cfg) is not None, cfg
+
+
+_PTX_PROBE = """
+import sys
+from moe_gated.compile_cache import all_configs, compile_config
+for i in map(int, sys.argv[1:]):
+    compile_config(all_configs()[i])
+"""
+
+
+@pytest.mark.parametrize("index", [0, 7, 8, 15])  # wide, tall: FC1 NVFP4 silu, FC2 MXFP4
+def test_wgmma_runs_asynchronously(index, tmp_path):
+    """ptxas serializes every wgmma (a wait for completion after each, C7512) when the consumer
+    warps' live registers do not fit; with pending=2 slabs in flight that happened and the
+    tensor cores idled during each slab's decode. Assemble the kernel and check it does not."""
+    report = ptxas_report(_PTX_PROBE, [index], "*GatedGemm*.ptx", tmp_path)
+    assert "C7512" not in report, report
+
+
+@pytest.mark.parametrize("kw,act,needle", [
+    (dict(device_capability=None), "silu", "CUDA device"),
+    (dict(device_capability=(8, 0)), "silu", "sm_90"),
+    (dict(), "relu2", "not gated"),
+    (dict(hidden=2880 + 16), "silu", "multiple of 32"),
+    (dict(top_k=33), "silu", "top_k=33"),
+    (dict(num_local_experts=2048, num_experts=2048), "silu", "local experts"),
+    (dict(tokens=70000), "silu", "tokens=70000"),
+])
+def test_declines_with_reason(kw, act, needle):
+    reason = unsupported_reason(make_shape(**kw), Activation(act))
+    assert reason is not None and needle in reason
+
+
+@pytest.mark.parametrize("act", ["silu", "gelu_tanh", "swigluoai"])
+@pytest.mark.parametrize("fmt,mode", [("nvfp4", "w4a16"), ("mxfp4", "w4a4")])
+def test_offers_gated_activations_both_formats_and_modes(act, fmt, mode):
+    shape = make_shape(hidden=2880, intermediate=704, weight_format=fmt, quant_mode=mode)
+    assert unsupported_reason(shape, Activation(act)) is None
+
+
+def test_bids_above_generic_only_for_large_batches():
+    E, k = 128, 8
+    small = make_shape(tokens=8, num_experts=E, num_local_experts=E, top_k=k)
+    assert priority(small) < PRIORITY_GENERIC
+    t_cut = -(-CUTOVER_ROWS_PER_EXPERT * E // k)
+    large = make_shape(tokens=t_cut, num_experts=E, num_local_experts=E, top_k=k)
+    assert priority(large) == PRIORITY_GATED > PRIORITY_GENERIC
+
+
+def test_plugin_offer_and_decline():
+    from moe_gated import plugin
+
+    assert "not gated" in plugin.can_handle(make_shape(), Activation("relu2")).reason
+    offer = plugin.can_handle(make_shape(tokens=8192), Activation("swigluoai"))
+    assert offer.kernel == "moe-gated" and offer.priority == PRIORITY_GATED
+
+
+def test_direct_call_raises_value_error_with_the_reason():
+    import torch
+
+    from moe_common.testing import random_layer
+    from moe_gated import fused_moe
+
+    w = random_layer(4, 128, 128, gated=False, device="cpu")
+    x = torch.zeros(2, 128, dtype=torch.bfloat16)
+    tw = torch.full((2, 2), 0.5)
+    ti = torch.zeros(2, 2, dtype=torch.int32)
+    with pytest.raises(ValueError, match="moe-gated cannot run"):
+        fused_moe(x, w, tw, ti, activation="relu2")
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_shared_memory_fits_one_cta_per_sm(fmt):
+    from moe_gated.compile_cache import config
+    from moe_gated.kernel import GEOMETRIES, GatedGemm
+
+    for geometry in GEOMETRIES:
+        for phase, act in (("fc1", "silu"), ("fc2", "none")):
+            k = GatedGemm(config(phase, fmt, act, geometry))
+            assert k.smem_bytes <= 227 * 1024, (geometry, phase, fmt, k.smem_bytes)
+            assert k.stages >= 3, (geometry, phase, fmt, k.stages)
+            assert k.stage_bytes % 128 == 0  # bulk-copy and wgmma descriptor alignment of every stage
+
+
+def test_geometry_choice_and_workspace_sizes():
+    """Wide tiles from 256 routed pairs per expert on; and the routing table and tile-blocked
+    buffers grow with the pair count whichever geometry a call takes, so a workspace warmed at
+    the largest T serves every smaller T (FusedMoE freezes it after warm-up)."""
+    from moe_gated.runner import _token_slots, geometry_for, tiles_capacity
+
+    assert geometry_for(256 * 128, 128) == "wide"
+    assert geometry_for(256 * 128 - 1, 128) == "tall"
+    for E in (1, 8, 128, 256):
+        for P in (1, 100, 4096, 32767, 32768, 65535, 65536):
+            for P2 in (P - 1, P // 2, 1):
+                if P2 < 1:
+                    continue
+                assert _token_slots(P2, E) <= _token_slots(P, E)
+                assert max(tiles_capacity(P2, E, b) for b in (128, 256)) <= \
+                    max(tiles_capacity(P, E, b) for b in (128, 256))
+            for bn in (128, 256):
+                assert _token_slots(P, E) >= tiles_capacity(P, E, bn) * bn
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_w4a4_requantize_of_the_tile_blocked_intermediate_matches_row_quantization(fmt):
+    """The tile-blocked intermediate requantizes each (tile, token) row with the tile's expert
+    scale, exactly as quantizing the rows themselves would."""
+    import torch
+
+    from moe_common.formats import get_format
+    from moe_common.kernel_package import quantize_rows
+    from moe_common.testing import random_layer
+    from moe_gated.runner import blocked_to_rows, rows_to_blocked, w4a4_requantize_blocked
+
+    bn, kt, tiles = 16, 2, 3
+    w = random_layer(4, 128, 64, weight_format=fmt, w4a4=True, device="cpu")
+    rows = torch.randn(tiles * bn, kt * 128).bfloat16()
+    blocked = rows_to_blocked(rows, tiles, bn)
+    tile_expert = torch.tensor([2, 0, 3], dtype=torch.int32)
+    w4a4_requantize_blocked(blocked, w, tile_expert, bn)
+    gs = None
+    if fmt == "nvfp4":
+        gs = w.fc2_input_scale.float()[tile_expert.long()].repeat_interleave(bn)
+    want = quantize_rows(rows, get_format(fmt), gs)
+    assert torch.equal(blocked_to_rows(blocked, bn), want)
+
+
+def test_tile_blocked_layout():
+    """Token n, column j of tile t, K-tile kt sits at element ((n // 8) * 16 + j % 128 // 8) * 64
+    + (n % 8) * 8 + j % 8 of block [t, kt] (the layout tile_gather and FC1 write and the wgmma
+    descriptor reads), and the two conversions are inverse."""
+    import torch
+
+    from moe_gated.runner import blocked_to_rows, rows_to_blocked
+
+    bn, tiles, K = 16, 2, 256
+    rows = torch.arange(tiles * bn * K, dtype=torch.float32).view(tiles * bn, K)
+    blocked = rows_to_blocked(rows, tiles, bn)
+    for t, n, j in [(0, 0, 0), (0, 9, 5), (1, 15, 200), (1, 3, 127)]:
+        el = ((n // 8) * 16 + j % 128 // 8) * 64 + (n % 8) * 8 + j % 8
+        assert blocked[t, j // 128, el] == rows[t * bn + n, j]
+    assert torch.equal(blocked_to_rows(blocked, bn), rows)

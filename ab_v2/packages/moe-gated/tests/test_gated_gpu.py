@@ -1,0 +1,130 @@
+"""moe-gated on the H200: the DESIGN section 5 bar at prefill sizes (T = 256..16384) for every
+gated activation, format, mode and bias; skewed routing with empty experts; expert parallelism;
+out-of-range ids; CUDA-graph replay; determinism; the dispatcher's choice."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from moe_common.reference import reference_moe
+from moe_common.testing import (
+    assert_close, assert_graph_replay_matches_eager, random_layer, random_routing,
+)
+from moe_common.types import Activation
+
+pytestmark = pytest.mark.gpu
+
+ACTS = ("silu", "gelu_tanh", "swigluoai")
+FORMATS = ("nvfp4", "mxfp4")
+MODES = ("w4a16", "w4a4")
+
+# (T, E, H, I, top_k): H and I include 2880 and 704 (padded internally; with the tall geometry
+# 2880 also leaves the last 256-row tile half full, see test_each_tile_geometry). The first two
+# shapes take the tall geometry (< 256 routed pairs per expert), the others the wide one.
+SHAPES = [(256, 8, 1024, 768, 4), (512, 128, 2048, 768, 8), (1024, 16, 2880, 704, 4),
+          (2048, 32, 512, 2880, 6), (4096, 64, 768, 256, 8), (16384, 8, 256, 384, 2)]
+
+
+def _cases():
+    out = []
+    for n, (act, fmt, mode) in enumerate(itertools.product(ACTS, FORMATS, MODES)):
+        out.append((SHAPES[n % len(SHAPES)], act, fmt, mode, n % 2 == 1))
+    return out
+
+
+def _run(shape, act, fmt, mode="w4a16", bias=False, ep=False, limit=7.0, skew=0.0,
+         id_dtype=torch.int32):
+    from moe_gated import fused_moe
+
+    T, E, H, I, k = shape
+    off, total = (E // 2, 2 * E) if ep else (0, E)
+    w = random_layer(E, H, I, weight_format=fmt, bias=bias, w4a4=mode == "w4a4",
+                     local_expert_offset=off, num_experts=total)
+    x = torch.randn(T, H, device="cuda").bfloat16()
+    tw, ti = random_routing(T, total, k, skew=skew)
+    ti = ti.to(id_dtype)
+    a = Activation(act, 1.702, 1.0, limit)
+    out = torch.full((T, H), float("nan"), device="cuda", dtype=torch.bfloat16)
+    fused_moe(x, w, tw, ti, activation=a, quant_mode=mode, out=out)
+    ref = reference_moe(x, w, tw, ti, activation=a, quant_mode=mode)
+    return assert_close(out, ref, f"{shape} {act} {fmt} {mode} bias={bias} ep={ep} skew={skew}")
+
+
+@pytest.mark.parametrize("shape,act,fmt,mode,bias", _cases())
+def test_matches_reference(shape, act, fmt, mode, bias):
+    _run(shape, act, fmt, mode, bias)
+
+
+@pytest.mark.parametrize("geometry", ["wide", "tall"])
+@pytest.mark.parametrize("fmt,mode", [("nvfp4", "w4a4"), ("mxfp4", "w4a16")])
+def test_each_tile_geometry(geometry, fmt, mode, monkeypatch):
+    # the runner picks the geometry from the pairs per expert; force each one, on experts with
+    # several full tiles and on experts with one partly filled tile
+    from moe_gated import runner
+
+    monkeypatch.setattr(runner, "WIDE_MIN_PAIRS_PER_EXPERT", 0 if geometry == "wide" else 10**9)
+    _run((777, 8, 2880, 704, 4), "silu", fmt, mode, bias=True)
+    _run((300, 16, 512, 256, 4), "gelu_tanh", fmt, mode)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_skewed_routing_and_empty_experts(fmt):
+    # Zipf-like routing: a few experts get many full tiles, the tail gets none
+    T, E, k = 4096, 64, 4
+    _, ti = random_routing(T, E, k, skew=3.0)
+    assert int((torch.bincount(ti.view(-1).long(), minlength=E) == 0).sum()) > 0
+    _run((T, E, 512, 384, k), "silu", fmt, skew=3.0)
+    _run((1000, 32, 1024, 256, 1), "swigluoai", fmt, bias=True, skew=4.0, id_dtype=torch.int64)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_expert_parallel_slice(fmt):
+    _run((600, 16, 512, 256, 4), "silu", fmt, bias=True, ep=True)
+
+
+def test_swiglu_without_limit():
+    _run((512, 8, 256, 128, 2), "swigluoai", "mxfp4", bias=True, limit=None)
+
+
+def test_ids_out_of_range_are_ignored():
+    from moe_gated import fused_moe
+
+    w = random_layer(8, 256, 128, local_expert_offset=8, num_experts=24)
+    x = torch.randn(300, 256, device="cuda").bfloat16()
+    tw, ti = random_routing(300, 24, 4)
+    ti[0, 0] = -1
+    ti[1, 1] = 10_000  # never read out of bounds: contributes nothing
+    assert_close(fused_moe(x, w, tw, ti), reference_moe(x, w, tw, ti), "out-of-range ids")
+
+
+def test_deterministic_bitwise_and_queue_reset():
+    # repeated calls also check that every launch leaves its work queue at zero
+    from moe_gated import fused_moe
+
+    w = random_layer(64, 1024, 512)
+    x = torch.randn(3000, 1024, device="cuda").bfloat16()
+    tw, ti = random_routing(3000, 64, 8)
+    first = fused_moe(x, w, tw, ti)
+    assert_close(first, reference_moe(x, w, tw, ti), "determinism run")
+    for _ in range(3):
+        assert torch.equal(fused_moe(x, w, tw, ti), first)
+
+
+def test_cuda_graph_replay_matches_eager():
+    from moe_gated import fused_moe
+
+    assert_graph_replay_matches_eager(fused_moe, tokens=512)
+
+
+def test_dispatcher_picks_gated_for_large_gated_batches():
+    import dispatcher
+
+    w = random_layer(16, 512, 256)
+    x = torch.randn(2048, 512, device="cuda").bfloat16()
+    tw, ti = random_routing(2048, 16, 4)
+    exp = dispatcher.explain(x, w, tw, ti, activation="silu")
+    assert exp.choice is not None and exp.choice.kernel == "moe-gated"
+    out = dispatcher.fused_moe(x, w, tw, ti, activation="silu")
+    assert_close(out, reference_moe(x, w, tw, ti), "dispatcher auto")

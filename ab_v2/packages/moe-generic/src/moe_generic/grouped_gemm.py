@@ -1,0 +1,312 @@
+"""The moe-generic CuTe DSL kernel: one grouped GEMM over (expert, token-tile) work, used twice.
+
+    FC1: inter[p, j]  = act(scale_2[e] * (src[order[p] // row_div] @ w13[e]^T) + b13[e])  (bf16)
+    FC2: y[pair[p], h] = w[pair[p]] * (scale_2[e] * (inter[p] @ w2[e]^T) + b2[e])    (fp32)
+
+p runs over routed pairs sorted by expert; a tile is (expert e, rows p0..p1 of that expert,
+at most BN of them), listed by the device-side routing so no host sync is needed; CTAs whose
+tile index is past the device-side tile count return at once.
+
+Swap A/B: the weights are the MMA's A operand (M = weight rows), tokens are B (N = tokens), so
+an expert with a handful of tokens still runs a 16 x 8 MMA instead of padding tokens to 64.
+Per CTA: 4 warps (8 for BN=64 tiles, 16 where the K loop is long: 256 weight rows), each owning
+MW groups of 16 weight rows and all BN tokens of the tile. The mainloop comes in one body per
+16-token width class, picked per tile, so an expert's partly filled last tile skips the MMAs and
+B reads past its tokens.
+A 4-stage cp.async ring holds, per 128-deep K-tile:
+  - token rows, gathered 16 B per copy (zero-filled past the tile's rows and past the real K;
+    each thread's row addresses are computed once per tile, outside the K loop);
+  - each warp's weight tiles: 1 KiB of fragment-ordered codes per 16-row group (a lane's 32 B
+    are exactly its A fragments for the 8 k16 slabs) and the group's bf16 block scales.
+Per K-tile each lane reads its codes and scales from shared memory, decodes e2m1 -> bf16 in
+registers (decode_fragment_word: shifts and masks), multiplies by the block scale (bf16x2, exact),
+and feeds the tensor cores:
+  - mma.sync.m16n8k16 with B fragments by ldmatrix from padded [BN][128 + 8] rows (default), or
+  - wgmma m64nBNk16 with A from registers and B as K-major core matrices, decode and wgmma of
+    the whole K-tile in one PTX block (MOE_GENERIC_MMA=wgmma; slower today, BENCHMARKS.md).
+Epilogues apply the fp32 global scale (x the activation global scale in w4a4) and bias; FC1
+applies the activation with gate (row r) and up (row r + 8) of the same j in the same lane
+(weights repacked so), FC2 the router weight and writes each (pair, h) exactly once, so the
+top-k sum afterwards is deterministic.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64
+
+from moe_common.cute import ptx
+from moe_common.cute import activation as act
+from moe_common.cute import fragment_mma as fm
+from moe_common.cute.wgmma_decode import wgmma_decode_k128
+
+TILE_K = 128
+SMEM_ROW_BYTES = fm.B_ROW_BYTES  # 272: conflict-free ldmatrix B-fragment reads
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    phase: str  # "fc1" | "fc2"
+    weight_format: str  # "nvfp4" | "mxfp4"
+    activation: str = "silu"  # fc1 only; swiglu alpha/beta/limit are run-time arguments
+    bn: int = 64  # tokens per tile (multiple of 8)
+    mw: int = 2  # 16-row groups per warp (1 for decode tiles: twice the CTAs on the weights)
+    wgmma: bool = False  # warpgroup MMA (sm_90a) instead of mma.sync
+    warps: int = 4  # per CTA (8 with mw=1: the same 128-row tile with twice the warps)
+    stages: int = 4  # cp.async ring depth; bn=64, 8 warps, NVFP4: 4 x 27 KiB, two CTAs per SM
+
+    @property
+    def gated(self) -> bool:
+        return self.phase == "fc1" and self.activation != "relu2"
+
+    @property
+    def cta_rows(self) -> int:
+        return self.warps * self.mw * 16
+
+    @property
+    def scale_bytes_per_row(self) -> int:  # bf16 scales per 128-K tile
+        return fm.scale_bytes_per_row(self.weight_format)
+
+
+class GroupedGemm:
+    def __init__(self, cfg: GemmConfig):
+        assert cfg.phase in ("fc1", "fc2") and cfg.bn % 8 == 0 and cfg.bn <= 64
+        assert cfg.warps == 4 or not cfg.wgmma  # the wgmma mainloop is one warpgroup
+        self.cfg = cfg
+        self.nb = cfg.bn // 8
+        # mma.sync reads B with ldmatrix from padded rows; wgmma from unpadded core matrices
+        self.b_bytes = cfg.bn * (TILE_K * 2 if cfg.wgmma else SMEM_ROW_BYTES)
+        self.a_group_bytes = fm.group_tile_bytes(cfg.weight_format)
+        self.threads = cfg.warps * 32
+        self.stage_bytes = self.b_bytes + cfg.warps * cfg.mw * self.a_group_bytes
+        # 16-byte chunks of one B stage, spread over the CTA's threads
+        self.b_chunks = cfg.bn * (TILE_K // 8)
+        assert self.b_chunks % self.threads == 0
+        self.b_iters = self.b_chunks // self.threads
+
+    # ------------------------------------------------------------------ host entry
+    @cute.jit
+    def __call__(
+        self,
+        wblob: Int64, sblob: Int64, gscale: Int64, bias: Int64,
+        tile_expert: Int64, tile_start: Int64, tile_end: Int64, num_tiles: Int64,
+        order: Int64, row_div: Int32, src: Int64, src_stride: Int32, k_real: Int32,
+        k_tiles: Int32, row_groups: Int32,
+        out: Int64, out_stride: Int32, out_rows: Int32, pair_orig: Int64, route_w: Int64,
+        act_alpha: Float32, act_beta: Float32, act_limit: Float32,
+        grid_m: Int32, max_tiles: Int32, stream,
+    ):
+        self.kernel(
+            wblob, sblob, gscale, bias, tile_expert, tile_start, tile_end, num_tiles,
+            order, row_div, src, src_stride, k_real, k_tiles, row_groups,
+            out, out_stride, out_rows, pair_orig, route_w, act_alpha, act_beta, act_limit,
+        ).launch(grid=[grid_m, max_tiles, 1], block=[self.threads, 1, 1],
+                 smem=self.cfg.stages * self.stage_bytes, stream=stream)
+
+    # ------------------------------------------------------------------ device
+    @cute.kernel
+    def kernel(
+        self,
+        wblob: Int64, sblob: Int64, gscale: Int64, bias: Int64,
+        tile_expert: Int64, tile_start: Int64, tile_end: Int64, num_tiles: Int64,
+        order: Int64, row_div: Int32, src: Int64, src_stride: Int32, k_real: Int32,
+        k_tiles: Int32, row_groups: Int32,
+        out: Int64, out_stride: Int32, out_rows: Int32, pair_orig: Int64, route_w: Int64,
+        act_alpha: Float32, act_beta: Float32, act_limit: Float32,
+    ):
+        cfg = self.cfg
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, bidy, _ = cute.arch.block_idx()
+        tile = bidy
+        if tile < ptx.ld_u32(num_tiles):
+            e = ptx.ld_u32(tile_expert + Int64(tile) * 4)
+            p0 = ptx.ld_u32(tile_start + Int64(tile) * 4)
+            p1 = ptx.ld_u32(tile_end + Int64(tile) * 4)
+            warp = tidx // 32
+            lane = tidx % 32
+            r = lane // 4
+            q = lane % 4
+
+            smem = cutlass.memory.SmemAllocator()
+            sbuf = smem.allocate_array(cutlass.Uint8, cfg.stages * self.stage_bytes, byte_alignment=128)
+            s_base = Int32(sbuf.toint())
+
+            # ---- weight stream. Tile (e, group, kt): 1 KiB of fragment-ordered codes, lane l's
+            # 32 B at l * 32, then bf16 scales [16 rows][128 / block] (NVFP4 256 B, MXFP4 128 B).
+            # Each warp copies its groups' tiles into its own slice of the stage.
+            group0 = bidx * (cfg.warps * cfg.mw) + warp * cfg.mw
+            sbpr = cfg.scale_bytes_per_row
+            tile_idx0 = (Int64(e) * Int64(row_groups) + Int64(group0)) * Int64(k_tiles)
+            w_warp = wblob + tile_idx0 * 1024
+            s_warp = sblob + tile_idx0 * (16 * sbpr)
+            group_w_stride = Int64(k_tiles) * 1024
+            group_s_stride = Int64(k_tiles) * (16 * sbpr)
+            a_warp_off = self.b_bytes + warp * cfg.mw * self.a_group_bytes
+
+            acc = cute.make_rmem_tensor(cute.make_layout((cfg.mw, self.nb, 4)), Float32)
+            acc.fill(0.0)
+
+            b_lane = fm.ldmatrix_lane_offset(lane)  # this lane's ldmatrix row in a B stage
+
+            sources = [self._chunk_source(tidx + it * self.threads, p0, p1, order, row_div, src, src_stride)
+                       for it in range(self.b_iters)]
+
+            # ---- mainloop, specialised on the tile's live width: an expert's last tile is partly
+            # filled (DeepSeek-V3 T=8192: ~11% of the 64-token columns are padding), and the MMAs
+            # and B reads of 16-token column blocks past it are skipped. One body per width class,
+            # chosen once per tile (a branch per K-tile instead kept every body's registers live:
+            # 144 per thread, one CTA per SM). The decode is the same in every body.
+            loop_args = (acc, k_tiles, s_base, lane, b_lane, sources, src, k_real, w_warp, s_warp,
+                         group_w_stride, group_s_stride, a_warp_off)
+            width = p1 - p0
+            if cutlass.const_expr(cfg.wgmma or cfg.bn < 32):
+                self._mainloop(self.nb, *loop_args)
+            elif width > cfg.bn - 16:
+                self._mainloop(self.nb, *loop_args)
+            else:
+                if cutlass.const_expr(cfg.bn == 32):
+                    self._mainloop(2, *loop_args)
+                elif width > 32:
+                    self._mainloop(6, *loop_args)
+                elif width > 16:
+                    self._mainloop(4, *loop_args)
+                else:
+                    self._mainloop(2, *loop_args)
+            ptx.cp_async_wait(0)
+
+            # ---- epilogue
+            gs = ptx.ld_nc_f32(gscale + Int64(e) * 4)
+            for g in cutlass.range_constexpr(cfg.mw):
+                row0 = (group0 + g) * 16 + r  # blob row of acc[..., 0/1]; +8 for acc[..., 2/3]
+                # bias is always read (zeros when the layer has none): one less compile variant
+                brow = bias + (Int64(e) * Int64(row_groups * 16) + Int64(row0)) * 4
+                b_lo = ptx.ld_nc_f32(brow)
+                b_hi = ptx.ld_nc_f32(brow + 32)
+                for nb in cutlass.range_constexpr(self.nb):
+                    for c in cutlass.range_constexpr(2):
+                        p = p0 + nb * 8 + 2 * q + c
+                        if p < p1:
+                            v_lo = acc[g, nb, c] * gs + b_lo
+                            v_hi = acc[g, nb, 2 + c] * gs + b_hi
+                            if cutlass.const_expr(cfg.phase == "fc1"):
+                                self._fc1_store(out, out_stride, p, group0 + g, r, v_lo, v_hi,
+                                               act_alpha, act_beta, act_limit)
+                            else:
+                                pair = ptx.ld_u32(pair_orig + Int64(p) * 4)
+                                wgt = ptx.ld_nc_f32(route_w + Int64(pair) * 4)
+                                dst = out + (Int64(pair) * Int64(out_stride)) * 4
+                                if row0 < out_rows:
+                                    ptx.st_f32(dst + Int64(row0) * 4, v_lo * wgt)
+                                if row0 + 8 < out_rows:
+                                    ptx.st_f32(dst + Int64(row0 + 8) * 4, v_hi * wgt)
+
+    # ------------------------------------------------------------------ pieces
+    @cute.jit
+    def _mainloop(self, live_nb: int, acc, k_tiles, s_base, lane, b_lane, sources, src, k_real,
+                  w_warp, s_warp, group_w_stride, group_s_stride, a_warp_off):
+        """The K loop: a stages-deep cp.async ring of (B tile, A tiles), MMAs over the tile's
+        first live_nb 8-token blocks (the copies always fill all bn rows, zeros past the tile)."""
+        cfg = self.cfg
+        for st in cutlass.range_constexpr(cfg.stages - 1):
+            if st < k_tiles:
+                self._issue_stage(Int32(st), s_base + st * self.stage_bytes, lane, sources, src,
+                                  k_real, w_warp, s_warp, group_w_stride, group_s_stride,
+                                  a_warp_off)
+            ptx.cp_async_commit()
+        for kt in cutlass.range(k_tiles, unroll=1):
+            ptx.cp_async_wait(cfg.stages - 2)
+            if cutlass.const_expr(cfg.wgmma):
+                ptx.fence_proxy_async_shared()  # cp.async writes -> wgmma (async proxy) reads
+            cute.arch.sync_threads()  # stage kt landed for every thread; stage kt-1 is free
+            nxt = kt + cfg.stages - 1
+            if nxt < k_tiles:
+                self._issue_stage(nxt, s_base + (nxt % cfg.stages) * self.stage_bytes, lane, sources,
+                                  src, k_real, w_warp, s_warp, group_w_stride, group_s_stride,
+                                  a_warp_off)
+            ptx.cp_async_commit()
+            stage = s_base + (kt % cfg.stages) * self.stage_bytes
+            words = [fm.load_group_words(stage + a_warp_off + g * self.a_group_bytes, lane,
+                                         cfg.weight_format) for g in range(cfg.mw)]
+            if cutlass.const_expr(cfg.wgmma):
+                accs = [[acc[g, i // 4, i % 4] for i in range(4 * self.nb)] for g in range(cfg.mw)]
+                res = wgmma_decode_k128(accs, [w[:8] for w in words], [w[8:] for w in words],
+                                        cfg.weight_format, stage, cfg.bn)
+                for g in cutlass.range_constexpr(cfg.mw):
+                    for i in cutlass.range_constexpr(4 * self.nb):
+                        acc[g, i // 4, i % 4] = res[g][i]
+            else:
+                fm.mma_ktile(acc, words, stage + b_lane, live_nb, cfg.weight_format)
+
+    @cute.jit
+    def _chunk_source(self, c, p0, p1, order, row_div, src, src_stride):
+        """Where B chunk c (a token row's 16-byte piece ch of each K-tile) comes from and goes to.
+
+        Computed once per tile, outside the K loop: the row gather (order[p] // row_div) is a
+        dependent global load that would otherwise stall every K-tile's copies.
+        """
+        if cutlass.const_expr(self.cfg.wgmma):
+            # a warp copies 8 tokens x 4 chunks: 64 contiguous bytes per token row in global
+            # memory, and each 8-thread phase writes one 128-byte core-matrix row block
+            blk = c // 32
+            n = (blk % self.nb) * 8 + (c % 8)
+            ch = (blk // self.nb) * 4 + (c % 32) // 8
+            dst = (ch * self.cfg.bn + n) * 16
+        else:
+            n = c // 16
+            ch = c % 16
+            dst = n * SMEM_ROW_BYTES + ch * 16
+        p = p0 + n
+        base = src
+        ok = Int32(0)
+        if p < p1:
+            row = p  # FC2 reads the intermediate in sorted order
+            if cutlass.const_expr(self.cfg.phase == "fc1"):
+                # FC1 gathers rows: token = pair // top_k (w4a16), or the pair's own quantized
+                # row (w4a4, row_div = 1)
+                row = ptx.ld_u32(order + Int64(p) * 4) // row_div
+            base = src + (Int64(row) * Int64(src_stride) + Int64(ch * 8)) * 2
+            ok = Int32(1)
+        return base, dst, ch, ok
+
+    @cute.jit
+    def _copy_chunk(self, source, kt, k_real, src, stage_base):
+        base, dst, ch, ok = source
+        k0 = kt * TILE_K + ch * 8
+        nbytes = Int32(0)
+        gaddr = src  # any valid address when nothing is read (zero-fill)
+        if ok != Int32(0):
+            if k0 < k_real:
+                gaddr = base + Int64(kt) * (TILE_K * 2)
+                nbytes = Int32(16)
+        ptx.cp_async_16_zfill(stage_base + dst, gaddr, nbytes)
+
+    @cute.jit
+    def _issue_stage(self, kt, stage, lane, sources, src, k_real,
+                     w_warp, s_warp, group_w_stride, group_s_stride, a_warp_off):
+        """cp.async K-tile kt's token rows (whole CTA) and this warp's weight tiles into a stage."""
+        cfg = self.cfg
+        for it in cutlass.range_constexpr(self.b_iters):
+            self._copy_chunk(sources[it], kt, k_real, src, stage)
+        scale_chunks = cfg.scale_bytes_per_row  # 16 rows x sbpr bytes = sbpr chunks of 16 B
+        for g in cutlass.range_constexpr(cfg.mw):
+            dst = stage + a_warp_off + g * self.a_group_bytes
+            wsrc = w_warp + Int64(g) * group_w_stride + Int64(kt) * 1024 + Int64(lane) * 32
+            ptx.cp_async_16(dst + lane * 32, wsrc)
+            ptx.cp_async_16(dst + lane * 32 + 16, wsrc + 16)
+            if lane < scale_chunks:
+                ssrc = s_warp + Int64(g) * group_s_stride + Int64(kt) * (16 * cfg.scale_bytes_per_row)
+                ptx.cp_async_16(dst + 1024 + lane * 16, ssrc + Int64(lane) * 16)
+
+    @cute.jit
+    def _fc1_store(self, out, out_stride, p, group, r, v_lo, v_hi, alpha, beta, limit):
+        cfg = self.cfg
+        row = out + Int64(p) * Int64(out_stride) * 2
+        if cutlass.const_expr(cfg.gated):
+            h = act.gated(cfg.activation, v_lo, v_hi, alpha, beta, limit)
+            ptx.st_u16(row + Int64(group * 8 + r) * 2, ptx.bf16x2_from_f32(h, h))
+        else:  # relu2: rows r and r + 8 are intermediate rows 16*group + r and + 8
+            a, b = act.relu2(v_lo), act.relu2(v_hi)
+            ptx.st_u16(row + Int64(group * 16 + r) * 2, ptx.bf16x2_from_f32(a, a))
+            ptx.st_u16(row + Int64(group * 16 + 8 + r) * 2, ptx.bf16x2_from_f32(b, b))

@@ -1,0 +1,110 @@
+"""Host side of moe-generic: weight preparation, compile cache and the layer call.
+
+A call is: routing (one CuTe DSL kernel) -> [w4a4: NVFP4/MXFP4 quantization of the routed
+token rows, torch ops] -> FC1 grouped GEMM (+ activation) -> [w4a4: quantization of the
+intermediate, torch ops] -> FC2 grouped GEMM (+ router weight) into y[pair, H] fp32 -> top-k
+reduce (CuTe DSL, fixed order) -> bf16 out.
+Every step is asynchronous on the current stream; nothing syncs with the host, so the call can
+be captured in a CUDA graph once its kernels are compiled and its workspace allocated.
+"""
+from __future__ import annotations
+
+import math
+import torch
+
+from moe_common.cute import jit
+from moe_common.fragments import TILE_K
+from moe_common.kernel_package import Buffers, route_pairs, w4a4_fc1_rows, w4a4_requantize_intermediate
+from moe_common.packed import pack
+from moe_common.types import Activation
+from moe_common.weights import MoEWeights
+
+from . import compile_cache
+from .compile_cache import BN_CHOICES
+from .limits import KERNEL_NAME
+
+def pick_bn(pairs: int, local_experts: int) -> int:
+    """Tokens per tile from the mean routed rows per expert (decode: 8, prefill: 64)."""
+    mean = pairs / max(1, min(local_experts, pairs))
+    for bn in BN_CHOICES[:-1]:
+        if mean <= bn:
+            return bn
+    return BN_CHOICES[-1]
+
+
+def max_tiles_bound(pairs: int, local_experts: int, bn: int) -> int:
+    """Host-side bound on the device-side tile count: sum over non-empty experts of
+    ceil(c / bn) <= ceil(P / bn) + (number of non-empty experts)."""
+    return -(-pairs // bn) + min(pairs, local_experts)
+
+
+def tiles_capacity(pairs: int, local_experts: int) -> int:
+    """Tile-table entries to allocate for P pairs: >= max_tiles_bound for every bn, and
+    non-decreasing in P (so buffers sized at the largest T serve every smaller T)."""
+    return max_tiles_bound(pairs, local_experts, BN_CHOICES[0])
+
+
+def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activation,
+        quant_mode: str = "w4a16", out=None, workspace=None, deterministic: bool = True):
+    """The layer call: 4 launches in w4a16 (routing, FC1, FC2, top-k reduce), all on the
+    current stream, no host sync. Always deterministic (`deterministic` is accepted for the
+    common runner signature): each output element has one writer and a fixed summation order."""
+    prep = pack(weights)
+    T, k = topk_ids.shape
+    P = T * k
+    E = weights.num_local_experts
+    off = weights.local_expert_offset
+    dev = x.device
+    H, Hp, Ip = prep.hidden, prep.hidden_padded, prep.intermediate_padded
+    bufs = Buffers(KERNEL_NAME, workspace, dev)
+    stream = jit.current_stream(dev)
+    ids = topk_ids.contiguous()
+    idb = ids.element_size()
+    bn = pick_bn(P, E)
+    max_tiles = max_tiles_bound(P, E, bn)
+    if max_tiles > 65535:
+        raise ValueError(f"topk_ids: {max_tiles} tiles exceed the grid limit 65535")
+
+    # 1. routing tables on the device
+    # The tile table is sized by the smallest tile width, not this call's: max_tiles is not
+    # monotone in P (it drops where a larger bn starts), and a workspace warmed at one T must
+    # hold every smaller T.
+    routed = route_pairs(bufs, ids, off, E, bn, tiles_capacity(P, E), stream)
+    order, tile_args = routed.order, routed.tile_args
+
+    # 2. FC1 (+ activation) -> intermediate [P, Ip] bf16 in sorted order
+    if quant_mode == "w4a4":
+        # one quantized row per routed pair (each pair uses its expert's global scale)
+        src, row_div = w4a4_fc1_rows(x, weights, ids, bufs.get("xq", (P, H), torch.bfloat16)), 1
+    else:
+        src, row_div = x, k
+    inter = bufs.get("inter", (P, Ip), torch.bfloat16)
+    limit = activation.limit if activation.limit is not None else math.inf
+    cfg1, fc1 = compile_cache.get("fc1", weights.weight_format, activation.name, bn,
+                                  prep.fc1_rows, Hp // TILE_K)
+    fc1(prep.w13.data_ptr(), prep.w13_scale.data_ptr(), prep.fc1_alpha[quant_mode].data_ptr(),
+        prep.w13_bias.data_ptr(), *tile_args, order.data_ptr(), row_div, src.data_ptr(),
+        src.stride(0), H, Hp // TILE_K, prep.fc1_rows // 16,
+        inter.data_ptr(), Ip, Ip, 0, 0, activation.alpha, activation.beta, limit,
+        prep.fc1_rows // cfg1.cta_rows, max_tiles, stream)
+
+    if quant_mode == "w4a4":
+        w4a4_requantize_intermediate(inter, weights, ids, order)
+
+    # 3. FC2 (+ router weight) -> y [P, H] fp32 in original pair order
+    y = bufs.get("y", (P, H), torch.float32)
+    route_w = topk_weights if topk_weights.dtype == torch.float32 else topk_weights.float()
+    route_w = route_w.contiguous()
+    cfg2, fc2 = compile_cache.get("fc2", weights.weight_format, "none", bn, prep.fc2_rows,
+                                  Ip // TILE_K)
+    fc2(prep.w2.data_ptr(), prep.w2_scale.data_ptr(), prep.fc2_alpha[quant_mode].data_ptr(),
+        prep.w2_bias.data_ptr(), *tile_args, order.data_ptr(), 1, inter.data_ptr(),
+        Ip, Ip, Ip // TILE_K, prep.fc2_rows // 16,
+        y.data_ptr(), H, H, order.data_ptr(), route_w.data_ptr(),
+        1.0, 1.0, math.inf, prep.fc2_rows // cfg2.cta_rows, max_tiles, stream)
+
+    # 4. out[t] = sum over the top-k, fixed order, one rounding
+    if out is None:
+        out = torch.empty(T, H, dtype=torch.bfloat16, device=dev)
+    jit.topk_reduce(idb)(y.data_ptr(), ids.data_ptr(), out.data_ptr(), T, k, H, off, E, stream)
+    return out

@@ -1,0 +1,118 @@
+"""moe-generic without a GPU: compilation for sm_90a, the support limits, routing tables and
+the fragment repack (what the kernel's loads see), all checked on the CPU."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from moe_common.fragments import (
+    _fragment_index, gated_row_order, repack_codes, repack_scales, unpack_word_codes,
+)
+from moe_common.formats import pack_e2m1
+from moe_common.testing import make_shape
+from moe_common.types import Activation
+from moe_generic.limits import unsupported_reason
+
+
+_shape = make_shape
+
+
+@pytest.mark.parametrize("wgmma", [False, True], ids=["mma_sync", "wgmma"])
+def test_every_dispatchable_config_compiles_for_sm90a(wgmma):
+    from moe_generic.compile_cache import all_configs, compile_config
+
+    configs = all_configs(wgmma)
+    # 2 formats x 4 tile widths x (4 FC1 activations + FC2), + the 256-row tiles (mma.sync)
+    assert len(configs) == (40 if wgmma else 50)
+    for cfg in configs:
+        assert compile_config(cfg) is not None, cfg
+
+
+def test_tall_tiles_only_for_long_k_and_dividing_rows():
+    from moe_generic.compile_cache import config
+
+    # DeepSeek-V3 FC1: 4096 rows, 56 K-tiles -> 256-row tiles
+    assert config("fc1", "nvfp4", "silu", 64, rows=4096, k_tiles=56).cta_rows == 256
+    # gpt-oss FC2: 2944 rows do not split into 256-row tiles -> 128
+    assert config("fc2", "mxfp4", "none", 64, rows=2944, k_tiles=23).cta_rows == 128
+    # short K loop (16 K-tiles) or a narrower tile -> 128-row tiles
+    assert config("fc2", "nvfp4", "none", 64, rows=7168, k_tiles=16).cta_rows == 128
+    assert config("fc1", "nvfp4", "silu", 32, rows=4096, k_tiles=56).cta_rows == 128
+
+
+@pytest.mark.parametrize("kw,needle", [
+    (dict(device_capability=None), "CUDA device"),
+    (dict(device_capability=(10, 0)), "sm_90"),
+    (dict(hidden=2880 + 16), "multiple of 32"),
+    (dict(intermediate=100), "multiple of 32"),
+    (dict(top_k=33), "top_k=33"),
+    (dict(num_local_experts=2048, num_experts=2048), "local experts"),
+    (dict(tokens=70000), "tokens=70000"),
+])
+def test_declines_with_reason(kw, needle):
+    reason = unsupported_reason(_shape(**kw), Activation("silu"))
+    assert reason is not None and needle in reason
+
+
+def test_offers_supported_shapes():
+    for act in ("silu", "gelu_tanh", "swigluoai", "relu2"):
+        assert unsupported_reason(_shape(hidden=2880, intermediate=704), Activation(act)) is None
+
+
+def test_plugin_offer_and_decline():
+    from moe_generic import plugin
+
+    assert plugin.can_handle(_shape(device_capability=None), Activation()).reason
+    offer = plugin.can_handle(_shape(), Activation())
+    assert offer.kernel == "moe-generic" and offer.priority == 10
+
+
+def test_fragment_repack_places_each_code_where_the_mma_reads_it():
+    g = torch.Generator().manual_seed(1)
+    E, N, K = 2, 32, 256
+    codes = torch.randint(0, 16, (E, N, K), generator=g, dtype=torch.uint8)
+    blob = repack_codes(pack_e2m1(codes))  # [E, N/16, K/128, 32 lanes, 32 bytes]
+    assert blob.shape == (E, 2, 2, 32, 32)
+    row, kk = _fragment_index()
+    nib = unpack_word_codes(blob.view(E, 2, 2, 32, 8, 4))  # [.., lane, slab, code j]
+    for e in range(E):
+        for gi in range(2):
+            for kt in range(2):
+                tile = codes[e, gi * 16:(gi + 1) * 16, kt * 128:(kt + 1) * 128]
+                assert torch.equal(nib[e, gi, kt], tile[row, kk])
+    # PTX A fragment spot checks: lane 5 (r=1, q=1), slab 0: a0=(1,2) a2=(9,2) a4=(1,10) a7=(9,11)
+    assert (row[5, 0, 0], kk[5, 0, 0]) == (1, 2)
+    assert (row[5, 0, 2], kk[5, 0, 2]) == (9, 2)
+    assert (row[5, 0, 4], kk[5, 0, 4]) == (1, 10)
+    assert (row[5, 0, 7], kk[5, 0, 7]) == (9, 11)
+
+
+def test_repack_pads_with_zero_codes():
+    codes = torch.full((1, 20, 96), 7, dtype=torch.uint8)  # rows and K not tile multiples
+    blob = repack_codes(pack_e2m1(codes), row_multiple=32)
+    assert blob.shape == (1, 2, 1, 32, 32)
+    total = unpack_word_codes(blob.view(1, 2, 1, 32, 8, 4)).sum()
+    assert int(total) == 7 * 20 * 96  # everything else is code 0
+
+
+def test_scale_repack_and_gated_order():
+    s = torch.arange(2 * 32 * 16, dtype=torch.uint8).view(2, 32, 16)  # NVFP4: K = 256
+    r = repack_scales(s, 16)
+    assert r.shape == (2, 2, 2, 16, 8)
+    assert torch.equal(r[1, 1, 1, 3], s[1, 16 + 3, 8:16])
+    order = gated_row_order(64, 128)
+    assert order[:16].tolist() == list(range(8)) + list(range(128, 136))
+
+
+def test_workspace_sizes_never_shrink_with_more_tokens():
+    # FusedMoE warms a kernel at its largest T and then freezes the workspace: every buffer a
+    # smaller call asks for must fit in what the larger call allocated.
+    from moe_generic.runner import max_tiles_bound, pick_bn, tiles_capacity
+
+    for E in (1, 8, 128, 256):
+        prev = 0
+        for P in range(1, 4096):
+            cap = tiles_capacity(P, E)
+            assert cap >= max_tiles_bound(P, E, pick_bn(P, E))
+            assert cap >= prev
+            prev = cap

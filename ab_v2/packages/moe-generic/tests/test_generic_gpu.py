@@ -1,0 +1,140 @@
+"""moe-generic on the H200: the DESIGN section 5 bar over decode and prefill shapes, every
+activation, format and mode, biases and expert parallelism; CUDA-graph replay; determinism."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from moe_common.reference import reference_moe
+from moe_common.testing import (
+    assert_close, assert_graph_replay_matches_eager, random_layer, random_routing,
+)
+from moe_common.types import Activation
+
+pytestmark = pytest.mark.gpu
+
+ACTS = ("silu", "gelu_tanh", "swigluoai", "relu2")
+FORMATS = ("nvfp4", "mxfp4")
+MODES = ("w4a16", "w4a4")
+
+# (T, E, H, I, top_k): decode and prefill; H and I include 2880 and 704 (padded internally)
+DECODE = [(1, 8, 256, 128, 2), (7, 128, 2048, 768, 8), (32, 256, 512, 704, 8), (64, 8, 2880, 256, 4)]
+PREFILL = [(512, 128, 1024, 768, 8), (1024, 256, 512, 256, 8), (2048, 8, 2880, 2880, 4), (4096, 128, 768, 704, 6)]
+
+
+def _cases():
+    out = []
+    for n, (act, fmt, mode) in enumerate(itertools.product(ACTS, FORMATS, MODES)):
+        bias = n % 2 == 1
+        for shapes in (DECODE, PREFILL):
+            out.append((shapes[n % len(shapes)], act, fmt, mode, bias))
+    return out
+
+
+def _run_case(shape, act, fmt, mode, bias, ep=False, limit=7.0):
+    from moe_generic import fused_moe
+
+    T, E, H, I, k = shape
+    off, total = (E // 2, 2 * E) if ep else (0, E)
+    w = random_layer(E, H, I, weight_format=fmt, gated=act != "relu2", bias=bias,
+                     w4a4=mode == "w4a4", local_expert_offset=off, num_experts=total)
+    x = torch.randn(T, H, device="cuda").bfloat16()
+    tw, ti = random_routing(T, total, k)
+    a = Activation(act, 1.702, 1.0, limit)
+    out = torch.full((T, H), float("nan"), device="cuda", dtype=torch.bfloat16)
+    fused_moe(x, w, tw, ti, activation=a, quant_mode=mode, out=out)
+    ref = reference_moe(x, w, tw, ti, activation=a, quant_mode=mode)
+    return assert_close(out, ref, f"{shape} {act} {fmt} {mode} bias={bias} ep={ep}")
+
+
+@pytest.mark.parametrize("shape,act,fmt,mode,bias", _cases())
+def test_matches_reference(shape, act, fmt, mode, bias):
+    _run_case(shape, act, fmt, mode, bias)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_expert_parallel_slice(fmt):
+    # half of the routes go to experts another rank owns: they must contribute nothing
+    _run_case((300, 16, 512, 256, 4), "silu", fmt, "w4a16", True, ep=True)
+    _run_case((5, 16, 512, 256, 4), "swigluoai", fmt, "w4a16", False, ep=True)
+
+
+def test_swiglu_without_limit():
+    _run_case((64, 8, 256, 128, 2), "swigluoai", "mxfp4", "w4a16", True, limit=None)
+
+
+def test_deterministic_bitwise():
+    from moe_generic import fused_moe
+
+    w = random_layer(64, 1024, 512)
+    x = torch.randn(777, 1024, device="cuda").bfloat16()
+    tw, ti = random_routing(777, 64, 8)
+    first = fused_moe(x, w, tw, ti, deterministic=True)
+    for _ in range(3):
+        assert torch.equal(fused_moe(x, w, tw, ti, deterministic=True), first)
+
+
+def test_cuda_graph_replay_matches_eager():
+    from moe_generic import fused_moe
+
+    assert_graph_replay_matches_eager(fused_moe, tokens=48)
+
+
+def test_ids_out_of_range_are_ignored():
+    from moe_generic import fused_moe
+
+    w = random_layer(8, 256, 128, local_expert_offset=8, num_experts=24)
+    x = torch.randn(16, 256, device="cuda").bfloat16()
+    tw, ti = random_routing(16, 24, 4)
+    ti[0, 0] = -1
+    ti[1, 1] = 10_000  # never read out of bounds: contributes nothing
+    out = fused_moe(x, w, tw, ti)
+    ref = reference_moe(x, w, tw, ti)
+    assert_close(out, ref, "out-of-range ids")
+
+
+@pytest.mark.parametrize("bn", [8, 64])
+@pytest.mark.parametrize("id_dtype", [torch.int32, torch.int64])
+def test_routing_kernel_tiles_cover_every_local_pair_once(bn, id_dtype):
+    from moe_common.cute import jit
+    from moe_generic.runner import max_tiles_bound
+
+    T, k, E, off = 157, 4, 12, 3
+    ids = torch.randint(-2, 20, (T, k), device="cuda").to(id_dtype)
+    P = T * k
+    mt = max_tiles_bound(P, E, bn)
+    order = torch.full((P,), -1, dtype=torch.int32, device="cuda")
+    counts = torch.empty(E, dtype=torch.int32, device="cuda")
+    tiles = torch.full((3, mt), -7, dtype=torch.int32, device="cuda")
+    nt = torch.empty(1, dtype=torch.int32, device="cuda")
+    jit.routing(ids.element_size())(ids.data_ptr(), P, off, E, bn, order.data_ptr(), counts.data_ptr(),
+                                    tiles[0].data_ptr(), tiles[1].data_ptr(), tiles[2].data_ptr(),
+                                    nt.data_ptr(), jit.current_stream(ids.device))
+    ids_c, order_c, tiles_c, n = ids.cpu().view(-1), order.cpu(), tiles.cpu(), int(nt.item())
+    local = (ids_c - off >= 0) & (ids_c - off < E)
+    assert torch.equal(counts.cpu(), torch.bincount((ids_c - off)[local].long(), minlength=E).int())
+    assert n <= mt
+    seen = torch.zeros(P, dtype=torch.int32)
+    for t in range(n):
+        e, s, end = (int(v) for v in tiles_c[:, t])
+        assert 0 < end - s <= bn
+        for p in range(s, end):
+            pair = int(order_c[p])
+            assert int(ids_c[pair]) - off == e
+            seen[pair] += 1
+    assert torch.equal(seen, local.to(torch.int32))
+
+
+@pytest.mark.parametrize("case", [
+    ((1, 8, 256, 128, 2), "silu", "nvfp4", "w4a16", False),
+    ((300, 16, 512, 704, 4), "swigluoai", "mxfp4", "w4a16", True),
+    ((2048, 8, 1024, 256, 4), "relu2", "nvfp4", "w4a4", False),
+    ((64, 8, 2880, 256, 4), "gelu_tanh", "mxfp4", "w4a4", True),
+])
+def test_wgmma_mainloop_matches_reference(case, monkeypatch):
+    from moe_generic import compile_cache
+
+    monkeypatch.setattr(compile_cache, "USE_WGMMA", True)
+    _run_case(*case)

@@ -1,0 +1,717 @@
+"""The moe-static CuTe DSL kernel: a whole MoE layer in one persistent, cooperative launch.
+
+For small routed batches the layer is a weight stream: every active expert's 4-bit weights are
+read once and the FLOPs are negligible, so the kernel is built to keep HBM busy and to spread
+the stream over every warp of the GPU.
+
+1. Routing, redundantly in every CTA (P = T * k <= MAX_PAIRS ids, a few KiB from L2): a shared
+   histogram of local experts, a scan, the ascending list of active experts and the routed pairs
+   of each expert, in sorted positions. Every CTA derives the same tables; no grid-wide step.
+2. FC1: units (active expert, 16-row weight group), taken by teams of `team_fc1` warps. The warps
+   of a team split the group's K-tiles into contiguous ranges; each streams its range in steps
+   of 2 K-tiles through its own ring of two shared-memory slots, filled by bulk copies (the
+   step's codes and scales and the chunk's token rows) that complete on the slot's mbarrier, so
+   no CTA barrier stands in the stream; it decodes e2m1 and runs mma.sync with the token rows
+   as B (ldmatrix). The team adds its
+   partial sums in a fixed order through shared memory, applies scale_2, bias and the activation
+   and writes the bf16 intermediate inter[pair, column] to a global workspace (at decode sizes
+   a few KiB, L2-resident), one row per routed pair.
+3. Grid barrier.
+4. FC2: units (active expert, 16 rows of H), the same stream over the intermediate's K-tiles,
+   B from inter[pair]; the epilogue writes y[pair, h] = w[pair] * (scale_2 * acc + b2) (fp32), each
+   element once.
+5. Grid barrier, then out[t, h] = bf16(sum_j y[t * k + j, h]) over the local routes of token t
+   in the order j = 0..k-1: bitwise deterministic, one rounding, every element written (0 when no
+   route of t is local).
+
+With teams of one, where whole units dealt round-robin would leave warps idle (DeepSeek-V3
+T=1: 3584 FC2 units for 2112 warps), a GEMM's units are laid end to end in K-tiles and each warp
+takes an even share; a unit is then cut at most once, and its two pieces add into y (FC2) or
+meet in their CTA before the activation (FC1, see _meet_leave). Either way a + b in one fixed
+pairing keeps the layer bitwise deterministic.
+
+An expert with more than BN tokens is done in chunks of BN (its weights re-read from L2).
+Units of 16 rows keep every warp of the GPU on the stream even at T=1 (Qwen3-30B-A3B: 8 experts
+x 96 FC1 groups = 768 units), where the first version's (expert, 128-column slice) tasks kept
+48 SMs busy; the per-stage CTA barrier of its shared ring is gone.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64
+
+from moe_common.cute import activation as act
+from moe_common.cute import fragment_mma as fm
+from moe_common.cute import ptx
+from moe_common.cute.routing import local_expert
+from moe_common.cute.scan import exclusive_scan2
+
+
+WARPS = 16
+THREADS = WARPS * 32
+TILE_K = fm.TILE_K
+BN = 8  # tokens per unit chunk: one n8 MMA block
+# A ring slot holds a step of up to STEP consecutive K-tiles of one unit: their codes, their
+# scales and the chunk's BN token rows, each filled by one bulk copy, so the copies, the
+# mbarrier wait and the slot bookkeeping are paid once per step.
+STEP = 2
+SCALE_OFF = STEP * 1024
+B_OFF = SCALE_OFF + STEP * 256  # NVFP4 scales: 256 B per K-tile (MXFP4 128)
+B_ROW_BYTES = (STEP * TILE_K + 8) * 2  # a token row of one step, padded: conflict-free ldmatrix
+SLOT_BYTES = B_OFF + BN * B_ROW_BYTES  # 6784
+# Ring slots per warp: one step in flight while the other is consumed, two while the warp waits
+# (see _next_step). 16 warps x 2 x 6784 B is what shared memory holds (one-tile slots measured 2
+# the same as 3, third session). A power of two: slot and phase parity by bit operations.
+DEPTH = 2
+MAX_LOCAL_EXPERTS = 512
+MAX_PAIRS = 2048  # pair ids (< MAX_PAIRS) are kept as u16 in shared memory
+SMEM_LIMIT = 227 * 1024
+EXPERTS_PER_THREAD = MAX_LOCAL_EXPERTS // THREADS
+# FC1 unit cut in two (see _meet_leave): the fragment (32 lanes x 4 fp32) of its piece from the cut
+MEET_BYTES = 512
+REDUCE_BATCH = 8  # top-k routes the final reduce loads at once (k <= 8: one round trip)
+
+
+@dataclass(frozen=True)
+class StaticConfig:
+    weight_format: str  # "nvfp4" | "mxfp4"
+    activation: str  # silu | gelu_tanh | swigluoai | relu2
+    ids_bytes: int = 4  # topk_ids int32 or int64
+    # warps per FC1 / FC2 unit (they split its K-tiles): the runner picks 2 or 1 by how many
+    # units there are per warp (runner.choose_teams); teams of 4 measured slower (DeepSeek-V3
+    # T=1 111.7 vs 104.2 us at 0db0d90, BENCHMARKS.md)
+    team_fc1: int = 2
+    team_fc2: int = 2
+    # timing the fixed cost (wrong results): parts left out, a subset of "tasks" (FC1 and FC2
+    # units), "route", "barriers", "reduce"
+    skip: frozenset = frozenset()
+    # timing variants (wrong results): "nodecode" feeds raw code words as A, "nob" skips the B
+    # ldmatrix, "nomma" skips the MMAs (the decode still runs: its results are summed into acc);
+    # "stamps" (right results) leaves each warp's start, FC1-end and FC2-end %globaltimer and
+    # its %smid in the meet workspace at the end (tools/static_spread.py)
+    variant: str = ""
+
+    @property
+    def gated(self) -> bool:
+        return self.activation != "relu2"
+
+
+class StaticMoE:
+    def __init__(self, cfg: StaticConfig):
+        for w in (cfg.team_fc1, cfg.team_fc2):
+            assert w in (1, 2), "teams of 1 or 2 warps (one 512 B partial-sum buffer per team)"
+        self.cfg = cfg
+        self.ring_bytes = WARPS * DEPTH * SLOT_BYTES
+        # team partial sums: one buffer per team of 2 (teams of one need none)
+        self.team_off = self.ring_bytes
+        self.team_bytes = (WARPS // 2) * 512 if max(cfg.team_fc1, cfg.team_fc2) == 2 else 0
+        # routing tables that outlive the routing: counts, offsets and active experts (u32), the
+        # sorted pair ids (u16), the active-expert count and the largest count. The routing's
+        # scratch (cursors and scan) lives in the ring, which no copy fills before it ends.
+        self.route_off = self.team_off + self.team_bytes
+        self.route_bytes = 3 * MAX_LOCAL_EXPERTS * 4 + MAX_PAIRS * 2 + 8
+        self.mbar_off = self.route_off + self.route_bytes  # [WARPS][DEPTH] slot mbarriers
+        self.flag_off = self.mbar_off + WARPS * DEPTH * 8  # [WARPS] FC1 cut flags (_meet_leave)
+        self.smem_bytes = self.flag_off + WARPS * 4
+        assert (MAX_LOCAL_EXPERTS + 2 * THREADS) * 4 <= self.ring_bytes
+        assert self.smem_bytes <= SMEM_LIMIT, f"{self.smem_bytes} B of shared memory"
+
+    # ------------------------------------------------------------------ host entry
+    @cute.jit
+    def __call__(
+        self,
+        w13: Int64, s13: Int64, alpha1: Int64, b13: Int64,
+        w2: Int64, s2: Int64, alpha2: Int64, b2: Int64,
+        ids: Int64, route_w: Int64, x: Int64, x_stride: Int32,
+        tokens: Int32, top_k: Int32, expert_offset: Int32, experts: Int32,
+        hidden: Int32, k_tiles1: Int32, groups1: Int32, groups2: Int32, k_tiles2: Int32,
+        inter: Int64, y: Int64, out: Int64, barrier: Int64, meet: Int64,
+        act_alpha: Float32, act_beta: Float32, act_limit: Float32,
+        grid: Int32, stream,
+    ):
+        self.kernel(
+            w13, s13, alpha1, b13, w2, s2, alpha2, b2, ids, route_w, x, x_stride,
+            tokens, top_k, expert_offset, experts, hidden, k_tiles1, groups1, groups2, k_tiles2,
+            inter, y, out, barrier, meet, act_alpha, act_beta, act_limit,
+        ).launch(grid=[grid, 1, 1], block=[THREADS, 1, 1], smem=self.smem_bytes, stream=stream,
+                 cooperative=True,
+                 # .minnctapersm 1: without it ptxas may hold a 512-thread kernel to 64
+                 # registers (2 CTAs per SM, which the shared memory never allows); the MXFP4
+                 # swigluoai (1,2) build then spilled. With it: 72-79 registers, no spills
+                 min_blocks_per_mp=1)
+
+    # ------------------------------------------------------------------ device
+    @cute.kernel
+    def kernel(
+        self,
+        w13: Int64, s13: Int64, alpha1: Int64, b13: Int64,
+        w2: Int64, s2: Int64, alpha2: Int64, b2: Int64,
+        ids: Int64, route_w: Int64, x: Int64, x_stride: Int32,
+        tokens: Int32, top_k: Int32, expert_offset: Int32, experts: Int32,
+        hidden: Int32, k_tiles1: Int32, groups1: Int32, groups2: Int32, k_tiles2: Int32,
+        inter: Int64, y: Int64, out: Int64, barrier: Int64, meet: Int64,
+        act_alpha: Float32, act_beta: Float32, act_limit: Float32,
+    ):
+        cfg = self.cfg
+        tid, _, _ = cute.arch.thread_idx()
+        bid, _, _ = cute.arch.block_idx()
+        grid, _, _ = cute.arch.grid_dim()
+        smem = cutlass.memory.SmemAllocator()
+        sbuf = smem.allocate_array(cutlass.Uint8, self.smem_bytes, byte_alignment=128)
+        s_base = Int32(sbuf.toint())
+        s_cnt = s_base + self.route_off           # [E] routed pairs per local expert
+        s_off = s_cnt + MAX_LOCAL_EXPERTS * 4     # [E] first sorted position of each expert
+        s_act = s_off + MAX_LOCAL_EXPERTS * 4     # [n_act] active experts, ascending
+        s_ord = s_act + MAX_LOCAL_EXPERTS * 4     # [P] pair indices grouped by expert (u16)
+        s_nact = s_ord + MAX_PAIRS * 2            # number of active experts
+        s_max = s_nact + 4                        # most routed pairs of one expert
+        s_cur = s_base                            # routing scratch in the ring: [E] cursors,
+        s_scan = s_cur + MAX_LOCAL_EXPERTS * 4    # [2][THREADS] scan
+        pairs = tokens * top_k
+        stamps = []
+        if cutlass.const_expr(cfg.variant == "stamps"):
+            stamps.append(ptx.globaltimer_lo_hi())
+
+        if tid % 32 == 0:  # one mbarrier per ring slot of each warp (the routing syncs after)
+            for i in cutlass.range_constexpr(DEPTH):
+                ptx.mbarrier_init(s_base + self.mbar_off + ((tid // 32) * DEPTH + i) * 8, 1)
+            ptx.fence_mbarrier_init()
+            ptx.st_shared_u32(s_base + self.flag_off + (tid // 32) * 4, 0)
+        if cutlass.const_expr("route" not in cfg.skip):
+            self._route(ids, pairs, expert_offset, experts, tid, s_cnt, s_off, s_cur, s_act,
+                        s_ord, s_scan, s_nact, s_max)
+        else:
+            if tid == 0:
+                ptx.st_shared_u32(s_nact, 0)
+                ptx.st_shared_u32(s_max, 0)
+            cute.arch.sync_threads()
+        # ring steps this warp has consumed so far (slot = count % DEPTH, parity = its use count)
+        steps = cute.make_rmem_tensor(cute.make_layout(1), Int32)
+        steps[0] = Int32(0)
+        n_act = ptx.ld_shared_u32(s_nact)
+        if cutlass.const_expr("tasks" in cfg.skip):
+            n_act = Int32(0)
+        inter_stride = k_tiles2 * TILE_K  # bf16 columns per intermediate row
+        self._zero_y(y, pairs, hidden, n_act, (hidden + 15) // 16, k_tiles2, bid, grid, tid)
+        max_cnt = ptx.ld_shared_u32(s_max)
+        self._phase(True, n_act, groups1, groups1, k_tiles1, w13, s13, alpha1, b13, x, x_stride,
+                    hidden, inter, inter_stride, y, route_w, top_k, act_alpha, act_beta, act_limit,
+                    s_base, s_cnt, s_off, s_act, s_ord, steps, bid, grid, tid, max_cnt, meet)
+        if cutlass.const_expr(cfg.variant == "stamps"):
+            stamps.append(ptx.globaltimer_lo_hi())
+        ptx.fence_proxy_async_global()  # inter (generic stores) is read by bulk copies next
+        self._grid_sync(barrier, bid, grid, tid)
+        self._phase(False, n_act, (hidden + 15) // 16, groups2, k_tiles2, w2, s2, alpha2, b2,
+                    inter, inter_stride, hidden, inter, inter_stride, y, route_w, top_k,
+                    act_alpha, act_beta, act_limit, s_base, s_cnt, s_off, s_act, s_ord, steps, bid,
+                    grid, tid, max_cnt, meet)
+        if cutlass.const_expr(cfg.variant == "stamps"):
+            stamps.append(ptx.globaltimer_lo_hi())
+        self._grid_sync(barrier, bid, grid, tid)
+        if cutlass.const_expr("reduce" not in cfg.skip):
+            self._reduce(ids, y, out, tokens, top_k, expert_offset, experts, hidden, bid, grid, tid)
+        if cutlass.const_expr(cfg.variant == "stamps"):
+            if tid % 32 == 0:  # the meetings are over: their workspace holds the stamps
+                at = meet + Int64(bid * WARPS + tid // 32) * 32
+                ptx.st_v4(at, stamps[0][0], stamps[0][1], stamps[1][0], stamps[1][1])
+                ptx.st_v4(at + 16, stamps[2][0], stamps[2][1], stamps[0][2], 0)
+
+    @cute.jit
+    def _grid_sync(self, barrier, bid, grid, tid):
+        cute.arch.sync_threads()  # the CTA's writes are ordered before thread 0's release
+        if cutlass.const_expr("barriers" not in self.cfg.skip):
+            if tid == 0:
+                ptx.grid_barrier_arrive_wait(barrier, bid == 0, grid - 1)
+            cute.arch.sync_threads()
+
+    # ------------------------------------------------------------------ routing (per CTA)
+    @cute.jit
+    def _route(self, ids, pairs, expert_offset, experts, tid, s_cnt, s_off, s_cur, s_act, s_ord,
+               s_scan, s_nact, s_max):
+        for i in cutlass.range_constexpr(EXPERTS_PER_THREAD):
+            ptx.st_shared_u32(s_cnt + (tid + i * THREADS) * 4, 0)
+        if tid == 0:
+            ptx.st_shared_u32(s_max, 0)
+        cute.arch.sync_threads()
+        for p in cutlass.range(tid, pairs, THREADS, unroll=1):
+            e = local_expert(ids, p, expert_offset, self.cfg.ids_bytes)
+            if cutlass.Uint32(e) < cutlass.Uint32(experts):
+                ptx.atom_add_shared(s_cnt + e * 4, 1)
+        cute.arch.sync_threads()
+        # thread tid owns experts [tid * EPT, tid * EPT + EPT): pair and active-expert totals
+        e0 = tid * EXPERTS_PER_THREAD
+        n_pairs = Int32(0)
+        n_act = Int32(0)
+        for i in cutlass.range_constexpr(EXPERTS_PER_THREAD):
+            c = ptx.ld_shared_u32(s_cnt + (e0 + i) * 4)
+            n_pairs = n_pairs + c
+            n_act = n_act + cutlass.min(c, 1)
+        pos, slot, _, _ = exclusive_scan2(n_pairs, n_act, tid, THREADS, s_scan)
+        for i in cutlass.range_constexpr(EXPERTS_PER_THREAD):
+            e = e0 + i
+            c = ptx.ld_shared_u32(s_cnt + e * 4)
+            ptx.atom_max_shared(s_max, c)
+            ptx.st_shared_u32(s_off + e * 4, pos)
+            ptx.st_shared_u32(s_cur + e * 4, pos)
+            if c > 0:
+                ptx.st_shared_u32(s_act + slot * 4, e)
+                slot = slot + 1
+            pos = pos + c
+        if tid == THREADS - 1:
+            ptx.st_shared_u32(s_nact, slot)
+        cute.arch.sync_threads()
+        for p in cutlass.range(tid, pairs, THREADS, unroll=1):
+            e = local_expert(ids, p, expert_offset, self.cfg.ids_bytes)
+            if cutlass.Uint32(e) < cutlass.Uint32(experts):
+                at = ptx.atom_add_shared(s_cur + e * 4, 1)
+                ptx.st_shared_u16(s_ord + at * 2, p)
+        ptx.fence_proxy_async_shared()  # the scratch in the ring is next written by bulk copies
+        cute.arch.sync_threads()
+
+    # ------------------------------------------------------------------ FC1 / FC2 units
+    @cute.jit
+    def _phase(self, fc1: cutlass.Constexpr, n_act, n_groups, blob_groups, k_tiles, w, s, alpha,
+               bias, src, src_stride, hidden, inter, inter_stride, y, route_w, top_k,
+               act_alpha, act_beta, act_limit, s_base, s_cnt, s_off, s_act, s_ord, steps, bid, grid,
+               tid, max_cnt, meet):
+        """Every unit (active expert a, 16-row group g) of one GEMM, by teams of `team` warps.
+
+        B (tokens) comes from src: FC1 the rows x[pair // k] (read-only, stride src_stride),
+        FC2 the rows inter[sorted position] this launch wrote before the grid barrier.
+        """
+        cfg = self.cfg
+        team = cfg.team_fc1 if fc1 else cfg.team_fc2
+        teams = WARPS // team
+        warp = tid // 32
+        lane = tid % 32
+        my_team = warp // team
+        member = warp - my_team * team
+        ring = s_base + warp * (DEPTH * SLOT_BYTES)
+        mbar = s_base + self.mbar_off + warp * (DEPTH * 8)
+        acc = cute.make_rmem_tensor(cute.make_layout(4), Float32)
+        n_units = n_act * n_groups
+        share = Int32(0)
+        if cutlass.const_expr(team == 1):
+            if cutlass.const_expr(fc1):
+                if max_cnt <= BN:  # FC1's cut units meet per chunk of BN tokens: one chunk only
+                    share = self._even_share(n_units, k_tiles, grid, per_cta=True)
+            else:
+                share = self._even_share(n_units, k_tiles, grid)
+        if share > 0:
+            # Teams of one where whole units per warp leave warps idle: each warp takes `share`
+            # K-tiles of units laid end to end (share >= k_tiles, so a unit is cut at most once).
+            # FC2: warp w of the grid takes [w * share, (w + 1) * share) of all units, and the
+            # two pieces of a cut unit add into zeroed y (see _zero_y). FC1: the CTA's units
+            # (_even_share with per_cta) are split among its warps, so both pieces of a cut unit are in one
+            # CTA and meet through shared memory before the activation (see _meet_leave).
+            if cutlass.const_expr(fc1):
+                start = bid * n_units // grid * k_tiles + warp * share
+                end = cutlass.min(start + share, (bid + 1) * n_units // grid * k_tiles)
+            else:
+                start = (bid * WARPS + warp) * share
+                end = cutlass.min(start + share, n_units * k_tiles)
+            meet_cta = meet + Int64(bid * WARPS) * MEET_BYTES
+            s_flag = s_base + self.flag_off
+            for u in cutlass.range(start // k_tiles, (end + k_tiles - 1) // k_tiles, unroll=1):
+                k0 = cutlass.max(start - u * k_tiles, 0)
+                k1 = cutlass.min(end - u * k_tiles, k_tiles)
+                # FC1: a piece from K-tile 0 ends at the CTA's cut warp + 1, a later one starts
+                # at cut warp
+                cut = warp
+                if k0 == 0:
+                    cut = warp + 1
+                self._unit(fc1, acc, u, k0, k1 - k0, n_groups, blob_groups, k_tiles, w, s, alpha,
+                           bias, src, src_stride, hidden, inter, inter_stride, y, route_w, top_k,
+                           act_alpha, act_beta, act_limit, s_base, s_cnt, s_off, s_act, s_ord,
+                           steps, my_team, member, team, ring, mbar, lane, meet_cta, s_flag, cut)
+        else:
+            # Unit u goes to team u // grid of CTA u % grid: with fewer units than teams every
+            # SM still gets a share (Qwen3-30B-A3B T=1: 768 FC1 units on 5-6 teams of each of
+            # 132 CTAs, where CTA-major dealing filled 96 CTAs and left 36 SMs idle).
+            for u in cutlass.range(my_team * grid + bid, n_act * n_groups, grid * teams, unroll=1):
+                self._unit(fc1, acc, u, Int32(0), k_tiles, n_groups, blob_groups, k_tiles, w, s,
+                           alpha, bias, src, src_stride, hidden, inter, inter_stride, y, route_w,
+                           top_k, act_alpha, act_beta, act_limit, s_base, s_cnt, s_off, s_act,
+                           s_ord, steps, my_team, member, team, ring, mbar, lane, meet,
+                           Int32(0), Int32(0))
+
+    @cute.jit
+    def _even_share(self, n_units, k_tiles, grid, per_cta: cutlass.Constexpr = False):
+        """K-tiles per warp when a GEMM (teams of one) is split in even shares, or 0 when whole
+        units dealt round-robin are as good. The split pays where those leave warps idle
+        (DeepSeek-V3 T=1: 3584 units of 16 K-tiles for 2112 warps, the busiest warps stream 32
+        K-tiles against an even 28: 73.3 -> 70.9 us) but measured slower where units per warp
+        are many (Qwen3-30B-A3B T=64, 48 against 47 K-tiles: 160.8 -> 183.3 us, cause not
+        found; BENCHMARKS.md, eighth session). So it is taken only where it shortens the busiest
+        warp's stream by at least 10%. (Measured on FC2 first; FC1 takes the same rule.)
+        per_cta (FC1): CTA b takes units [b U / G, (b + 1) U / G) and its warps split their
+        K-tiles, so the share is that of the CTA with the most units; the same for every CTA."""
+        w = grid * WARPS
+        share = cutlass.max((n_units * k_tiles + w - 1) // w, k_tiles)
+        if cutlass.const_expr(per_cta):
+            most = (n_units + grid - 1) // grid
+            share = cutlass.max((most * k_tiles + WARPS - 1) // WARPS, k_tiles)
+        whole = (n_units + w - 1) // w * k_tiles
+        if 10 * share > 9 * whole:
+            share = Int32(0)
+        return share
+
+    @cute.jit
+    def _zero_y(self, y, pairs, hidden, n_act, hidden_groups, k_tiles2, bid, grid, tid):
+        """y = 0 where FC2's split pieces will add into it (when its shares cut units)."""
+        if cutlass.const_expr(self.cfg.team_fc2 == 1):
+            share = self._even_share(n_act * hidden_groups, k_tiles2, grid)
+            if share > 0 and share % k_tiles2 != 0:
+                for i in cutlass.range(bid * THREADS + tid, pairs * (hidden // 4), grid * THREADS,
+                                       unroll=1):
+                    ptx.st_v4(y + Int64(i) * 16, 0, 0, 0, 0)
+
+    @cute.jit
+    def _unit(self, fc1: cutlass.Constexpr, acc, u, k0, k_count, n_groups, blob_groups, k_tiles,
+              w, s, alpha, bias, src, src_stride, hidden, inter, inter_stride, y, route_w, top_k,
+              act_alpha, act_beta, act_limit, s_base, s_cnt, s_off, s_act, s_ord, steps,
+              my_team, member, team, ring, mbar, lane, meet, s_flag, cut):
+        """K-tiles [k0, k0 + k_count) of unit u (active expert a, 16-row group g), every chunk
+        of BN of the expert's tokens; member 0 of the team writes the results (of an FC1 unit
+        cut in two: the piece from K-tile 0, see _meet_take)."""
+        cfg = self.cfg
+        r = lane // 4
+        q = lane % 4
+        sbpr = fm.scale_bytes_per_row(cfg.weight_format)
+        a = u // n_groups
+        g = u - a * n_groups
+        e = ptx.ld_shared_u32(s_act + a * 4)
+        cnt = ptx.ld_shared_u32(s_cnt + e * 4)
+        first = ptx.ld_shared_u32(s_off + e * 4)
+        tile0 = (Int64(e) * Int64(blob_groups) + Int64(g)) * Int64(k_tiles)
+        for c0 in cutlass.range(0, cnt, BN, unroll=1):
+            nch = cutlass.min(cnt - c0, BN)
+            # this lane's B column n = lane // 4 (columns past the chunk repeat column 0:
+            # finite values whose results are never stored)
+            b_src = self._b_source(fc1, src, src_stride, top_k, s_ord, first + c0, nch, lane)
+            # ldmatrix row of this lane: B rows past the chunk read row 0 (finite values
+            # whose MMA columns are never stored)
+            row = lane % 8
+            if row >= nch:
+                row = Int32(0)
+            b_off = row * B_ROW_BYTES + ((lane // 8) % 2) * 16 + (lane // 16) * 32
+            acc.fill(0.0)
+            # the team's members take contiguous K-ranges of the unit's [k0, k0 + k_count)
+            per = (k_count + team - 1) // team
+            ka = k0 + member * per
+            kb = cutlass.min(ka + per, k0 + k_count)
+            # the epilogue's global loads go out before the stream, which hides their latency
+            # (after it, every warp of a T=1 launch would wait on them at once)
+            ep = self._epilogue_constants(fc1, alpha, bias, route_w, e, blob_groups, g, s_ord,
+                                          first + c0, nch, r, q)
+            self._stream(fc1, acc, w + tile0 * 1024, s + tile0 * (16 * sbpr), ka, kb, k_tiles,
+                         b_src, nch, b_off, hidden, ring, mbar, steps, lane)
+            if cutlass.const_expr(team > 1):
+                self._team_sum(acc, s_base + self.team_off, my_team, member, team, lane)
+            last = Int32(1)
+            if cutlass.const_expr(fc1 and team == 1):
+                if k_count < k_tiles:  # a piece of a cut unit (one chunk: see _phase)
+                    if k0 > 0:
+                        self._meet_leave(acc, meet, s_flag, cut, lane)
+                        last = Int32(0)
+                    else:
+                        self._meet_take(acc, meet, s_flag, cut, lane)
+            if member == 0:
+                if last != 0:
+                    if cutlass.const_expr(fc1):
+                        self._fc1_epilogue(acc, ep, g, inter, inter_stride, s_ord, first + c0,
+                                           nch, r, q, act_alpha, act_beta, act_limit)
+                    else:
+                        self._fc2_epilogue(acc, ep, g, y, s_ord, first + c0, nch, hidden, r, q, k0,
+                                           k_count < k_tiles)
+
+    @cute.jit
+    def _meet_leave(self, acc, meet_cta, s_flag, cut, lane):
+        """The later piece of an FC1 unit cut at the CTA's `cut` (its K-tiles from the cut; a
+        warp's first piece, so it ends early) leaves its fragment in the cut's slot and sets the
+        cut's flag. Both pieces are in one CTA (_even_share with per_cta) and order the pair ids alike, so the
+        fragments line up lane by lane, and the flag is a CTA-scope release in shared memory:
+        no device-scope fence and no atomic round trip to L2 (the grid-wide meeting this
+        replaces, a fence and an atomic per piece, took ~6.6% of the warp samples at
+        Qwen3-30B-A3B T=8, BENCHMARKS.md, thirteenth session)."""
+        ptx.st_v4_f32(meet_cta + cut * MEET_BYTES + lane * 16, acc[0], acc[1], acc[2], acc[3])
+        ptx.sync_warp()
+        if lane == 0:
+            ptx.flag_set_release_cta(s_flag + cut * 4)
+
+    @cute.jit
+    def _meet_take(self, acc, meet_cta, s_flag, cut, lane):
+        """The piece from K-tile 0 (a warp's last piece) adds the later piece's fragment (see
+        _meet_leave) and runs the epilogue: acc + other is the same in either order, so the
+        result is bitwise deterministic. The other piece was its warp's first, so the flag is
+        normally set long before."""
+        ptx.flag_wait_acquire_cta(s_flag + cut * 4)
+        # a plain load: the writer is a warp of this CTA, and the acquire orders this after it
+        v = ptx.ld_v4(meet_cta + cut * MEET_BYTES + lane * 16)
+        for c in cutlass.range_constexpr(4):
+            acc[c] = acc[c] + ptx.f32_bits(v[c])
+
+    @cute.jit
+    def _b_source(self, fc1: cutlass.Constexpr, src, src_stride, top_k, s_ord, pos0, nch, lane):
+        """Lane n < nch copies token row n of the chunk: its address at K-tile 0."""
+        n = lane
+        if n >= nch:
+            n = Int32(0)
+        pair = ptx.ld_shared_u16(s_ord + (pos0 + n) * 2)
+        if cutlass.const_expr(fc1):
+            return src + Int64(pair // top_k) * Int64(src_stride) * 2
+        return src + Int64(pair) * Int64(src_stride) * 2
+
+    @cute.jit
+    def _stream(self, fc1: cutlass.Constexpr, acc, w_unit, s_unit, ka, kb, k_tiles, b_src, nch,
+                b_off, hidden, ring, mbar, steps, lane):
+        """acc += the unit's K-tiles [ka, kb) of A_unit @ B, in steps of STEP K-tiles.
+
+        Steps run through the warp's ring of DEPTH slots, each filled by three bulk copies
+        (codes, scales, one per token row) that complete on the slot's mbarrier; the warp's
+        running step count gives the slot and the phase parity, across units and phases."""
+        n_tiles = kb - ka
+        n_steps = (n_tiles + STEP - 1) // STEP
+        t0 = steps[0]
+        for j in cutlass.range_constexpr(DEPTH - 1):
+            if j < n_steps:
+                self._fill(fc1, t0 + j, ka + j * STEP, kb, w_unit, s_unit, b_src, nch, hidden,
+                           ring, mbar, lane)
+        # Full steps run unrolled with no masking (ptxas if-converts a branch inside one loop
+        # and issues both bodies). The last step goes to a loop of its own when it is short
+        # (an odd count) or holds FC1's partial last K-tile (H not a multiple of 128: the
+        # slabs past H hold stale bytes, so B is masked there).
+        n_full = n_steps
+        if n_steps > 0:
+            if n_tiles % STEP != 0:
+                n_full = n_steps - 1
+            if cutlass.const_expr(fc1):
+                if hidden % TILE_K != 0:
+                    if kb == k_tiles:
+                        n_full = n_steps - 1
+        for j in cutlass.range(n_full, unroll=1):
+            slot = self._next_step(fc1, j, t0, n_steps, ka, kb, w_unit, s_unit, b_src, nch,
+                                   hidden, ring, mbar, lane)
+            for i in cutlass.range_constexpr(STEP):
+                self._tile_mma(acc, slot, i, b_off, lane, False, Int32(8))
+        for j in cutlass.range(n_full, n_steps, unroll=1):
+            slot = self._next_step(fc1, j, t0, n_steps, ka, kb, w_unit, s_unit, b_src, nch,
+                                   hidden, ring, mbar, lane)
+            kt = ka + j * STEP
+            for i in cutlass.range(cutlass.min(kb - kt, STEP), unroll=1):
+                self._tile_mma(acc, slot, i, b_off, lane, fc1,
+                               cutlass.min((hidden - (kt + i) * TILE_K) // 16, 8))
+        steps[0] = t0 + n_steps
+        ptx.sync_warp()  # the next unit's first copies may refill any slot
+
+    @cute.jit
+    def _next_step(self, fc1: cutlass.Constexpr, j, t0, n_steps, ka, kb, w_unit, s_unit, b_src,
+                   nch, hidden, ring, mbar, lane):
+        """Refill the slot step j - 1 used with step j + DEPTH - 1, wait for the warp's step j
+        (ring slot (t0 + j) % DEPTH) and return its slot. The refill goes out before the wait,
+        so DEPTH steps are in flight while the warp waits, not DEPTH - 1."""
+        t = t0 + j  # >= 0: slot and parity by bit operations, not signed division
+        sl = t & (DEPTH - 1)
+        nxt = j + DEPTH - 1
+        if nxt < n_steps:
+            ptx.sync_warp()  # every lane is done with step j - 1's slot, which nxt refills
+            self._fill(fc1, t0 + nxt, ka + nxt * STEP, kb, w_unit, s_unit, b_src, nch, hidden,
+                       ring, mbar, lane)
+        ptx.mbarrier_wait(mbar + sl * 8, (t >> (DEPTH.bit_length() - 1)) & 1)
+        return ring + sl * SLOT_BYTES
+
+    @cute.jit
+    def _fill(self, fc1: cutlass.Constexpr, t, kt, kb, w_unit, s_unit, b_src, nch, hidden, ring,
+              mbar, lane):
+        """Start filling ring slot t % DEPTH (the warp's t-th step) with the unit's K-tiles
+        [kt, min(kt + STEP, kb)) by bulk copies: lane 0 the codes and the scales, lane n < nch
+        token row n (FC1: only the columns below H)."""
+        sl = t & (DEPTH - 1)
+        slot = ring + sl * SLOT_BYTES
+        mb = mbar + sl * 8
+        n = cutlass.min(kb - kt, STEP)
+        scale_bytes = 16 * fm.scale_bytes_per_row(self.cfg.weight_format)
+        row_bytes = n * (TILE_K * 2)
+        if cutlass.const_expr(fc1):
+            row_bytes = cutlass.min(hidden - kt * TILE_K, n * TILE_K) * 2
+        if lane == 0:
+            ptx.mbarrier_arrive_expect_tx(mb, n * (1024 + scale_bytes) + nch * row_bytes)
+            ptx.bulk_copy_g2s(slot, w_unit + Int64(kt) * 1024, n * 1024, mb)
+            ptx.bulk_copy_g2s(slot + SCALE_OFF, s_unit + Int64(kt) * scale_bytes,
+                              n * scale_bytes, mb)
+        if lane < nch:
+            ptx.bulk_copy_g2s(slot + B_OFF + lane * B_ROW_BYTES, b_src + Int64(kt) * (TILE_K * 2),
+                              row_bytes, mb)
+
+    @cute.jit
+    def _tile_mma(self, acc, slot, i, b_off, lane, masked: cutlass.Constexpr, valid):
+        """acc += K-tile i of the slot's step: its 16 x 128 weights (decoded from the slot's
+        codes and scales) @ its B rows (ldmatrix). masked: B of slabs >= valid reads as 0 (SEL,
+        PLOP3, UISETP: 32 of the FC1 loop's 278 SASS instructions at 1-tile steps, so only a
+        short last step pays them)."""
+        cfg = self.cfg
+        words = self._slot_words(slot, i, lane)
+        b = []
+        for sp in cutlass.range_constexpr(4):  # slabs 2sp, 2sp + 1: lo and hi k-halves
+            if cutlass.const_expr(cfg.variant == "nob"):
+                m = (Int32(0x3F803F80),) * 4
+            else:
+                m = ptx.ldmatrix_x4(slot + B_OFF + b_off + i * (TILE_K * 2) + sp * 64)
+            for h in cutlass.range_constexpr(2):
+                if cutlass.const_expr(masked):
+                    ok = valid > 2 * sp + h
+                    b.append((m[2 * h] if ok else Int32(0), m[2 * h + 1] if ok else Int32(0)))
+                else:
+                    b.append((m[2 * h], m[2 * h + 1]))
+        for k16 in cutlass.range_constexpr(8):
+            if cutlass.const_expr(cfg.variant == "nodecode"):
+                a = (words[k16], words[k16], words[k16], words[k16])
+            else:
+                a = fm.a_fragment(words, k16, cfg.weight_format)
+            if cutlass.const_expr(cfg.variant == "nomma"):
+                for c in cutlass.range_constexpr(4):
+                    acc[c] = acc[c] + ptx.f32_bits(a[c] ^ b[k16][c % 2])
+            else:
+                d = ptx.mma_bf16_16816((acc[0], acc[1], acc[2], acc[3]), a, b[k16])
+                for c in cutlass.range_constexpr(4):
+                    acc[c] = d[c]
+
+    @cute.jit
+    def _slot_words(self, slot, i, lane):
+        """K-tile i's 8 code words of this lane and its rows' (r, r + 8) scale words (in
+        fm.a_fragment order)."""
+        sbpr = fm.scale_bytes_per_row(self.cfg.weight_format)
+        ca = slot + i * 1024 + lane * 32
+        codes = ptx.ld_shared_v4(ca) + ptx.ld_shared_v4(ca + 16)
+        sa = slot + SCALE_OFF + i * (16 * sbpr) + (lane // 4) * sbpr
+        if cutlass.const_expr(self.cfg.weight_format == "nvfp4"):
+            scales = ptx.ld_shared_v4(sa) + ptx.ld_shared_v4(sa + 8 * sbpr)
+        else:
+            scales = ptx.ld_shared_v2(sa) + ptx.ld_shared_v2(sa + 8 * sbpr)
+        return codes + scales
+
+    @cute.jit
+    def _team_sum(self, acc, s_team, my_team, member, team, lane):
+        """Member 0's acc += the other member's (a fixed summation order). One buffer per team:
+        the second barrier keeps the member from writing the next unit's sum before member 0
+        has read this one."""
+        buf = s_team + my_team * 512
+        if member > 0:
+            ptx.st_shared_v4_f32(buf + lane * 16, acc[0], acc[1], acc[2], acc[3])
+        ptx.named_barrier(1 + my_team, team * 32)
+        if member == 0:
+            v = ptx.ld_shared_v4(buf + lane * 16)
+            for c in cutlass.range_constexpr(4):
+                acc[c] = acc[c] + ptx.f32_bits(v[c])
+        ptx.named_barrier(1 + my_team, team * 32)
+
+    @cute.jit
+    def _epilogue_constants(self, fc1: cutlass.Constexpr, alpha, bias, route_w, e, groups, g,
+                            s_ord, pos0, nch, r, q):
+        """What a unit's epilogue reads from global memory: expert e's global scale, the biases
+        of its blob rows 16g + r and 16g + r + 8, and (FC2) the routing weights of this lane's
+        token columns 2q, 2q + 1 (a column past the chunk reads column 0's: never stored)."""
+        brow = bias + (Int64(e) * Int64(groups * 16) + Int64(g * 16 + r)) * 4
+        gs = ptx.ld_nc_f32(alpha + Int64(e) * 4)
+        b_lo = ptx.ld_nc_f32(brow)
+        b_hi = ptx.ld_nc_f32(brow + 32)
+        wr = []
+        if cutlass.const_expr(not fc1):
+            for c in cutlass.range_constexpr(2):
+                n = 2 * q + c
+                if n >= nch:
+                    n = Int32(0)
+                pair = ptx.ld_shared_u16(s_ord + (pos0 + n) * 2)
+                wr.append(ptx.ld_nc_f32(route_w + Int64(pair) * 4))
+        return (gs, b_lo, b_hi) + tuple(wr)
+
+    @cute.jit
+    def _fc1_epilogue(self, acc, ep, g, inter, inter_stride, s_ord, pos0, nch, r, q, act_alpha,
+                      act_beta, act_limit):
+        """scale_2 x acc + bias, activation -> bf16 inter[pair, column]. Gated groups hold
+        gate (row r) and up (row r + 8) of column 8g + r; relu2 groups columns 16g + r, + 8.
+        Rows are keyed by pair id, not sorted position: each CTA orders an expert's pairs with
+        shared-memory atomics, so positions differ between the CTAs of FC1 and FC2."""
+        cfg = self.cfg
+        gs, b_lo, b_hi = ep
+        for c in cutlass.range_constexpr(2):
+            n = 2 * q + c
+            if n < nch:
+                pair = ptx.ld_shared_u16(s_ord + (pos0 + n) * 2)
+                row = inter + Int64(pair) * Int64(inter_stride) * 2
+                v_lo = acc[c] * gs + b_lo
+                v_hi = acc[2 + c] * gs + b_hi
+                if cutlass.const_expr(cfg.gated):
+                    h = act.gated(cfg.activation, v_lo, v_hi, act_alpha, act_beta, act_limit)
+                    ptx.st_u16(row + Int64(g * 8 + r) * 2, ptx.bf16x2_from_f32(h, h))
+                else:
+                    lo = act.relu2(v_lo)
+                    hi = act.relu2(v_hi)
+                    ptx.st_u16(row + Int64(g * 16 + r) * 2, ptx.bf16x2_from_f32(lo, lo))
+                    ptx.st_u16(row + Int64(g * 16 + 8 + r) * 2, ptx.bf16x2_from_f32(hi, hi))
+
+    @cute.jit
+    def _fc2_epilogue(self, acc, ep, g, y, s_ord, pos0, nch, hidden, r, q, k0, piece):
+        """y[pair, h] = w[pair] * (scale_2 * acc + b2[e, h]) for rows h = 16g + r, + 8 < H. A
+        piece of a unit cut in two (piece: K-tiles from k0, see _phase) adds its part into the
+        zeroed y instead, the bias with the piece from K-tile 0: two fp32 adds into 0 give the
+        same bits in either order, so the result stays deterministic."""
+        h0 = g * 16 + r
+        gs, b_lo, b_hi = ep[0], ep[1], ep[2]
+        if k0 > 0:
+            b_lo = Float32(0.0)
+            b_hi = Float32(0.0)
+        for c in cutlass.range_constexpr(2):
+            n = 2 * q + c
+            if n < nch:
+                pair = ptx.ld_shared_u16(s_ord + (pos0 + n) * 2)
+                wr = ep[3 + c]
+                dst = y + (Int64(pair) * Int64(hidden) + Int64(h0)) * 4
+                v_lo = wr * (acc[c] * gs + b_lo)
+                v_hi = wr * (acc[2 + c] * gs + b_hi)
+                if piece:
+                    if h0 < hidden:
+                        ptx.red_add_f32(dst, v_lo)
+                    if h0 + 8 < hidden:
+                        ptx.red_add_f32(dst + 32, v_hi)
+                else:
+                    if h0 < hidden:
+                        ptx.st_f32(dst, v_lo)
+                    if h0 + 8 < hidden:
+                        ptx.st_f32(dst + 32, v_hi)
+
+    # ------------------------------------------------------------------ final reduce
+    @cute.jit
+    def _reduce(self, ids, y, out, tokens, top_k, expert_offset, experts, hidden, bid, grid, tid):
+        """out[t, h0:h0+4] = bf16(sum over local routes j = 0..k-1 of y[t * k + j, h0:h0+4]).
+
+        Routes are read REDUCE_BATCH at a time, every id and y load of a batch issued before any
+        is used (a y row's address does not depend on its id; a route that is not local, or past
+        k, adds +0.0, which leaves the sum's bits as skipping it would): one round trip to L2
+        per batch instead of two per route. Routes past k load no y (at k = 4, batches of 8 that
+        loaded 4 surplus rows measured ~1% slower than batches of 4 on gpt-oss-120b, T = 1..8)."""
+        quads = hidden // 4
+        for it in cutlass.range(bid * THREADS + tid, tokens * quads, grid * THREADS, unroll=1):
+            t = it // quads
+            h0 = (it - t * quads) * 4
+            acc = cute.make_rmem_tensor(cute.make_layout(4), Float32)
+            acc.fill(0.0)
+            for j0 in cutlass.range(0, top_k, REDUCE_BATCH, unroll=1):
+                loads = []
+                for jj in cutlass.range_constexpr(REDUCE_BATCH):
+                    pair = t * top_k + cutlass.min(j0 + jj, top_k - 1)
+                    e = local_expert(ids, pair, expert_offset, self.cfg.ids_bytes)
+                    v = ptx.ld_cg_v4_if(y + (Int64(pair) * Int64(hidden) + Int64(h0)) * 4,
+                                        j0 + jj < top_k)
+                    loads.append((e, j0 + jj, v))
+                for e, j, v in loads:
+                    keep = Int32(0)
+                    if cutlass.Uint32(e) < cutlass.Uint32(experts) and j < top_k:
+                        keep = Int32(-1)
+                    for c in cutlass.range_constexpr(4):
+                        acc[c] = acc[c] + ptx.f32_bits(v[c] & keep)
+            ptx.st_v2(out + (Int64(t) * Int64(hidden) + Int64(h0)) * 2,
+                      ptx.bf16x2_from_f32(acc[0], acc[1]), ptx.bf16x2_from_f32(acc[2], acc[3]))

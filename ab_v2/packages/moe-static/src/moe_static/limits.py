@@ -1,0 +1,46 @@
+"""What moe-static supports and when it bids (no DSL import here)."""
+from __future__ import annotations
+
+from moe_common.kernel_package import dims_reason, hopper_reason
+from moe_common.types import PRIORITY_GENERIC, PRIORITY_STATIC
+
+KERNEL_NAME = "moe-static"
+MAX_LOCAL_EXPERTS = 512  # shared-memory routing tables (kernel.MAX_LOCAL_EXPERTS)
+MAX_PAIRS = 2048  # routed pairs T * top_k held in shared memory (kernel.MAX_PAIRS)
+DIM_MULTIPLE = 32
+# Tokens up to which moe-static bids above the other kernels. Measured on the H200 (BENCHMARKS.md,
+# 2026-11-30 tenth session, 5b8dce0, one run against moe-generic, T = 1..128, five presets;
+# generic time / static time): ahead at every T <= 16 point (1.01-1.54), at T=32 ahead or level
+# on all five (0.99-1.08), mixed at T=64 (0.95-1.08), behind on four of five at T=128 (0.87-0.99).
+# Checked again at 840fc42 (twelfth session): ahead at every T <= 32 point (1.02-1.54), mixed at
+# T=64 (0.99-1.07), behind at T=128 on all five (0.87-0.99); and at b122685 (thirteenth): ahead
+# at every T <= 32 point (1.02-1.56), mixed at T=64 (0.99-1.06), behind at T=128 (0.88-0.98).
+# It was 16 after the ninth session (T=32 then 0.97-1.05). The cutover counts tokens, not routed
+# pairs: the kernels' balance differs by preset at equal pairs (gpt-oss-120b has k=4, the rest
+# 6-8).
+CUTOVER_TOKENS = 32
+
+
+def unsupported_reason(shape, activation):
+    """None when the kernel can run this call, else a one-line reason."""
+    reason = hopper_reason(shape)
+    if reason is not None:
+        return reason
+    if shape.quant_mode != "w4a16":
+        return f"quant_mode={shape.quant_mode!r} is not supported (w4a16 only; moe-generic runs w4a4)"
+    reason = dims_reason(shape, DIM_MULTIPLE)
+    if reason is not None:
+        return reason
+    pairs = shape.tokens * shape.top_k
+    if pairs > MAX_PAIRS:
+        return f"tokens x top_k = {pairs} routed pairs exceed the supported maximum {MAX_PAIRS}"
+    if shape.num_local_experts > MAX_LOCAL_EXPERTS:
+        return f"{shape.num_local_experts} local experts exceed the supported maximum {MAX_LOCAL_EXPERTS}"
+    return None
+
+
+def priority(shape) -> int:
+    """Above every kernel up to the cutover's tokens, else below moe-generic."""
+    if shape.tokens <= CUTOVER_TOKENS:
+        return PRIORITY_STATIC
+    return PRIORITY_GENERIC - 5  # still above the reference, below moe-generic

@@ -1,0 +1,90 @@
+"""Host side of moe-static: one cooperative launch per layer call.
+
+Weights are the shared fragment repack (moe_common.packed, cached per layer and shared with the
+other kernels). Workspace: the bf16 intermediate [T * k, Ip], the fp32 routed FC2 outputs
+[T * k, H], the grid barrier's counter (zeroed once; each barrier leaves its low 31 bits at 0, see
+ptx.grid_barrier_arrive_wait) and, per warp of the grid, a meeting slot for an FC1 unit cut in
+two (see StaticMoE._meet_leave).
+Nothing syncs with the host.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from moe_common.cute import jit
+from moe_common.fragments import TILE_K
+from moe_common.kernel_package import Buffers
+from moe_common.packed import pack
+from moe_common.types import Activation
+from moe_common.weights import MoEWeights
+
+from .compile_cache import get
+from .kernel import MEET_BYTES, WARPS
+from .limits import KERNEL_NAME
+
+
+def _grid(device) -> int:
+    # One CTA of 16 warps per SM (its per-warp rings take ~200 KB of shared memory); a
+    # cooperative launch needs every CTA resident.
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def choose_teams(tokens: int, top_k: int, local_experts: int, fc1_groups: int, fc2_groups: int,
+                 warps: int) -> tuple:
+    """Warps per FC1 and per FC2 unit, each GEMM on its own: 1 where it has at least half a
+    unit per warp, else 2. A unit is (active expert, 16-row group); a team of two warps splits
+    a unit's K-tiles, which pays only while units are scarcer than warps. The active experts
+    are bounded by min(T * k, local experts): the host does not see the routing.
+
+    Measured on the H200 with every team shape forced (BENCHMARKS.md, ninth session, 24a91be,
+    one run, five presets at T = 1, 2, 4): this choice is the fastest or within 2.5% at every
+    point. Units per warp where team 2 was faster: 0.24-0.48 (e.g. Qwen3-30B-A3B T=1, FC1 0.36
+    and FC2 0.48: 18.4 us against 19.5 with FC2 teams of 1); where team 1 was: 0.66 and up
+    (gpt-oss-120b T=1, FC1 0.68 and FC2 0.34: 31.2 us with (1, 2) against 33.3 with (2, 2);
+    Qwen3.5-35B T=2, FC1 0.48 and FC2 0.97: 19.1 us with (2, 1) against 20.8 with (2, 2)).
+    The earlier rule gave both GEMMs the team of the scarcer one."""
+    active = min(tokens * top_k, local_experts)
+    return tuple(1 if 2 * active * groups >= warps else 2 for groups in (fc1_groups, fc2_groups))
+
+
+def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activation,
+        quant_mode: str = "w4a16", out=None, workspace=None, deterministic: bool = True):
+    """The layer call in one launch. Always deterministic: each output element is summed by one
+    thread in a fixed order (`deterministic` is accepted for the common runner signature)."""
+    if quant_mode != "w4a16":
+        raise ValueError(f"{KERNEL_NAME}: quant_mode={quant_mode!r}; allowed: 'w4a16'")
+    prep = pack(weights)
+    T, k = topk_ids.shape
+    P = T * k
+    H = prep.hidden
+    dev = x.device
+    ip = prep.intermediate_padded
+
+    bufs = Buffers(KERNEL_NAME, workspace, dev)
+    inter = bufs.get("inter", (P * ip,), torch.bfloat16)
+    y = bufs.get("y", (P * H,), torch.float32)
+    barrier = bufs.get("barrier", (1,), torch.int32, zeroed=True)
+    grid = _grid(dev)
+    meet = bufs.get("meet", (grid * WARPS * MEET_BYTES // 4,), torch.int32)
+    if out is None:
+        out = torch.empty(T, H, dtype=torch.bfloat16, device=dev)
+    if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
+        x = x.contiguous() if not x.is_contiguous() else x.clone()  # rows copied by 16-byte bulk copies
+    ids = topk_ids.contiguous()
+    route_w = topk_weights if topk_weights.dtype == torch.float32 else topk_weights.float()
+    route_w = route_w.contiguous()
+    limit = activation.limit if activation.limit is not None else math.inf
+    teams = choose_teams(T, k, weights.num_local_experts, prep.fc1_rows // 16, -(-H // 16),
+                         grid * WARPS)
+    _, kernel = get(weights.weight_format, activation.name, ids.element_size(), teams)
+    kernel(prep.w13.data_ptr(), prep.w13_scale.data_ptr(), prep.fc1_alpha[quant_mode].data_ptr(),
+           prep.w13_bias.data_ptr(), prep.w2.data_ptr(), prep.w2_scale.data_ptr(),
+           prep.fc2_alpha[quant_mode].data_ptr(), prep.w2_bias.data_ptr(),
+           ids.data_ptr(), route_w.data_ptr(), x.data_ptr(), x.stride(0),
+           T, k, weights.local_expert_offset, weights.num_local_experts,
+           H, prep.hidden_padded // TILE_K, prep.fc1_rows // 16, prep.fc2_rows // 16, ip // TILE_K,
+           inter.data_ptr(), y.data_ptr(), out.data_ptr(), barrier.data_ptr(), meet.data_ptr(),
+           activation.alpha, activation.beta, limit, grid, jit.current_stream(dev))
+    return out

@@ -1,0 +1,124 @@
+"""moe-static without a GPU: every configuration compiles for sm_90a (three are assembled and
+must not spill registers); limits, bids and the plugin's answers."""
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from moe_common.testing import make_shape, ptxas_report
+from moe_common.types import PRIORITY_GENERIC, PRIORITY_STATIC, Activation
+from moe_static.limits import CUTOVER_TOKENS, priority, unsupported_reason
+
+
+_shape = make_shape
+
+
+def test_every_dispatchable_config_compiles_for_sm90a():
+    from moe_static.compile_cache import all_configs, compile_config
+
+    configs = all_configs()
+    assert len(configs) == 64  # 2 formats x 4 activations x (int32, int64 ids) x 4 team shapes
+    for cfg in configs:
+        assert compile_config(cfg) is not None, cfg
+
+
+_PTX_PROBE = """
+import sys
+from moe_static.compile_cache import compile_config, config
+fmt, act, fc1, fc2 = sys.argv[1:]
+compile_config(config(fmt, act, 4, (int(fc1), int(fc2))))
+"""
+
+
+@pytest.mark.parametrize("fmt,act,teams", [
+    ("mxfp4", "swigluoai", (1, 2)),  # spilled 40 B at 64 registers before .minnctapersm 1
+    ("nvfp4", "silu", (2, 2)),
+    ("nvfp4", "relu2", (1, 1)),
+])
+def test_kernel_assembles_without_register_spills(fmt, act, teams, tmp_path):
+    """One CTA of 512 threads per SM leaves 128 registers a thread; without .minnctapersm 1
+    ptxas held the kernel to 64 and spilled (gpt-oss-120b T=1 26.3 -> 28.0 us, BENCHMARKS.md
+    tenth session). Assemble the kernel and check it spills nothing."""
+    report = ptxas_report(_PTX_PROBE, [fmt, act, *teams], "*StaticMoE*.ptx", tmp_path)
+    assert re.search(r"(?<!\d)0 bytes spill stores, 0 bytes spill loads", report), report
+
+
+# (T, k, experts, FC1 groups, FC2 groups) on the H200's 132 SMs x 16 warps: Qwen3-30B-A3B (H=2048,
+# I=768), DeepSeek-V3 (H=7168, I=2048), gpt-oss-120b (H=I=2880, k=4), Qwen3.5-35B (H=2048, I=512)
+QWEN3, DEEPSEEK = (8, 128, 96, 128), (8, 256, 256, 448)
+GPT_OSS, QWEN35 = (4, 128, 360, 180), (8, 256, 64, 128)
+
+
+@pytest.mark.parametrize("tokens,layer,teams", [  # the fastest forced shape (ninth session)
+    (1, QWEN3, (2, 2)),  # 768 FC1 and 1024 FC2 units for 2112 warps
+    (1, DEEPSEEK, (1, 1)),  # 2048 FC1 units
+    (2, QWEN3, (1, 1)),  # 1536 FC1 units
+    (1, GPT_OSS, (1, 2)),  # 1440 FC1 and 720 FC2 units
+    (2, QWEN35, (2, 1)),  # 1024 FC1 and 2048 FC2 units
+    (8, QWEN3, (1, 1)),
+    (64, DEEPSEEK, (1, 1)),
+])
+def test_team_choice_follows_the_measured_points(tokens, layer, teams):
+    from moe_static.runner import choose_teams
+
+    assert choose_teams(tokens, *layer, 132 * 16) == teams
+
+
+def test_shared_memory_fits_one_cta_per_sm():
+    from moe_static.compile_cache import all_configs
+    from moe_static.kernel import StaticMoE
+
+    for cfg in all_configs():
+        assert StaticMoE(cfg).smem_bytes <= 227 * 1024, cfg
+
+
+@pytest.mark.parametrize("kw,needle", [
+    (dict(device_capability=None), "CUDA device"),
+    (dict(device_capability=(12, 0)), "sm_90"),
+    (dict(quant_mode="w4a4"), "w4a16 only"),
+    (dict(hidden=2880 + 16), "multiple of 32"),
+    (dict(tokens=1025, top_k=2), "routed pairs"),
+    (dict(num_local_experts=513, num_experts=1024), "local experts"),
+    (dict(dtype=torch.float16), "bf16"),
+])
+def test_declines_with_reason(kw, needle):
+    reason = unsupported_reason(_shape(**kw), Activation("silu"))
+    assert reason is not None and needle in reason
+
+
+def test_bids_above_every_kernel_only_up_to_the_cutover(monkeypatch):
+    from moe_static import limits
+
+    monkeypatch.setattr(limits, "CUTOVER_TOKENS", 128)
+    assert priority(_shape(tokens=128, top_k=8)) == PRIORITY_STATIC
+    assert 0 < priority(_shape(tokens=129, top_k=8)) < PRIORITY_GENERIC
+
+
+def test_measured_cutover_is_thirty_two_tokens():
+    # measured ahead of moe-generic at every T <= 16 point, ahead or level (0.99-1.08) at T=32 on
+    # all five presets and mixed from T=64 (BENCHMARKS.md, tenth session)
+    assert CUTOVER_TOKENS == 32
+    for k in (1, 4, 8):
+        assert priority(_shape(tokens=32, top_k=k)) == PRIORITY_STATIC
+        assert 0 < priority(_shape(tokens=33, top_k=k)) < PRIORITY_GENERIC
+
+
+def test_plugin_offer_and_decline():
+    from moe_static import plugin
+
+    assert "CUDA" in plugin.can_handle(_shape(device_capability=None), Activation()).reason
+    for act in ("silu", "gelu_tanh", "swigluoai", "relu2"):
+        offer = plugin.can_handle(_shape(hidden=2880, intermediate=704), Activation(act))
+        assert offer.kernel == "moe-static" and offer.priority == priority(_shape())
+
+
+def test_direct_call_rejects_unsupported_input_with_value_error():
+    from moe_common.testing import random_layer, random_routing
+    from moe_static import fused_moe
+
+    w = random_layer(4, 64, 32, device="cpu")
+    tw, ti = random_routing(2, 4, 2, device="cpu")
+    with pytest.raises(ValueError, match="moe-static cannot run this call: needs a CUDA device"):
+        fused_moe(torch.randn(2, 64).bfloat16(), w, tw, ti)

@@ -1,0 +1,150 @@
+"""moe-static on the H200: the DESIGN section 5 bar at decode sizes for every activation and
+format, biases, expert parallelism, out-of-range ids, skewed routing (experts with more tokens
+than one chunk), CUDA-graph replay and bitwise determinism."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from moe_common.reference import reference_moe
+from moe_common.testing import (
+    assert_close, assert_graph_replay_matches_eager, random_layer, random_routing,
+)
+from moe_common.types import Activation
+
+pytestmark = pytest.mark.gpu
+
+ACTS = ("silu", "gelu_tanh", "swigluoai", "relu2")
+FORMATS = ("nvfp4", "mxfp4")
+# (T, E, H, I, top_k): decode sizes; H and I include 2880 and 704 (padded internally)
+DECODE = [(1, 8, 256, 128, 2), (7, 128, 2048, 768, 8), (32, 256, 512, 704, 8), (64, 8, 2880, 256, 4),
+          (128, 64, 1024, 512, 8)]
+
+
+def _run(shape, act, fmt, bias, ep=False, limit=7.0, skew=0.0, id_dtype=torch.int32):
+    from moe_static import fused_moe
+
+    T, E, H, I, k = shape
+    off, total = (E // 2, 2 * E) if ep else (0, E)
+    w = random_layer(E, H, I, weight_format=fmt, gated=act != "relu2", bias=bias,
+                     local_expert_offset=off, num_experts=total)
+    x = torch.randn(T, H, device="cuda").bfloat16()
+    tw, ti = random_routing(T, total, k, skew=skew)
+    ti = ti.to(id_dtype)
+    a = Activation(act, 1.702, 1.0, limit)
+    out = torch.full((T, H), float("nan"), device="cuda", dtype=torch.bfloat16)
+    fused_moe(x, w, tw, ti, activation=a, out=out)
+    ref = reference_moe(x, w, tw, ti, activation=a)
+    return assert_close(out, ref, f"{shape} {act} {fmt} bias={bias} ep={ep} skew={skew}")
+
+
+@pytest.mark.parametrize("act,fmt,bias", list(itertools.product(ACTS, FORMATS, (False, True))))
+def test_matches_reference(act, fmt, bias):
+    for n, shape in enumerate(DECODE):
+        if (n + ACTS.index(act)) % 2 == 0 or shape[0] == 1:
+            _run(shape, act, fmt, bias)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_expert_parallel_slice(fmt):
+    _run((40, 16, 512, 256, 4), "silu", fmt, True, ep=True)
+    _run((3, 16, 512, 256, 4), "swigluoai", fmt, False, ep=True)
+
+
+def test_skewed_routing_experts_with_many_chunks():
+    # Zipf-like routing: the top experts get far more than one 16-token chunk; k = 1 lets one
+    # expert take up to every token (P = 1024 = the cutover)
+    _run((1024, 32, 512, 256, 1), "silu", "nvfp4", True, skew=3.0)
+    _run((200, 64, 1024, 384, 8), "gelu_tanh", "mxfp4", False, skew=2.0, id_dtype=torch.int64)
+    # FC2 by teams of one in K-tile shares that cut units in two (3072 units of 3 K-tiles on
+    # 2112 warps: 5 K-tiles each on an H200), on experts of many chunks
+    _run((256, 64, 768, 384, 8), "silu", "mxfp4", True, skew=2.0)
+
+
+def test_fc1_units_cut_in_two():
+    # FC1 by teams of one in even K-tile shares (about 3600 units of 23 K-tiles for 2112 warps
+    # on an H200): the two pieces of a cut unit meet before the activation; H=2880 puts the
+    # masked last K-tile into a piece
+    _run((6, 64, 2880, 768, 8), "swigluoai", "mxfp4", True)
+    _run((6, 64, 2880, 768, 8), "silu", "nvfp4", False)
+
+
+@pytest.mark.parametrize("shape,act,teams", [
+    ((1, 16, 1024, 1088, 8), "silu", (1, 2)),  # FC1 8 x 136 units, FC2 8 x 64 units
+    ((2, 32, 2880, 256, 4), "relu2", (2, 1)),  # FC1 8 x 16 units, FC2 8 x 180 units
+])
+def test_mixed_team_shapes(shape, act, teams):
+    # each GEMM picks its own team (runner.choose_teams): one warp per FC1 unit and two per
+    # FC2 unit, and the other way round
+    from moe_static.kernel import WARPS
+    from moe_static.runner import choose_teams
+
+    T, E, H, I, k = shape
+    fc1_groups = (2 if act != "relu2" else 1) * (-(-I // 128) * 128) // 16  # padded as packed
+    warps = torch.cuda.get_device_properties(0).multi_processor_count * WARPS
+    if choose_teams(T, k, E, fc1_groups, H // 16, warps) != teams:
+        pytest.skip(f"{warps} warps give another team shape for {shape}")
+    for fmt in FORMATS:
+        _run(shape, act, fmt, True)
+
+
+def test_swiglu_without_limit():
+    _run((16, 8, 256, 128, 2), "swigluoai", "mxfp4", True, limit=None)
+
+
+def test_ids_out_of_range_are_ignored():
+    from moe_static import fused_moe
+
+    w = random_layer(8, 256, 128, local_expert_offset=8, num_experts=24)
+    x = torch.randn(16, 256, device="cuda").bfloat16()
+    tw, ti = random_routing(16, 24, 4)
+    ti[0, 0] = -1
+    ti[1, 1] = 10_000  # never read out of bounds: contributes nothing
+    ti[2, :] = 0  # a token with no local route: its output row is exactly 0
+    out = torch.full((16, 256), float("nan"), device="cuda", dtype=torch.bfloat16)
+    fused_moe(x, w, tw, ti, out=out)
+    assert torch.all(out[2] == 0)
+    assert_close(out, reference_moe(x, w, tw, ti), "out-of-range ids")
+
+
+def test_deterministic_bitwise():
+    from moe_static import fused_moe
+
+    # on an H200: T=100 cuts FC2 units in two (their pieces add into y), T=7 FC1 units (their
+    # pieces meet before the activation)
+    for T, E, H, I in ((100, 64, 768, 512), (7, 128, 2048, 768)):
+        w = random_layer(E, H, I, bias=True)
+        x = torch.randn(T, H, device="cuda").bfloat16()
+        tw, ti = random_routing(T, E, 8)
+        first = fused_moe(x, w, tw, ti)
+        for _ in range(3):
+            assert torch.equal(fused_moe(x, w, tw, ti), first)
+
+
+def test_cuda_graph_replay_matches_eager():
+    from moe_static import fused_moe
+
+    assert_graph_replay_matches_eager(fused_moe, tokens=24)
+
+
+def test_dispatcher_offers_static_and_runs_it_when_forced():
+    import dispatcher
+
+    from moe_static.limits import CUTOVER_TOKENS
+
+    w = random_layer(16, 256, 128)
+    T = CUTOVER_TOKENS + 1
+    x = torch.randn(T, 256, device="cuda").bfloat16()
+    tw, ti = random_routing(T, 16, 2)
+    ex = dispatcher.explain(x, w, tw, ti)
+    assert "moe-static" in [a.kernel for a in ex.answers if hasattr(a, "priority")]
+    assert ex.choice.kernel != "moe-static"  # past the cutover
+    out = dispatcher.fused_moe(x, w, tw, ti, kernel="moe-static")
+    assert_close(out, reference_moe(x, w, tw, ti), "forced moe-static")
+    # up to the cutover moe-static bids highest and runs unforced
+    for t in (1, CUTOVER_TOKENS):
+        assert dispatcher.explain(x[:t], w, tw[:t], ti[:t]).choice.kernel == "moe-static"
+        out_t = dispatcher.fused_moe(x[:t], w, tw[:t], ti[:t])
+        assert_close(out_t, reference_moe(x[:t], w, tw[:t], ti[:t]), f"moe-static chosen at T={t}")
