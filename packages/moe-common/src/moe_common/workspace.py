@@ -12,6 +12,15 @@ import math
 import torch
 
 
+def _device(device) -> torch.device:
+    """The device a tensor allocated on `device` reports: "cuda" means the current CUDA device
+    (a tensor's device always carries its index, so "cuda" never equals it as given)."""
+    d = torch.device(device)
+    if d.type == "cuda" and d.index is None:
+        d = torch.device("cuda", torch.cuda.current_device())
+    return d
+
+
 class Workspace:
     def __init__(self):
         self._buffers: dict[str, torch.Tensor] = {}
@@ -22,7 +31,7 @@ class Workspace:
         users must leave them zero, as a grid barrier's counter does)."""
         numel = math.prod(shape)
         buf = self._buffers.get(name)
-        if buf is None or buf.numel() < numel or buf.dtype != dtype or buf.device != torch.device(device):
+        if buf is None or buf.numel() < numel or buf.dtype != dtype or buf.device != _device(device):
             if self.frozen:
                 raise RuntimeError(
                     f"workspace buffer {name!r} {tuple(shape)} {dtype} is not preallocated; "
