@@ -3,7 +3,8 @@
     FC1: inter[p, j]  = act(scale_2[e] * (src[order[p] // row_div] @ w13[e]^T) + b13[e])  (bf16)
     FC2: y[order[p], h] = w[order[p]] * (scale_2[e] * (inter[p] @ w2[e]^T) + b2[e])      (fp32)
 
-p runs over routed pairs sorted by expert (moe_common.cute.routing, tiles of up to bn pairs).
+p runs over routed pairs sorted by expert (moe_common.cute.routing, tiles of up to bn pairs);
+y's columns are in the paired order of y_block(geometry) (moe_common.cute.topk_reduce).
 
 Branch pairing: the packed w13 (moe_common.packed) holds each 16-row group as [8 gate rows;
 8 up rows] of the same 8 intermediate columns, so the MMA puts gate (row r) and up (row r + 8)
