@@ -68,22 +68,3 @@ def test_route_pairs_buffers_and_launch(monkeypatch):
     ws.freeze()  # the same call again is served from the frozen workspace
     route_pairs(Buffers("k", ws, "cpu"), ids, 8, 16, 64, 37, "stream")
 
-
-def test_workspace_reuses_buffers_and_reads_cuda_as_the_current_device(monkeypatch):
-    """A buffer asked for again (smaller or equal) is the same memory, also after freeze();
-    "cuda" names the current device, so a caller passing it is not reallocated (and, frozen,
-    refused) on every call."""
-    import pytest
-    import torch
-
-    from moe_common.workspace import Workspace, _device
-
-    ws = Workspace()
-    a = ws.get("a", (4, 8), torch.float32, "cpu")
-    ws.freeze()
-    assert ws.get("a", (2, 8), torch.float32, "cpu").data_ptr() == a.data_ptr()
-    with pytest.raises(RuntimeError, match="not preallocated"):
-        ws.get("a", (8, 8), torch.float32, "cpu")
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
-    assert _device("cuda") == torch.device("cuda", 3)
-    assert _device("cuda:1") == torch.device("cuda", 1) and _device("cpu") == torch.device("cpu")

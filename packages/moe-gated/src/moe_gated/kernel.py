@@ -453,7 +453,7 @@ class GatedGemm:
         8 bytes (wide, one group: 4 tokens x 64 contiguous bytes per warp instruction) or 16
         (tall, two groups: 4 tokens x 128). In row order that took two or four 4-byte stores,
         and the store phase, 16% of FC2 at Qwen3-30B-A3B T=8192 (nostore, seventh session),
-        cost about a cycle per cache line an instruction touched: FC2 took 520 us there, 470.5
+        behaved as if paid per cache line an instruction touches: FC2 took 520 us there, 470.5
         with 8-byte stores (BENCHMARKS.md, fifteenth session). A wide warp's 8-byte stores in
         the 32-column order would fill half of each sector they touch (measured slower)."""
         r = lane // 4
@@ -464,7 +464,8 @@ class GatedGemm:
         # the warp's groups are one block (out_rows is a multiple of 32: a block is in or out)
         row0 = group0 * 16
         col = row0 + 2 * self.gpw * r
-        bv = [ptx.ld_nc_f32(bias + (Int64(e) * Int64(row_groups * 16) + Int64(row0 + 16 * gi + r + 8 * h)) * 4)
+        bv = [ptx.ld_nc_f32(bias + (Int64(e) * Int64(row_groups * 16)
+                                    + Int64(row0 + 16 * gi + r + 8 * h)) * 4)
               for gi in range(self.gpw) for h in range(2)]
         for nb in cutlass.range_constexpr(self.bn // 8):
             if p0 + nb * 8 < p1:

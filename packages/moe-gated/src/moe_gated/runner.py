@@ -130,7 +130,8 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     # 5. out[t] = sum over the top-k, fixed order, one rounding
     if out is None:
         out = torch.empty(T, H, dtype=torch.bfloat16, device=dev)
-    jit.topk_reduce(idb, paired=y_block(geometry))(y.data_ptr(), ids.data_ptr(), out.data_ptr(), T, k, H, off, E, stream)
+    reduce = jit.topk_reduce(idb, paired=y_block(geometry))
+    reduce(y.data_ptr(), ids.data_ptr(), out.data_ptr(), T, k, H, off, E, stream)
     return out
 
 
