@@ -101,6 +101,13 @@ def y_block(geometry: str) -> int:
     return 16 * GEOMETRIES[geometry][1]
 
 
+def fc2_y_position(row0, r, gi: int, h: int, gpw: int):
+    """Where FC2's thread of fragment row r puts row row0 + 16 gi + r + 8 h (its group gi's
+    rows r and r + 8) in y's paired order: a thread's 2 gpw values are consecutive, so it
+    stores them at once (row0: the first row of the warp's groups, a multiple of 16 gpw)."""
+    return row0 + 2 * gpw * r + 2 * gi + h
+
+
 def row_tile(geometry: str) -> int:
     """Weight rows per work item."""
     return CONSUMER_WARPS * GEOMETRIES[geometry][1] * 16
@@ -463,7 +470,7 @@ class GatedGemm:
         bound = out_rows if cutlass.const_expr(self.cfg.variant != "nostore") else out_rows - (1 << 30)
         # the warp's groups are one block (out_rows is a multiple of 32: a block is in or out)
         row0 = group0 * 16
-        col = row0 + 2 * self.gpw * r
+        col = fc2_y_position(row0, r, 0, 0, self.gpw)  # values (gi, h) at col + 2 gi + h
         bv = [ptx.ld_nc_f32(bias + (Int64(e) * Int64(row_groups * 16)
                                     + Int64(row0 + 16 * gi + r + 8 * h)) * 4)
               for gi in range(self.gpw) for h in range(2)]
