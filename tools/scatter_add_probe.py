@@ -1,5 +1,5 @@
 """Is a fused FC2 scatter-add (fp32 atomics into out rows) cheaper than the y round trip?
-(development probe for moe-gated's deterministic=False path)
+(development probe: would a fused, non-deterministic reduce pay in moe-gated's FC2?)
 
     python3 tools/scatter_add_probe.py
 

@@ -9,8 +9,8 @@
 Columns past the real K are written as zeros (they meet zero-padded weights, and 0 x garbage
 could be NaN). Token slots past a tile's pairs are not written: a token slot is one MMA column,
 so whatever they hold reaches only output columns that FC1 and FC2 never store (in an expert's
-last tile often half the block: DeepSeek-V3 at T=2048 has ~64 pairs per expert). One CTA per (tile, K-tile); CTAs of
-tiles past the device-side tile count return at once.
+last tile often half the block: DeepSeek-V3 at T=2048 has ~64 pairs per expert). One CTA per
+(tile, K-tile); CTAs of tiles past the device-side tile count return at once.
 """
 from __future__ import annotations
 

@@ -305,8 +305,9 @@ class StaticMoE:
             # K-tiles of units laid end to end (share >= k_tiles, so a unit is cut at most once).
             # FC2: warp w of the grid takes [w * share, (w + 1) * share) of all units, and the
             # two pieces of a cut unit add into zeroed y (see _zero_y). FC1: the CTA's units
-            # (_even_share with per_cta) are split among its warps, so both pieces of a cut unit are in one
-            # CTA and meet through shared memory before the activation (see _meet_leave).
+            # (_even_share with per_cta) are split among its warps, so both pieces of a cut unit
+            # are in one CTA and meet through shared memory before the activation (see
+            # _meet_leave).
             if cutlass.const_expr(fc1):
                 start = bid * n_units // grid * k_tiles + warp * share
                 end = cutlass.min(start + share, (bid + 1) * n_units // grid * k_tiles)
@@ -350,10 +351,11 @@ class StaticMoE:
         per_cta (FC1): CTA b takes units [b U / G, (b + 1) U / G) and its warps split their
         K-tiles, so the share is that of the CTA with the most units; the same for every CTA."""
         w = grid * WARPS
-        share = cutlass.max((n_units * k_tiles + w - 1) // w, k_tiles)
         if cutlass.const_expr(per_cta):
             most = (n_units + grid - 1) // grid
             share = cutlass.max((most * k_tiles + WARPS - 1) // WARPS, k_tiles)
+        else:
+            share = cutlass.max((n_units * k_tiles + w - 1) // w, k_tiles)
         whole = (n_units + w - 1) // w * k_tiles
         if 10 * share > 9 * whole:
             share = Int32(0)
@@ -432,8 +434,8 @@ class StaticMoE:
     def _meet_leave(self, acc, meet_cta, s_flag, cut, lane):
         """The later piece of an FC1 unit cut at the CTA's `cut` (its K-tiles from the cut; a
         warp's first piece, so it ends early) leaves its fragment in the cut's slot and sets the
-        cut's flag. Both pieces are in one CTA (_even_share with per_cta) and order the pair ids alike, so the
-        fragments line up lane by lane, and the flag is a CTA-scope release in shared memory:
+        cut's flag. Both pieces are in one CTA (_even_share with per_cta) and order the pair ids
+        alike, so the fragments line up lane by lane, and the flag is a CTA-scope release in shared memory:
         no device-scope fence and no atomic round trip to L2 (the grid-wide meeting this
         replaces, a fence and an atomic per piece, took ~6.6% of the warp samples at
         Qwen3-30B-A3B T=8, BENCHMARKS.md, thirteenth session)."""
