@@ -85,6 +85,9 @@ STG_TOKENS = 32  # FC1 epilogue: tokens per staged chunk (512 bytes per warp)
 SMEM_LIMIT = 227 * 1024  # sm_90's largest dynamic shared memory per CTA
 MIN_BLOCKS = int(os.environ.get("MOE_GATED_MIN_BLOCKS", "1"))  # 0: no .minnctapersm (measuring)
 ITEM_SLOTS = 8  # work-item ring from the producer to the consumers (it leads by <= stages items)
+# a ring slot: (item, expert, first pair, end pair), the tile facts the producer has loaded
+# anyway, so a consumer starts an item without a global round trip
+ITEM_BYTES = 16
 
 
 def _store_fragments(acc, res):
@@ -144,18 +147,18 @@ class GatedGemm:
         self.groups = CONSUMER_WARPS * self.gpw  # 16-row weight groups per row tile
         self.stage_bytes = self.b_bytes + self.groups * self.a_group_bytes
         ep_bytes = CONSUMER_WARPS * STG_TOKENS * 16 if cfg.phase == "fc1" else 2 * self.bn * 8
-        fixed = 8 * ITEM_SLOTS + 4 * ITEM_SLOTS + ep_bytes
+        fixed = 8 * ITEM_SLOTS + ITEM_BYTES * ITEM_SLOTS + ep_bytes
         # as many stages as fit (NVFP4 wide: 3 x 73 KiB; tall: 4 x 50 KiB), one CTA per SM
         self.stages = min(MAX_STAGES, (SMEM_LIMIT - fixed) // (self.stage_bytes + 16))
         # shared memory: the stages, then 8-byte mbarriers (full[stages], empty[stages],
-        # item_full[ITEM_SLOTS]), the work-item ring (4 bytes per slot), then per phase
+        # item_full[ITEM_SLOTS]), the work-item ring (ITEM_BYTES per slot), then per phase
         # FC1: each consumer warp's epilogue staging (STG_TOKENS tokens x 16 bytes);
         # FC2: the tile's (pair, router weight) table, 8 bytes per token, double-buffered
         self.full_off = self.stages * self.stage_bytes
         self.empty_off = self.full_off + 8 * self.stages
         self.item_bar_off = self.empty_off + 8 * self.stages
         self.item_off = self.item_bar_off + 8 * ITEM_SLOTS
-        self.ep_off = self.item_off + 4 * ITEM_SLOTS
+        self.ep_off = self.item_off + ITEM_BYTES * ITEM_SLOTS
         self.smem_bytes = self.ep_off + ep_bytes
         assert self.stages >= 3 and self.smem_bytes <= SMEM_LIMIT, (self.stages, self.smem_bytes)
         assert 2 * self.groups <= 32  # one producer lane per copy of a K-tile's weights
@@ -219,9 +222,9 @@ class GatedGemm:
                                tile_end, b_blocked, k_tiles, row_groups, queue, grid)
         else:
             cute.arch.setmaxregister_increase(CONSUMER_REGS)
-            self._consumer(s_base, warp, lane, total, row_tiles, gscale, bias, tile_expert,
-                           tile_start, tile_end, order, k_tiles, row_groups, out, out_stride,
-                           out_rows, route_w, act_alpha, act_beta, act_limit)
+            self._consumer(s_base, warp, lane, total, row_tiles, gscale, bias, order, k_tiles,
+                           row_groups, out, out_stride, out_rows, route_w, act_alpha, act_beta,
+                           act_limit)
 
     # ------------------------------------------------------------------ producer warp
     @cute.jit
@@ -236,11 +239,13 @@ class GatedGemm:
             item = ptx.atom_add_global(queue, 1)
         item = cute.arch.shuffle_sync(item, 0)
         while item < total:
-            self._post_item(s_base, lane, i, item)
             tile = item // row_tiles
             rt = item % row_tiles
             e = ptx.ld_u32(tile_expert + Int64(tile) * 4)
-            cnt = ptx.ld_u32(tile_end + Int64(tile) * 4) - ptx.ld_u32(tile_start + Int64(tile) * 4)
+            p0 = ptx.ld_u32(tile_start + Int64(tile) * 4)
+            p1 = ptx.ld_u32(tile_end + Int64(tile) * 4)
+            self._post_item(s_base, lane, i, item, e, p0, p1)
+            cnt = p1 - p0
             b_copy = Int32(self.b_bytes)  # the first (MMA width) tokens of each K-tile's block
             for w in cutlass.range_constexpr(1, len(self.widths)):
                 if cnt <= self.widths[w]:
@@ -282,7 +287,7 @@ class GatedGemm:
             if lane == 0:
                 item = ptx.atom_add_global(queue, 1)
             item = cute.arch.shuffle_sync(item, 0)
-        self._post_item(s_base, lane, i, item)  # past the end: the consumers stop
+        self._post_item(s_base, lane, i, item, 0, 0, 0)  # past the end: the consumers stop
         # queue[0]: next ticket; queue[1]: CTAs finished. The last CTA to finish sets both back
         # to 0, so the next launch (or CUDA-graph replay) starts from a clean queue.
         if lane == 0:
@@ -291,13 +296,13 @@ class GatedGemm:
                 ptx.st_u32(queue + 4, 0)
 
     @cute.jit
-    def _post_item(self, s_base, lane, i, item):
-        """Write item number i into its ring slot and complete the slot's mbarrier phase. The
-        producer leads by at most `stages` items (each has >= 1 K-tile), so a slot is never
-        rewritten before every consumer has read it."""
+    def _post_item(self, s_base, lane, i, item, e, p0, p1):
+        """Write item number i and its tile's expert and pair range into its ring slot and
+        complete the slot's mbarrier phase. The producer leads by at most `stages` items (each
+        has >= 1 K-tile), so a slot is never rewritten before every consumer has read it."""
         if lane == 0:
             slot = i % ITEM_SLOTS
-            ptx.st_shared_u32(s_base + self.item_off + slot * 4, item)
+            ptx.st_shared_v4(s_base + self.item_off + slot * ITEM_BYTES, item, e, p0, p1)
             ptx.mbarrier_arrive(s_base + self.item_bar_off + slot * 8)
 
     # ------------------------------------------------------------------ consumer warps
@@ -331,26 +336,25 @@ class GatedGemm:
         self._release(s_base, lane, g0 + k_tiles - 1)
 
     @cute.jit
-    def _consumer(self, s_base, warp, lane, total, row_tiles, gscale, bias, tile_expert,
-                  tile_start, tile_end, order, k_tiles, row_groups, out, out_stride, out_rows,
-                  route_w, act_alpha, act_beta, act_limit):
+    def _consumer(self, s_base, warp, lane, total, row_tiles, gscale, bias, order, k_tiles,
+                  row_groups, out, out_stride, out_rows, route_w, act_alpha, act_beta, act_limit):
         i = Int32(0)
         g = Int32(0)  # K-tiles consumed
-        item = self._next_item(s_base, i)
+        item, e, p0, p1 = self._next_item(s_base, i)
         while item < total:
-            self._work_item(item // row_tiles, item % row_tiles, i, g, s_base, warp, lane,
-                            gscale, bias, tile_expert, tile_start, tile_end, order, k_tiles,
-                            row_groups, out, out_stride, out_rows, route_w, act_alpha, act_beta,
-                            act_limit)
+            self._work_item(item // row_tiles, item % row_tiles, e, p0, p1, i, g, s_base, warp,
+                            lane, gscale, bias, order, k_tiles, row_groups, out, out_stride,
+                            out_rows, route_w, act_alpha, act_beta, act_limit)
             g = g + k_tiles
             i = i + 1
-            item = self._next_item(s_base, i)
+            item, e, p0, p1 = self._next_item(s_base, i)
 
     @cute.jit
     def _next_item(self, s_base, i):
+        """(item, expert, first pair, end pair) of the i-th item."""
         slot = i % ITEM_SLOTS
         ptx.mbarrier_wait(s_base + self.item_bar_off + slot * 8, (i // ITEM_SLOTS) % 2)
-        return ptx.ld_shared_u32(s_base + self.item_off + slot * 4)
+        return ptx.ld_shared_v4(s_base + self.item_off + slot * ITEM_BYTES)
 
     @cute.jit
     def _release(self, s_base, lane, g):
@@ -359,13 +363,10 @@ class GatedGemm:
             ptx.mbarrier_arrive(s_base + self.empty_off + (g % self.stages) * 8)
 
     @cute.jit
-    def _work_item(self, tile, rt, i, g0, s_base, warp, lane,
-                   gscale, bias, tile_expert, tile_start, tile_end, order, k_tiles, row_groups,
-                   out, out_stride, out_rows, route_w, act_alpha, act_beta, act_limit):
+    def _work_item(self, tile, rt, e, p0, p1, i, g0, s_base, warp, lane, gscale, bias, order,
+                   k_tiles, row_groups, out, out_stride, out_rows, route_w, act_alpha, act_beta,
+                   act_limit):
         cfg = self.cfg
-        e = ptx.ld_u32(tile_expert + Int64(tile) * 4)
-        p0 = ptx.ld_u32(tile_start + Int64(tile) * 4)
-        p1 = ptx.ld_u32(tile_end + Int64(tile) * 4)
         # warp w owns groups gpw * w .. gpw * w + gpw - 1 of the row tile. Rows are padded to
         # 128, so a wide row tile is always full and in a tall one a whole warpgroup (128 rows)
         # may be past the real rows: it sits out but still waits for and releases every stage,
@@ -383,6 +384,10 @@ class GatedGemm:
         if cutlass.const_expr(cfg.phase == "fc2"):
             if ctid < self.bn and p0 + ctid < p1:
                 pair_c = ptx.ld_u32(order + Int64(p0 + ctid) * 4)
+
+        # the epilogue's global scale and biases, loaded now: they arrive during the mainloop
+        # instead of after it, when both warpgroups would wait on them with the tensor cores idle
+        gs, bv = self._epilogue_constants(e, group0, lane, gscale, bias, row_groups)
 
         acc = cute.make_rmem_tensor(cute.make_layout((self.gpw, self.bn // 8, 4)), Float32)
         acc.fill(0.0)
@@ -406,18 +411,31 @@ class GatedGemm:
         # ---- epilogue (overlaps the producer's loads of the next item): global scale, bias,
         # then the activation (FC1) or the router weight (FC2).
         if active:
-            gs = ptx.ld_nc_f32(gscale + Int64(e) * 4)
             if cutlass.const_expr(cfg.phase == "fc1"):
                 stg = s_base + self.ep_off + warp * (STG_TOKENS * 16)
-                self._epilogue_fc1(acc, tile, e, p0, p1, group0, gs, stg, lane, bias, row_groups,
-                                   out, out_stride, act_alpha, act_beta, act_limit)
+                self._epilogue_fc1(acc, tile, p0, p1, group0, gs, bv, stg, lane, out, out_stride,
+                                   act_alpha, act_beta, act_limit)
             else:
-                self._epilogue_fc2(acc, e, p0, p1, group0, gs, tok, lane, bias, row_groups,
-                                   out, out_stride, out_rows)
+                self._epilogue_fc2(acc, p0, p1, group0, gs, bv, tok, lane, out, out_stride,
+                                   out_rows)
 
     @cute.jit
-    def _epilogue_fc1(self, acc, tile, e, p0, p1, group0, gs, stg, lane, bias, row_groups,
-                      out, out_stride, act_alpha, act_beta, act_limit):
+    def _epilogue_constants(self, e, group0, lane, gscale, bias, row_groups):
+        """Expert e's global scale and the biases of this thread's rows 16 (group0 + gi) + r +
+        8 h, as [gi, h] (gi < gpw, h < 2; r = lane // 4): FC1's gate (h = 0) and up (h = 1)
+        rows, FC2's output rows. A tall tile's warps past the real rows read group 0's (in
+        bounds; they never use them)."""
+        g = group0
+        if g >= row_groups:
+            g = Int32(0)
+        brow = bias + (Int64(e) * Int64(row_groups * 16) + Int64(g * 16 + lane // 4)) * 4
+        gs = ptx.ld_nc_f32(gscale + Int64(e) * 4)
+        return gs, [ptx.ld_nc_f32(brow + (16 * gi + 8 * h) * 4)
+                    for gi in range(self.gpw) for h in range(2)]
+
+    @cute.jit
+    def _epilogue_fc1(self, acc, tile, p0, p1, group0, gs, bv, stg, lane, out, out_stride,
+                      act_alpha, act_beta, act_limit):
         """Group g's 8 intermediate columns j = 8g .. 8g + 7 are chunk g % 16 of K-tile g // 16
         in FC2's tile-blocked B (token n's 16 bytes at (n // 8) * B_GROUP_BYTES + chunk * 128 +
         (n % 8) * 16). stmatrix.trans turns the fragment (thread: column r, tokens 2q, 2q + 1)
@@ -426,12 +444,9 @@ class GatedGemm:
         last 32-token block) get act() of whatever their B columns held; FC2 never stores a
         result from those columns."""
         cfg = self.cfg
-        r = lane // 4
         for gi in cutlass.range_constexpr(self.gpw):
             g = group0 + gi
-            brow = bias + (Int64(e) * Int64(row_groups * 16) + Int64(g * 16 + r)) * 4
-            b_lo = ptx.ld_nc_f32(brow)  # gate row r
-            b_hi = ptx.ld_nc_f32(brow + 32)  # up row r + 8
+            b_lo, b_hi = bv[2 * gi], bv[2 * gi + 1]  # gate row r, up row r + 8
             chunk = out + (Int64(tile) * Int64(out_stride) + Int64(g // 16)) * self.b_bytes \
                 + Int64((g % 16) * 128 + (lane // 8) * B_GROUP_BYTES + (lane % 8) * 16)
             for m in cutlass.range_constexpr(self.bn // STG_TOKENS):
@@ -451,8 +466,7 @@ class GatedGemm:
                     cute.arch.sync_warp()  # the staging buffer is rewritten by the next block
 
     @cute.jit
-    def _epilogue_fc2(self, acc, e, p0, p1, group0, gs, tok, lane, bias, row_groups,
-                      out, out_stride, out_rows):
+    def _epilogue_fc2(self, acc, p0, p1, group0, gs, bv, tok, lane, out, out_stride, out_rows):
         """y[pair, row] = w * (acc * scale + bias) straight from the fragment, with y's rows in
         the paired order of y_block(geometry) (moe_common.cute.topk_reduce): thread (r, q) holds
         rows r and r + 8 of each of its groups for tokens 2q and 2q + 1 of each 8-token block,
@@ -471,9 +485,6 @@ class GatedGemm:
         # the warp's groups are one block (out_rows is a multiple of 32: a block is in or out)
         row0 = group0 * 16
         col = fc2_y_position(row0, r, 0, 0, self.gpw)  # values (gi, h) at col + 2 gi + h
-        bv = [ptx.ld_nc_f32(bias + (Int64(e) * Int64(row_groups * 16)
-                                    + Int64(row0 + 16 * gi + r + 8 * h)) * 4)
-              for gi in range(self.gpw) for h in range(2)]
         for nb in cutlass.range_constexpr(self.bn // 8):
             if p0 + nb * 8 < p1:
                 for c in cutlass.range_constexpr(2):

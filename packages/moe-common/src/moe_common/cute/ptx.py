@@ -501,6 +501,12 @@ def st_shared_v4_f32(addr, a, b, c, d, *, loc=None, ip=None):
 
 
 @dsl_user_op
+def st_shared_v4(addr, a, b, c, d, *, loc=None, ip=None):
+    _stmt([Int32(addr).ir_value(loc=loc, ip=ip)] + [_i32(x, loc, ip) for x in (a, b, c, d)],
+          "st.shared.v4.u32 [$0], {$1, $2, $3, $4};", "r,r,r,r,r")
+
+
+@dsl_user_op
 def sync_warp(*, loc=None, ip=None):
     """bar.warp.sync over the whole warp: orders the lanes' shared-memory accesses (cp.async
     data one lane copied and another reads, after each lane's cp.async.wait_group)."""
