@@ -34,7 +34,7 @@ def compile_config(cfg: GatedConfig):
 
     z = Int64(0)
     i1 = Int32(1)
-    args = ([z] * 10 + [i1, Int32(16), z, Int32(128), Int32(128), z,
+    args = ([z] * 10 + [i1, Int32(16), z, Int32(128), Int32(128),
                         Float32(1.0), Float32(1.0), Float32(1.0), z, i1, jit.example_stream()])
     return jit.compile_kernel(GatedGemm(cfg), *args)
 

@@ -1,10 +1,11 @@
 """The moe-gated CuTe DSL kernel: a persistent grouped GEMM with large tiles on warpgroup MMA.
 
     FC1: inter[p, j]  = act(scale_2[e] * (src[order[p] // row_div] @ w13[e]^T) + b13[e])  (bf16)
-    FC2: y[order[p], h] = w[order[p]] * (scale_2[e] * (inter[p] @ w2[e]^T) + b2[e])      (fp32)
+    FC2: y[order[p], h] = scale_2[e] * (inter[p] @ w2[e]^T) + b2[e]                      (fp32)
 
 p runs over routed pairs sorted by expert (moe_common.cute.routing, tiles of up to bn pairs);
-y's columns are in the paired order of y_block(geometry) (moe_common.cute.topk_reduce).
+y's columns are in the paired order of y_block(geometry) and the top-k reduce applies the router
+weights (moe_common.cute.topk_reduce, weighted).
 
 Branch pairing: the packed w13 (moe_common.packed) holds each 16-row group as [8 gate rows;
 8 up rows] of the same 8 intermediate columns, so the MMA puts gate (row r) and up (row r + 8)
@@ -146,14 +147,14 @@ class GatedGemm:
         self.a_group_bytes = fm.group_tile_bytes(cfg.weight_format)
         self.groups = CONSUMER_WARPS * self.gpw  # 16-row weight groups per row tile
         self.stage_bytes = self.b_bytes + self.groups * self.a_group_bytes
-        ep_bytes = CONSUMER_WARPS * STG_TOKENS * 16 if cfg.phase == "fc1" else 2 * self.bn * 8
+        ep_bytes = CONSUMER_WARPS * STG_TOKENS * 16 if cfg.phase == "fc1" else 2 * self.bn * 4
         fixed = 8 * ITEM_SLOTS + ITEM_BYTES * ITEM_SLOTS + ep_bytes
         # as many stages as fit (NVFP4 wide: 3 x 73 KiB; tall: 4 x 50 KiB), one CTA per SM
         self.stages = min(MAX_STAGES, (SMEM_LIMIT - fixed) // (self.stage_bytes + 16))
         # shared memory: the stages, then 8-byte mbarriers (full[stages], empty[stages],
         # item_full[ITEM_SLOTS]), the work-item ring (ITEM_BYTES per slot), then per phase
         # FC1: each consumer warp's epilogue staging (STG_TOKENS tokens x 16 bytes);
-        # FC2: the tile's (pair, router weight) table, 8 bytes per token, double-buffered
+        # FC2: the tile's pair indices, 4 bytes per token, double-buffered
         self.full_off = self.stages * self.stage_bytes
         self.empty_off = self.full_off + 8 * self.stages
         self.item_bar_off = self.empty_off + 8 * self.stages
@@ -172,14 +173,14 @@ class GatedGemm:
         wblob: Int64, sblob: Int64, gscale: Int64, bias: Int64,
         tile_expert: Int64, tile_start: Int64, tile_end: Int64, num_tiles: Int64,
         order: Int64, b_blocked: Int64, k_tiles: Int32, row_groups: Int32,
-        out: Int64, out_stride: Int32, out_rows: Int32, route_w: Int64,
+        out: Int64, out_stride: Int32, out_rows: Int32,
         act_alpha: Float32, act_beta: Float32, act_limit: Float32,
         queue: Int64, grid: Int32, stream,
     ):
         self.kernel(
             wblob, sblob, gscale, bias, tile_expert, tile_start, tile_end, num_tiles,
             order, b_blocked, k_tiles, row_groups,
-            out, out_stride, out_rows, route_w, act_alpha, act_beta, act_limit, queue, grid,
+            out, out_stride, out_rows, act_alpha, act_beta, act_limit, queue, grid,
         ).launch(grid=[grid, 1, 1], block=[THREADS, 1, 1], smem=self.smem_bytes, stream=stream,
                  # .minnctapersm 1 pins the kernel's entry register count (168) for ptxas, which
                  # the setmaxnreg regions are allocated against (NVIDIA/cutlass#3406). Measured
@@ -194,7 +195,7 @@ class GatedGemm:
         wblob: Int64, sblob: Int64, gscale: Int64, bias: Int64,
         tile_expert: Int64, tile_start: Int64, tile_end: Int64, num_tiles: Int64,
         order: Int64, b_blocked: Int64, k_tiles: Int32, row_groups: Int32,
-        out: Int64, out_stride: Int32, out_rows: Int32, route_w: Int64,
+        out: Int64, out_stride: Int32, out_rows: Int32,
         act_alpha: Float32, act_beta: Float32, act_limit: Float32,
         queue: Int64, grid: Int32,
     ):
@@ -223,8 +224,7 @@ class GatedGemm:
         else:
             cute.arch.setmaxregister_increase(CONSUMER_REGS)
             self._consumer(s_base, warp, lane, total, row_tiles, gscale, bias, order, k_tiles,
-                           row_groups, out, out_stride, out_rows, route_w, act_alpha, act_beta,
-                           act_limit)
+                           row_groups, out, out_stride, out_rows, act_alpha, act_beta, act_limit)
 
     # ------------------------------------------------------------------ producer warp
     @cute.jit
@@ -337,14 +337,14 @@ class GatedGemm:
 
     @cute.jit
     def _consumer(self, s_base, warp, lane, total, row_tiles, gscale, bias, order, k_tiles,
-                  row_groups, out, out_stride, out_rows, route_w, act_alpha, act_beta, act_limit):
+                  row_groups, out, out_stride, out_rows, act_alpha, act_beta, act_limit):
         i = Int32(0)
         g = Int32(0)  # K-tiles consumed
         item, e, p0, p1 = self._next_item(s_base, i)
         while item < total:
             self._work_item(item // row_tiles, item % row_tiles, e, p0, p1, i, g, s_base, warp,
                             lane, gscale, bias, order, k_tiles, row_groups, out, out_stride,
-                            out_rows, route_w, act_alpha, act_beta, act_limit)
+                            out_rows, act_alpha, act_beta, act_limit)
             g = g + k_tiles
             i = i + 1
             item, e, p0, p1 = self._next_item(s_base, i)
@@ -364,8 +364,7 @@ class GatedGemm:
 
     @cute.jit
     def _work_item(self, tile, rt, e, p0, p1, i, g0, s_base, warp, lane, gscale, bias, order,
-                   k_tiles, row_groups, out, out_stride, out_rows, route_w, act_alpha, act_beta,
-                   act_limit):
+                   k_tiles, row_groups, out, out_stride, out_rows, act_alpha, act_beta, act_limit):
         cfg = self.cfg
         # warp w owns groups gpw * w .. gpw * w + gpw - 1 of the row tile. Rows are padded to
         # 128, so a wide row tile is always full and in a tall one a whole warpgroup (128 rows)
@@ -375,11 +374,12 @@ class GatedGemm:
         active = group0 < row_groups
         a_warp_off = self.b_bytes + warp * self.gpw * self.a_group_bytes
 
-        # FC2's token table (pair, router weight): consumer thread c owns token slot c. The
-        # pair index is loaded now and the dependent weight load after the mainloop, so neither
-        # latency stalls a warp in front of its wgmmas.
+        # FC2's token table (pair indices): consumer thread c owns token slot c. The index is
+        # loaded now and stored after the mainloop, so its latency hides behind the MMAs. The
+        # router weights are the reduce's (a weight load here depends on the index: it cost an
+        # exposed round trip after the mainloop).
         ctid = warp * 32 + lane
-        tok = s_base + self.ep_off + (i % 2) * (self.bn * 8)
+        tok = s_base + self.ep_off + (i % 2) * (self.bn * 4)
         pair_c = Int32(0)
         if cutlass.const_expr(cfg.phase == "fc2"):
             if ctid < self.bn and p0 + ctid < p1:
@@ -402,14 +402,13 @@ class GatedGemm:
 
         if cutlass.const_expr(cfg.phase == "fc2"):
             if ctid < self.bn and p0 + ctid < p1:
-                ptx.st_shared_u32(tok + ctid * 8, pair_c)
-                ptx.st_shared_u32(tok + ctid * 8 + 4, ptx.ld_nc_u32(route_w + Int64(pair_c) * 4))
+                ptx.st_shared_u32(tok + ctid * 4, pair_c)
             # every consumer warp has finished item i - 1's epilogue (it ran before this item's
             # mainloop), so the other buffer is free for item i + 1
             ptx.named_barrier(1, 32 * CONSUMER_WARPS)
 
         # ---- epilogue (overlaps the producer's loads of the next item): global scale, bias,
-        # then the activation (FC1) or the router weight (FC2).
+        # then the activation (FC1).
         if active:
             if cutlass.const_expr(cfg.phase == "fc1"):
                 stg = s_base + self.ep_off + warp * (STG_TOKENS * 16)
@@ -467,7 +466,7 @@ class GatedGemm:
 
     @cute.jit
     def _epilogue_fc2(self, acc, p0, p1, group0, gs, bv, tok, lane, out, out_stride, out_rows):
-        """y[pair, row] = w * (acc * scale + bias) straight from the fragment, with y's rows in
+        """y[pair, row] = acc * scale + bias straight from the fragment, with y's rows in
         the paired order of y_block(geometry) (moe_common.cute.topk_reduce): thread (r, q) holds
         rows r and r + 8 of each of its groups for tokens 2q and 2q + 1 of each 8-token block,
         and those sit side by side there, so a lane writes a token's values with one store:
@@ -490,10 +489,9 @@ class GatedGemm:
                 for c in cutlass.range_constexpr(2):
                     n = nb * 8 + 2 * q + c
                     if p0 + n < p1:
-                        pw = ptx.ld_shared_v2(tok + n * 8)
-                        wgt = ptx.f32_bits(pw[1])
-                        dst = out + (Int64(pw[0]) * Int64(out_stride) + Int64(col)) * 4
-                        v = [(acc[gi, nb, 2 * h + c] * gs + bv[2 * gi + h]) * wgt
+                        pair = ptx.ld_shared_u32(tok + n * 4)
+                        dst = out + (Int64(pair) * Int64(out_stride) + Int64(col)) * 4
+                        v = [acc[gi, nb, 2 * h + c] * gs + bv[2 * gi + h]
                              for gi in range(self.gpw) for h in range(2)]
                         if row0 < bound:
                             if cutlass.const_expr(self.gpw == 1):

@@ -3,8 +3,8 @@
 A call is: routing into tiles of the chosen geometry's width (moe_common's routing kernel) ->
 [w4a4: quantized token rows] -> token rows gathered into tile-blocked B -> FC1 + activation
 (persistent, queue-driven), writing the intermediate tile-blocked -> [w4a4: requantized
-intermediate] -> FC2 + router weight into y [T * k, H] fp32 -> fixed-order top-k reduce -> bf16
-out. Every step is asynchronous on the current stream and nothing syncs with the host, so the
+intermediate] -> FC2 into y [T * k, H] fp32 -> fixed-order top-k reduce with the router weights
+-> bf16 out. Every step is asynchronous on the current stream and nothing syncs with the host, so the
 call can be captured in a CUDA graph once compiled and its workspace allocated. The work
 queues' counters are zeroed once at allocation and left at zero by every launch.
 """
@@ -109,29 +109,30 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     grid1 = _persistent_grid(dev, cap * -(-prep.fc1_rows // row_tile(geometry)))
     fc1(prep.w13.data_ptr(), prep.w13_scale.data_ptr(), prep.fc1_alpha[quant_mode].data_ptr(),
         prep.w13_bias.data_ptr(), *tile_args, order.data_ptr(), x_blocked.data_ptr(), kt1,
-        prep.fc1_rows // 16, inter.data_ptr(), kt2, Ip, 0, activation.alpha, activation.beta, limit,
+        prep.fc1_rows // 16, inter.data_ptr(), kt2, Ip, activation.alpha, activation.beta, limit,
         queues[0].data_ptr(), grid1, stream)
 
     if quant_mode == "w4a4":
         w4a4_requantize_blocked(inter[:cap], weights, tiles[0][:cap], bn)
 
-    # 4. FC2 + router weight -> y [P, H] fp32 in original pair order, each row's columns in the
-    # paired order of y_block(geometry) (moe_common.cute.topk_reduce)
+    # 4. FC2 -> y [P, H] fp32 in original pair order, each row's columns in the paired order of
+    # y_block(geometry) (moe_common.cute.topk_reduce)
     y = bufs.get("y", (P, H), torch.float32)
-    route_w = topk_weights if topk_weights.dtype == torch.float32 else topk_weights.float()
-    route_w = route_w.contiguous()
     _, fc2 = compile_cache.get("fc2", weights.weight_format, "none", geometry)
     grid2 = _persistent_grid(dev, cap * -(-prep.fc2_rows // row_tile(geometry)))
     fc2(prep.w2.data_ptr(), prep.w2_scale.data_ptr(), prep.fc2_alpha[quant_mode].data_ptr(),
         prep.w2_bias.data_ptr(), *tile_args, order.data_ptr(), inter.data_ptr(), kt2,
-        prep.fc2_rows // 16, y.data_ptr(), H, H, route_w.data_ptr(), 1.0, 1.0, math.inf,
+        prep.fc2_rows // 16, y.data_ptr(), H, H, 1.0, 1.0, math.inf,
         queues[1].data_ptr(), grid2, stream)
 
-    # 5. out[t] = sum over the top-k, fixed order, one rounding
+    # 5. out[t] = sum over the top-k of router weight x y, fixed order, one rounding
     if out is None:
         out = torch.empty(T, H, dtype=torch.bfloat16, device=dev)
-    reduce = jit.topk_reduce(idb, paired=y_block(geometry))
-    reduce(y.data_ptr(), ids.data_ptr(), out.data_ptr(), T, k, H, off, E, stream)
+    route_w = topk_weights if topk_weights.dtype == torch.float32 else topk_weights.float()
+    route_w = route_w.contiguous()
+    reduce = jit.topk_reduce(idb, paired=y_block(geometry), weighted=True)
+    reduce(y.data_ptr(), ids.data_ptr(), route_w.data_ptr(), out.data_ptr(), T, k, H, off, E,
+           stream)
     return out
 
 

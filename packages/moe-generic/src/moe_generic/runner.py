@@ -106,5 +106,5 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     # 4. out[t] = sum over the top-k, fixed order, one rounding
     if out is None:
         out = torch.empty(T, H, dtype=torch.bfloat16, device=dev)
-    jit.topk_reduce(idb)(y.data_ptr(), ids.data_ptr(), out.data_ptr(), T, k, H, off, E, stream)
+    jit.topk_reduce(idb)(y.data_ptr(), ids.data_ptr(), 0, out.data_ptr(), T, k, H, off, E, stream)
     return out

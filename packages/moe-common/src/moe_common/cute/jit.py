@@ -100,14 +100,14 @@ def route(ids, pairs: int, expert_offset: int, experts: int, bn: int, order, cou
             order.data_ptr(), stream)
 
 
-def topk_reduce(ids_nbytes: int, paired: int = 0):
+def topk_reduce(ids_nbytes: int, paired: int = 0, weighted: bool = False):
     """The top-k reduce; paired: the block of y's paired column order (moe_common.cute.topk_reduce),
-    0 for row order."""
+    0 for row order; weighted: it multiplies each route by its router weight (else the GEMM has)."""
     from cutlass import Int32, Int64
 
     from .topk_reduce import TopkReduce
 
     z = Int64(0)
-    return compiled(("topk_reduce", ids_nbytes, paired), lambda: compile_kernel(
-        TopkReduce(ids_nbytes, paired), z, z, z, Int32(1), Int32(1), Int32(8), Int32(0), Int32(1),
-        example_stream()))
+    return compiled(("topk_reduce", ids_nbytes, paired, weighted), lambda: compile_kernel(
+        TopkReduce(ids_nbytes, paired, weighted), z, z, z, z, Int32(1), Int32(1), Int32(8),
+        Int32(0), Int32(1), example_stream()))

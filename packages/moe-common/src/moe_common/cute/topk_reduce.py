@@ -1,6 +1,11 @@
 """Sum of the top-k weighted expert outputs per token, in a fixed order (deterministic).
 
-    out[t, :] = bf16( sum_{j < k, id[t, j] local} y[t * k + j, :] )
+    out[t, :] = bf16( sum_{j < k, id[t, j] local} y[t * k + j, :] )                (weighted=False)
+    out[t, :] = bf16( sum_{j < k, id[t, j] local} w[t, j] * y[t * k + j, :] )      (weighted=True)
+
+Weighted: the GEMM leaves the router weight to the reduce, which reads it beside the route's
+id (no extra round trip); a GEMM epilogue would need each token's weight by its pair index,
+a dependent load after its own load of that index.
 
 y is fp32 [T * k, H] with rows of non-local routes never written: they are skipped by id, not
 read. Each thread owns 8 consecutive h of one token: two 16-byte loads per route, one 16-byte
@@ -30,22 +35,23 @@ def paired_position(h: int, block: int) -> int:
 
 
 class TopkReduce:
-    def __init__(self, ids_bytes: int, paired: int = 0):
+    def __init__(self, ids_bytes: int, paired: int = 0, weighted: bool = False):
         assert paired in (0, 16, 32)
         self.ids_bytes = ids_bytes
         self.paired = paired
+        self.weighted = weighted
         self.cols = paired if paired else 8  # y columns per thread
 
     @cute.jit
-    def __call__(self, y: Int64, ids: Int64, out: Int64, tokens: Int32, top_k: Int32, hidden: Int32,
-                 expert_offset: Int32, experts: Int32, stream):
+    def __call__(self, y: Int64, ids: Int64, route_w: Int64, out: Int64, tokens: Int32,
+                 top_k: Int32, hidden: Int32, expert_offset: Int32, experts: Int32, stream):
         items = tokens * (hidden // self.cols)
-        self.kernel(y, ids, out, items, top_k, hidden, expert_offset, experts).launch(
+        self.kernel(y, ids, route_w, out, items, top_k, hidden, expert_offset, experts).launch(
             grid=[(items + THREADS - 1) // THREADS, 1, 1], block=[THREADS, 1, 1], stream=stream)
 
     @cute.kernel
-    def kernel(self, y: Int64, ids: Int64, out: Int64, items: Int32, top_k: Int32, hidden: Int32,
-               expert_offset: Int32, experts: Int32):
+    def kernel(self, y: Int64, ids: Int64, route_w: Int64, out: Int64, items: Int32, top_k: Int32,
+               hidden: Int32, expert_offset: Int32, experts: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         i = bidx * THREADS + tidx
@@ -61,11 +67,16 @@ class TopkReduce:
                     e = ptx.ld_nc_u32(ids + Int64(pair) * 4)
                 else:
                     e = ptx.ld_nc_s64_as_s32(ids + Int64(pair) * 8)
+                if cutlass.const_expr(self.weighted):
+                    w = ptx.ld_nc_f32(route_w + Int64(pair) * 4)
                 if cutlass.Uint32(e - expert_offset) < cutlass.Uint32(experts):
                     src = y + (Int64(pair) * Int64(hidden) + Int64(h0)) * 4
                     vals = [ptx.ld_v4(src + 16 * q) for q in range(cols // 4)]
                     for c in cutlass.range_constexpr(cols):
-                        acc[c] = acc[c] + ptx.f32_bits(vals[c // 4][c % 4])
+                        v = ptx.f32_bits(vals[c // 4][c % 4])
+                        if cutlass.const_expr(self.weighted):
+                            v = w * v
+                        acc[c] = acc[c] + v
             # column h0 + c is acc[position of c]
             pos = [paired_position(c, cols) if self.paired else c for c in range(cols)]
             dst = out + (Int64(t) * Int64(hidden) + Int64(h0)) * 2
