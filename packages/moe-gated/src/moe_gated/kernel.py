@@ -484,17 +484,19 @@ class GatedGemm:
         # the warp's groups are one block (out_rows is a multiple of 32: a block is in or out)
         row0 = group0 * 16
         col = fc2_y_position(row0, r, 0, 0, self.gpw)  # values (gi, h) at col + 2 gi + h
+        # Straight-line code, stores predicated: with a branch per token, each token's table
+        # load, address and store ran in turn (~17 instructions and a shared-load latency per
+        # token); without, the table loads (two tokens' pairs at once) issue ahead of the
+        # stores. Slots past the tile's pairs read stale table entries, never used.
         for nb in cutlass.range_constexpr(self.bn // 8):
-            if p0 + nb * 8 < p1:
-                for c in cutlass.range_constexpr(2):
-                    n = nb * 8 + 2 * q + c
-                    if p0 + n < p1:
-                        pair = ptx.ld_shared_u32(tok + n * 4)
-                        dst = out + (Int64(pair) * Int64(out_stride) + Int64(col)) * 4
-                        v = [acc[gi, nb, 2 * h + c] * gs + bv[2 * gi + h]
-                             for gi in range(self.gpw) for h in range(2)]
-                        if row0 < bound:
-                            if cutlass.const_expr(self.gpw == 1):
-                                ptx.st_v2_f32(dst, v[0], v[1])
-                            else:
-                                ptx.st_v4_f32(dst, v[0], v[1], v[2], v[3])
+            pairs = ptx.ld_shared_v2(tok + (nb * 8 + 2 * q) * 4)
+            for c in cutlass.range_constexpr(2):
+                n = nb * 8 + 2 * q + c
+                dst = out + (Int64(pairs[c]) * Int64(out_stride) + Int64(col)) * 4
+                v = [acc[gi, nb, 2 * h + c] * gs + bv[2 * gi + h]
+                     for gi in range(self.gpw) for h in range(2)]
+                ok = Int32(p0 + n < p1) & Int32(row0 < bound)
+                if cutlass.const_expr(self.gpw == 1):
+                    ptx.st_v2_f32_if(dst, v[0], v[1], ok)
+                else:
+                    ptx.st_v4_f32_if(dst, v[0], v[1], v[2], v[3], ok)

@@ -174,9 +174,21 @@ def st_v4_f32(addr, a, b, c, d, *, loc=None, ip=None):
 
 
 @dsl_user_op
-def st_v2_f32(addr, a, b, *, loc=None, ip=None):
-    _stmt([Int64(addr).ir_value(loc=loc, ip=ip), Float32(a).ir_value(loc=loc, ip=ip),
-           Float32(b).ir_value(loc=loc, ip=ip)], "st.global.v2.f32 [$0], {$1, $2};", "l,f,f")
+def st_v2_f32_if(addr, a, b, pred, *, loc=None, ip=None):
+    """8-byte global store where pred != 0 (predicated, no branch)."""
+    _stmt([Int64(addr).ir_value(loc=loc, ip=ip), _i32(pred, loc, ip)]
+          + [Float32(x).ir_value(loc=loc, ip=ip) for x in (a, b)],
+          "{\n.reg .pred p;\nsetp.ne.u32 p, $1, 0;\n@p st.global.v2.f32 [$0], {$2, $3};\n}",
+          "l,r,f,f")
+
+
+@dsl_user_op
+def st_v4_f32_if(addr, a, b, c, d, pred, *, loc=None, ip=None):
+    """16-byte global store where pred != 0 (predicated, no branch)."""
+    _stmt([Int64(addr).ir_value(loc=loc, ip=ip), _i32(pred, loc, ip)]
+          + [Float32(x).ir_value(loc=loc, ip=ip) for x in (a, b, c, d)],
+          "{\n.reg .pred p;\nsetp.ne.u32 p, $1, 0;\n"
+          "@p st.global.v4.f32 [$0], {$2, $3, $4, $5};\n}", "l,r,f,f,f,f")
 
 
 @dsl_user_op
