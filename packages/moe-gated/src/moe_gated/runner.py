@@ -4,8 +4,8 @@ A call is: routing into tiles of the chosen geometry's width (moe_common's routi
 [w4a4: quantized token rows] -> token rows gathered into tile-blocked B -> FC1 + activation
 (persistent, queue-driven), writing the intermediate tile-blocked -> [w4a4: requantized
 intermediate] -> FC2 into y [T * k, H] fp32 -> fixed-order top-k reduce with the router weights
--> bf16 out. Every step is asynchronous on the current stream and nothing syncs with the host, so the
-call can be captured in a CUDA graph once compiled and its workspace allocated. The work
+-> bf16 out. Every step is asynchronous on the current stream and nothing syncs with the host,
+so the call can be captured in a CUDA graph once compiled and its workspace allocated. The work
 queues' counters are zeroed once at allocation and left at zero by every launch.
 """
 from __future__ import annotations
