@@ -11,8 +11,9 @@ def test_routing_and_reduce_compile(ids_bytes):
     assert jit.routing(ids_bytes) is not None
     assert all(k is not None for k in jit.routing_split(ids_bytes))
     assert jit.topk_reduce(ids_bytes) is not None
-    assert jit.topk_reduce(ids_bytes, paired=16) is not None
-    assert jit.topk_reduce(ids_bytes, paired=32) is not None
+    # moe-gated's reduces: y in paired order, router weights applied here
+    assert jit.topk_reduce(ids_bytes, paired=16, weighted=True) is not None
+    assert jit.topk_reduce(ids_bytes, paired=32, weighted=True) is not None
 
 
 def test_paired_order_is_a_permutation_of_each_block():
