@@ -68,4 +68,3 @@ def test_route_pairs_buffers_and_launch(monkeypatch):
                                 num_tiles.data_ptr())
     ws.freeze()  # the same call again is served from the frozen workspace
     route_pairs(Buffers("k", ws, "cpu"), ids, 8, 16, 64, 37, "stream")
-

@@ -435,10 +435,10 @@ class StaticMoE:
         """The later piece of an FC1 unit cut at the CTA's `cut` (its K-tiles from the cut; a
         warp's first piece, so it ends early) leaves its fragment in the cut's slot and sets the
         cut's flag. Both pieces are in one CTA (_even_share with per_cta) and order the pair ids
-        alike, so the fragments line up lane by lane, and the flag is a CTA-scope release in shared memory:
-        no device-scope fence and no atomic round trip to L2 (the grid-wide meeting this
-        replaces, a fence and an atomic per piece, took ~6.6% of the warp samples at
-        Qwen3-30B-A3B T=8, BENCHMARKS.md, thirteenth session)."""
+        alike, so the fragments line up lane by lane, and the flag is a CTA-scope release in
+        shared memory: no device-scope fence and no atomic round trip to L2 (the grid-wide
+        meeting this replaces, a fence and an atomic per piece, took ~6.6% of the warp samples
+        at Qwen3-30B-A3B T=8, BENCHMARKS.md, thirteenth session)."""
         ptx.st_v4_f32(meet_cta + cut * MEET_BYTES + lane * 16, acc[0], acc[1], acc[2], acc[3])
         ptx.sync_warp()
         if lane == 0:

@@ -68,14 +68,14 @@ class TopkReduce:
                 else:
                     e = ptx.ld_nc_s64_as_s32(ids + Int64(pair) * 8)
                 if cutlass.const_expr(self.weighted):
-                    w = ptx.ld_nc_f32(route_w + Int64(pair) * 4)
+                    wt = ptx.ld_nc_f32(route_w + Int64(pair) * 4)
                 if cutlass.Uint32(e - expert_offset) < cutlass.Uint32(experts):
                     src = y + (Int64(pair) * Int64(hidden) + Int64(h0)) * 4
                     vals = [ptx.ld_v4(src + 16 * q) for q in range(cols // 4)]
                     for c in cutlass.range_constexpr(cols):
                         v = ptx.f32_bits(vals[c // 4][c % 4])
                         if cutlass.const_expr(self.weighted):
-                            v = w * v
+                            v = wt * v
                         acc[c] = acc[c] + v
             # column h0 + c is acc[position of c]
             pos = [paired_position(c, cols) if self.paired else c for c in range(cols)]
