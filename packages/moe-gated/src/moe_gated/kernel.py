@@ -54,6 +54,7 @@ from cutlass import Float32, Int32, Int64
 
 from moe_common.cute import activation as act
 from moe_common.cute import fragment_mma as fm
+from moe_common.cute import jit
 from moe_common.cute import ptx
 from moe_common.cute.wgmma_decode import wgmma_decode_k128
 
@@ -182,6 +183,7 @@ class GatedGemm:
             order, b_blocked, k_tiles, row_groups,
             out, out_stride, out_rows, act_alpha, act_beta, act_limit, queue, grid,
         ).launch(grid=[grid, 1, 1], block=[THREADS, 1, 1], smem=self.smem_bytes, stream=stream,
+                 use_pdl=jit.PDL,
                  # .minnctapersm 1 pins the kernel's entry register count (168) for ptxas, which
                  # the setmaxnreg regions are allocated against (NVIDIA/cutlass#3406). Measured
                  # 1.3-1.4% faster at T=8192 (BENCHMARKS.md); the consumers' SASS changes only a
@@ -200,6 +202,7 @@ class GatedGemm:
         queue: Int64, grid: Int32,
     ):
         tidx, _, _ = cute.arch.thread_idx()
+        ptx.grid_dependency_sync()  # first: see jit.PDL
         warp = tidx // 32
         lane = tidx % 32
         smem = cutlass.memory.SmemAllocator()

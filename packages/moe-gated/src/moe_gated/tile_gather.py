@@ -18,7 +18,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64
 
-from moe_common.cute import ptx
+from moe_common.cute import jit, ptx
 
 from .kernel import B_GROUP_BYTES, TILE_K
 
@@ -40,12 +40,13 @@ class TileGather:
                  k_tiles: Int32, max_tiles: Int32, stream):
         self.kernel(src, src_stride, k_real, order, row_div, tile_start, tile_end, num_tiles,
                     blocked, k_tiles).launch(grid=[k_tiles, max_tiles, 1], block=[THREADS, 1, 1],
-                                             stream=stream)
+                                             stream=stream, use_pdl=jit.PDL)
 
     @cute.kernel
     def kernel(self, src: Int64, src_stride: Int32, k_real: Int32, order: Int64, row_div: Int32,
                tile_start: Int64, tile_end: Int64, num_tiles: Int64, blocked: Int64, k_tiles: Int32):
         tidx, _, _ = cute.arch.thread_idx()
+        ptx.grid_dependency_sync()  # first: see jit.PDL
         kt, t, _ = cute.arch.block_idx()
         if t < ptx.ld_u32(num_tiles):
             p0 = ptx.ld_u32(tile_start + Int64(t) * 4)

@@ -37,7 +37,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 
-from moe_common.cute import ptx
+from moe_common.cute import jit, ptx
 from moe_common.cute import activation as act
 from moe_common.cute import fragment_mma as fm
 from moe_common.cute.wgmma_decode import wgmma_decode_k128
@@ -103,7 +103,7 @@ class GroupedGemm:
             order, row_div, src, src_stride, k_real, k_tiles, row_groups,
             out, out_stride, out_rows, pair_orig, route_w, act_alpha, act_beta, act_limit,
         ).launch(grid=[grid_m, max_tiles, 1], block=[self.threads, 1, 1],
-                 smem=self.cfg.stages * self.stage_bytes, stream=stream)
+                 smem=self.cfg.stages * self.stage_bytes, stream=stream, use_pdl=jit.PDL)
 
     # ------------------------------------------------------------------ device
     @cute.kernel
@@ -118,6 +118,7 @@ class GroupedGemm:
     ):
         cfg = self.cfg
         tidx, _, _ = cute.arch.thread_idx()
+        ptx.grid_dependency_sync()  # first: see jit.PDL
         bidx, bidy, _ = cute.arch.block_idx()
         tile = bidy
         if tile < ptx.ld_u32(num_tiles):

@@ -12,6 +12,10 @@ from typing import Callable
 import torch
 
 ARCH_OPTIONS = "--gpu-arch=sm_90a"
+# Programmatic dependent launch for the kernels of a layer call (routing, gather, GEMMs, reduce):
+# each is launched with `use_pdl` and starts with ptx.grid_dependency_sync, so its launch and CTA
+# placement overlap the previous kernel's tail instead of following its completion.
+PDL = True
 _cache: dict = {}
 _lock = threading.Lock()
 

@@ -460,6 +460,16 @@ def mbarrier_init(addr, count, *, loc=None, ip=None):
 
 
 @dsl_user_op
+def grid_dependency_sync(*, loc=None, ip=None):
+    """Programmatic dependent launch (kernels launched with `use_pdl`, jit.PDL): wait until the
+    previous kernel on the stream has completed and its writes are visible, then let the next
+    kernel's CTAs launch as SMs free up (they wait here in turn). Called first by every kernel
+    launched that way, before it touches global memory; a no-op for a plain launch."""
+    _stmt([], "griddepcontrol.wait;", "~{memory}")
+    _stmt([], "griddepcontrol.launch_dependents;", "~{memory}")
+
+
+@dsl_user_op
 def fence_mbarrier_init(*, loc=None, ip=None):
     """Make mbarrier.init visible to the async proxy (bulk copies) before first use."""
     _stmt([], "fence.mbarrier_init.release.cluster;", "")

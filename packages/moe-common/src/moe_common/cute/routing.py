@@ -27,7 +27,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64
 
-from . import ptx
+from . import jit, ptx
 from .scan import exclusive_scan2
 
 THREADS = 1024
@@ -108,13 +108,14 @@ class RoutingKernel(_PairIds):
                  tile_end: Int64, num_tiles: Int64, stream):
         self.kernel(ids, pairs, expert_offset, experts, bn, order, counts_out, tile_expert,
                     tile_start, tile_end, num_tiles).launch(grid=[1, 1, 1], block=[THREADS, 1, 1],
-                                                            stream=stream)
+                                                            stream=stream, use_pdl=jit.PDL)
 
     @cute.kernel
     def kernel(self, ids: Int64, pairs: Int32, expert_offset: Int32, experts: Int32, bn: Int32,
                order: Int64, counts_out: Int64, tile_expert: Int64, tile_start: Int64,
                tile_end: Int64, num_tiles: Int64):
         tid, _, _ = cute.arch.thread_idx()
+        ptx.grid_dependency_sync()  # first: see jit.PDL
         smem = cutlass.memory.SmemAllocator()
         buf = smem.allocate_array(cutlass.Int32, 3 * THREADS, byte_alignment=16)
         s_cnt = Int32(buf.toint())          # pair counts per expert
@@ -156,12 +157,13 @@ class RoutingSlices(_PairIds):
     def __call__(self, ids: Int64, pairs: Int32, expert_offset: Int32, experts: Int32,
                  ctas: Int32, hist: Int64, order: Int64, stream):
         self.kernel(ids, pairs, expert_offset, experts, ctas, hist, order).launch(
-            grid=[ctas, 1, 1], block=[SPLIT_THREADS, 1, 1], stream=stream)
+            grid=[ctas, 1, 1], block=[SPLIT_THREADS, 1, 1], stream=stream, use_pdl=jit.PDL)
 
     @cute.kernel
     def kernel(self, ids: Int64, pairs: Int32, expert_offset: Int32, experts: Int32,
                ctas: Int32, hist: Int64, order: Int64):
         tid, _, _ = cute.arch.thread_idx()
+        ptx.grid_dependency_sync()  # first: see jit.PDL
         g, _, _ = cute.arch.block_idx()
         smem = cutlass.memory.SmemAllocator()
         buf = smem.allocate_array(cutlass.Int32, MAX_EXPERTS, byte_alignment=16)
@@ -196,12 +198,14 @@ class RoutingScan:
     def __call__(self, hist: Int64, ctas: Int32, experts: Int32, bn: Int32, counts_out: Int64,
                  tile_expert: Int64, tile_start: Int64, tile_end: Int64, num_tiles: Int64, stream):
         self.kernel(hist, ctas, experts, bn, counts_out, tile_expert, tile_start, tile_end,
-                    num_tiles).launch(grid=[1, 1, 1], block=[THREADS, 1, 1], stream=stream)
+                    num_tiles).launch(grid=[1, 1, 1], block=[THREADS, 1, 1], stream=stream,
+                                      use_pdl=jit.PDL)
 
     @cute.kernel
     def kernel(self, hist: Int64, ctas: Int32, experts: Int32, bn: Int32, counts_out: Int64,
                tile_expert: Int64, tile_start: Int64, tile_end: Int64, num_tiles: Int64):
         tid, _, _ = cute.arch.thread_idx()
+        ptx.grid_dependency_sync()  # first: see jit.PDL
         smem = cutlass.memory.SmemAllocator()
         buf = smem.allocate_array(cutlass.Int32, 2 * THREADS, byte_alignment=16)
         s_cnt = Int32(buf.toint())

@@ -24,7 +24,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 
-from . import ptx
+from . import jit, ptx
 
 THREADS = 256
 
@@ -47,12 +47,14 @@ class TopkReduce:
                  top_k: Int32, hidden: Int32, expert_offset: Int32, experts: Int32, stream):
         items = tokens * (hidden // self.cols)
         self.kernel(y, ids, route_w, out, items, top_k, hidden, expert_offset, experts).launch(
-            grid=[(items + THREADS - 1) // THREADS, 1, 1], block=[THREADS, 1, 1], stream=stream)
+            grid=[(items + THREADS - 1) // THREADS, 1, 1], block=[THREADS, 1, 1], stream=stream,
+            use_pdl=jit.PDL)
 
     @cute.kernel
     def kernel(self, y: Int64, ids: Int64, route_w: Int64, out: Int64, items: Int32, top_k: Int32,
                hidden: Int32, expert_offset: Int32, experts: Int32):
         tidx, _, _ = cute.arch.thread_idx()
+        ptx.grid_dependency_sync()  # first: see jit.PDL
         bidx, _, _ = cute.arch.block_idx()
         i = bidx * THREADS + tidx
         cols = self.cols
