@@ -202,7 +202,7 @@ class GatedGemm:
         queue: Int64, grid: Int32,
     ):
         tidx, _, _ = cute.arch.thread_idx()
-        ptx.grid_dependency_sync()  # first: see jit.PDL
+        ptx.grid_dependency_wait()  # first: see jit.PDL
         warp = tidx // 32
         lane = tidx % 32
         smem = cutlass.memory.SmemAllocator()

@@ -46,7 +46,7 @@ class TileGather:
     def kernel(self, src: Int64, src_stride: Int32, k_real: Int32, order: Int64, row_div: Int32,
                tile_start: Int64, tile_end: Int64, num_tiles: Int64, blocked: Int64, k_tiles: Int32):
         tidx, _, _ = cute.arch.thread_idx()
-        ptx.grid_dependency_sync()  # first: see jit.PDL
+        ptx.grid_dependency_wait()  # first: see jit.PDL
         kt, t, _ = cute.arch.block_idx()
         if t < ptx.ld_u32(num_tiles):
             p0 = ptx.ld_u32(tile_start + Int64(t) * 4)
@@ -96,3 +96,72 @@ class TileGather:
                 if p0 + n < p1:
                     ptx.st_cs_v4(dst_block + Int64((n // 8) * B_GROUP_BYTES + ch_of[i] * 128
                                                    + (n % 8) * 16), *vals[i])
+
+
+# ---------------------------------------------------------------- source-major (swizzled B)
+SCATTER_WARPS = 8
+SEG = 8  # 16-byte chunks per lane per pass: a warp moves 4 KiB of its row per pass
+
+
+class RowScatter:
+    """Token rows scattered into tile-blocked B with wgmma's 128-byte swizzle (K-major):
+
+        blocked[t, kt] (bn x 128 bf16) = two halves of 64 columns, each bn rows of 128 bytes;
+        token n's 16-byte chunk c (columns 8c .. 8c + 7 of the half) at byte
+        h * bn * 128 + n * 128 + (c ^ (n % 8)) * 16,
+
+    which is what a 128B-swizzled wgmma descriptor reads from a 1024-byte aligned stage. A
+    warp takes one source row, loads it once (512 contiguous bytes per instruction) and
+    stores it to each routed copy's token slot (slots[row * copies + j] = tile * bn + n, or
+    -1 for a copy routed elsewhere), every 8 lanes one whole 128-byte line."""
+
+    def __init__(self, bn: int):
+        self.bn = bn
+
+    @cute.jit
+    def __call__(self, src: Int64, src_stride: Int32, k_real: Int32, rows: Int32, copies: Int32,
+                 slots: Int64, blocked: Int64, k_tiles: Int32, stream):
+        self.kernel(src, src_stride, k_real, rows, copies, slots, blocked, k_tiles).launch(
+            grid=[(rows + SCATTER_WARPS - 1) // SCATTER_WARPS, 1, 1],
+            block=[32 * SCATTER_WARPS, 1, 1], stream=stream, use_pdl=jit.PDL)
+
+    @cute.kernel
+    def kernel(self, src: Int64, src_stride: Int32, k_real: Int32, rows: Int32, copies: Int32,
+               slots: Int64, blocked: Int64, k_tiles: Int32):
+        tidx, _, _ = cute.arch.thread_idx()
+        ptx.grid_dependency_wait()  # first: see jit.PDL
+        bidx, _, _ = cute.arch.block_idx()
+        warp = tidx // 32
+        lane = tidx % 32
+        row = bidx * SCATTER_WARPS + warp
+        if row < rows:
+            slot = Int32(-1)
+            if lane < copies:
+                slot = ptx.ld_u32(slots + (Int64(row) * Int64(copies) + Int64(lane)) * 4)
+            chunks = k_tiles * (TILE_K // 8)
+            src_row = src + Int64(row) * Int64(src_stride) * 2
+            # a warp instruction covers 32 chunks = 2 K-tiles: lanes 0-7 and 16-23 the first
+            # half of K-tile 2i and 2i + 1, lanes 8-15 and 24-31 the second
+            half = (lane // 8) % 2
+            c8 = lane % 8
+            for s0 in cutlass.range(0, chunks, 32 * SEG, unroll=1):
+                vals = []
+                for i in cutlass.range_constexpr(SEG):
+                    q = s0 + i * 32 + lane
+                    v0, v1, v2, v3 = Int32(0), Int32(0), Int32(0), Int32(0)
+                    if q * 8 < k_real:
+                        v = ptx.ld_v4(src_row + Int64(q) * 16)
+                        v0, v1, v2, v3 = v[0], v[1], v[2], v[3]
+                    vals.append((v0, v1, v2, v3))
+                for j in cutlass.range(copies, unroll=1):
+                    sl = cute.arch.shuffle_sync(slot, j)
+                    if sl >= 0:
+                        t = sl // self.bn
+                        n = sl % self.bn
+                        line = blocked + Int64(t) * Int64(k_tiles) * (self.bn * TILE_K * 2) \
+                            + Int64(half * self.bn * 128 + n * 128 + ((c8 ^ (n % 8)) * 16))
+                        for i in cutlass.range_constexpr(SEG):
+                            q = s0 + i * 32 + lane
+                            if q < chunks:
+                                kt = q // (TILE_K // 8)
+                                ptx.st_cs_v4(line + Int64(kt) * (self.bn * TILE_K * 2), *vals[i])

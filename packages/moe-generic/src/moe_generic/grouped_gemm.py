@@ -118,7 +118,7 @@ class GroupedGemm:
     ):
         cfg = self.cfg
         tidx, _, _ = cute.arch.thread_idx()
-        ptx.grid_dependency_sync()  # first: see jit.PDL
+        ptx.grid_dependency_wait()  # first: see jit.PDL
         bidx, bidy, _ = cute.arch.block_idx()
         tile = bidy
         if tile < ptx.ld_u32(num_tiles):

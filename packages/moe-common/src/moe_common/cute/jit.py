@@ -13,7 +13,7 @@ import torch
 
 ARCH_OPTIONS = "--gpu-arch=sm_90a"
 # Programmatic dependent launch for the kernels of a layer call (routing, gather, GEMMs, reduce):
-# each is launched with `use_pdl` and starts with ptx.grid_dependency_sync, so its launch and CTA
+# each is launched with `use_pdl` and starts with ptx.grid_dependency_wait, so its launch and CTA
 # placement overlap the previous kernel's tail instead of following its completion.
 PDL = True
 _cache: dict = {}

@@ -460,13 +460,13 @@ def mbarrier_init(addr, count, *, loc=None, ip=None):
 
 
 @dsl_user_op
-def grid_dependency_sync(*, loc=None, ip=None):
+def grid_dependency_wait(*, loc=None, ip=None):
     """Programmatic dependent launch (kernels launched with `use_pdl`, jit.PDL): wait until the
-    previous kernel on the stream has completed and its writes are visible, then let the next
-    kernel's CTAs launch as SMs free up (they wait here in turn). Called first by every kernel
-    launched that way, before it touches global memory; a no-op for a plain launch."""
+    previous kernel on the stream has completed and its writes are visible. Called first by
+    every kernel launched that way, before it touches global memory; a no-op for a plain
+    launch. (No griddepcontrol.launch_dependents: issued at each kernel's start it made the
+    layer 14-18% slower at T = 128-512, BENCHMARKS.md seventeenth session.)"""
     _stmt([], "griddepcontrol.wait;", "~{memory}")
-    _stmt([], "griddepcontrol.launch_dependents;", "~{memory}")
 
 
 @dsl_user_op

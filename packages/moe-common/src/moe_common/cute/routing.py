@@ -115,7 +115,7 @@ class RoutingKernel(_PairIds):
                order: Int64, counts_out: Int64, tile_expert: Int64, tile_start: Int64,
                tile_end: Int64, num_tiles: Int64):
         tid, _, _ = cute.arch.thread_idx()
-        ptx.grid_dependency_sync()  # first: see jit.PDL
+        ptx.grid_dependency_wait()  # first: see jit.PDL
         smem = cutlass.memory.SmemAllocator()
         buf = smem.allocate_array(cutlass.Int32, 3 * THREADS, byte_alignment=16)
         s_cnt = Int32(buf.toint())          # pair counts per expert
@@ -163,7 +163,7 @@ class RoutingSlices(_PairIds):
     def kernel(self, ids: Int64, pairs: Int32, expert_offset: Int32, experts: Int32,
                ctas: Int32, hist: Int64, order: Int64):
         tid, _, _ = cute.arch.thread_idx()
-        ptx.grid_dependency_sync()  # first: see jit.PDL
+        ptx.grid_dependency_wait()  # first: see jit.PDL
         g, _, _ = cute.arch.block_idx()
         smem = cutlass.memory.SmemAllocator()
         buf = smem.allocate_array(cutlass.Int32, MAX_EXPERTS, byte_alignment=16)
@@ -205,7 +205,7 @@ class RoutingScan:
     def kernel(self, hist: Int64, ctas: Int32, experts: Int32, bn: Int32, counts_out: Int64,
                tile_expert: Int64, tile_start: Int64, tile_end: Int64, num_tiles: Int64):
         tid, _, _ = cute.arch.thread_idx()
-        ptx.grid_dependency_sync()  # first: see jit.PDL
+        ptx.grid_dependency_wait()  # first: see jit.PDL
         smem = cutlass.memory.SmemAllocator()
         buf = smem.allocate_array(cutlass.Int32, 2 * THREADS, byte_alignment=16)
         s_cnt = Int32(buf.toint())

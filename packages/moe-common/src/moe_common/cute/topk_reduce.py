@@ -54,7 +54,7 @@ class TopkReduce:
     def kernel(self, y: Int64, ids: Int64, route_w: Int64, out: Int64, items: Int32, top_k: Int32,
                hidden: Int32, expert_offset: Int32, experts: Int32):
         tidx, _, _ = cute.arch.thread_idx()
-        ptx.grid_dependency_sync()  # first: see jit.PDL
+        ptx.grid_dependency_wait()  # first: see jit.PDL
         bidx, _, _ = cute.arch.block_idx()
         i = bidx * THREADS + tidx
         cols = self.cols
