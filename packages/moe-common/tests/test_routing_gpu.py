@@ -29,8 +29,9 @@ def test_routing_tables(tokens, top_k, experts, offset, bn, dtype):
     cap = -(-P // bn) + min(P, experts)
     tiles = torch.full((3, cap), -7, dtype=torch.int32, device=dev)
     num_tiles = torch.empty(1, dtype=torch.int32, device=dev)
-    hist = torch.empty(MAX_SPLIT_CTAS, experts, dtype=torch.int32, device=dev)
-    jit.route(ids, P, offset, experts, bn, order, counts, tiles, num_tiles, hist,
+    slots = torch.full((P,), -7, dtype=torch.int32, device=dev)
+    hist = torch.empty(MAX_SPLIT_CTAS + 1, experts, dtype=torch.int32, device=dev)
+    jit.route(ids, P, offset, experts, bn, order, slots, counts, tiles, num_tiles, hist,
               jit.current_stream(torch.device(dev)))
     torch.cuda.synchronize()
     assert (split_ctas(P) > 0) == (P >= SPLIT_MIN_PAIRS)
@@ -51,3 +52,8 @@ def test_routing_tables(tokens, top_k, experts, offset, bn, dtype):
     assert int(num_tiles) == len(exp_tiles)
     got_tiles = list(zip(*[t.tolist() for t in tiles[:, :len(exp_tiles)]]))
     assert got_tiles == exp_tiles
+    # slots: each routed pair's tile * bn + its place in the tile; -1 for the others
+    want_slots = torch.full((P,), -1, dtype=torch.long, device=dev)
+    for t, (_, s0, s1) in enumerate(exp_tiles):
+        want_slots[got[s0:s1]] = torch.arange(t * bn, t * bn + s1 - s0, device=dev)
+    assert torch.equal(slots.long(), want_slots)

@@ -9,11 +9,11 @@ from moe_gated.limits import CUTOVER_ROWS_PER_EXPERT, priority, unsupported_reas
 
 
 def test_every_dispatchable_config_compiles_for_sm90a():
-    from moe_gated.compile_cache import all_configs, compile_config, tile_gather
+    from moe_gated.compile_cache import all_configs, compile_config, row_scatter
     from moe_gated.kernel import GEOMETRIES
 
     for bn, _ in GEOMETRIES.values():
-        assert tile_gather(bn) is not None
+        assert row_scatter(bn) is not None
     configs = all_configs()
     assert len(configs) == 16  # 2 geometries x 2 formats x (3 gated FC1 activations + FC2)
     for cfg in configs:
@@ -148,8 +148,8 @@ def test_w4a4_requantize_of_the_tile_blocked_intermediate_matches_row_quantizati
 
 def test_tile_blocked_layout():
     """Token n, column j of tile t, K-tile kt sits at element ((n // 8) * 16 + j % 128 // 8) * 64
-    + (n % 8) * 8 + j % 8 of block [t, kt] (the layout tile_gather and FC1 write and the wgmma
-    descriptor reads), and the two conversions are inverse."""
+    + (n % 8) * 8 + j % 8 of block [t, kt] (the layout FC1 writes and FC2's wgmma descriptor
+    reads), and the two conversions are inverse."""
     import torch
 
     from moe_gated.runner import blocked_to_rows, rows_to_blocked

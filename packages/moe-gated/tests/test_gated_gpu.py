@@ -128,3 +128,36 @@ def test_dispatcher_picks_gated_for_large_gated_batches():
     assert exp.choice is not None and exp.choice.kernel == "moe-gated"
     out = dispatcher.fused_moe(x, w, tw, ti, activation="silu")
     assert_close(out, reference_moe(x, w, tw, ti), "dispatcher auto")
+
+
+@pytest.mark.parametrize("tokens,top_k,experts,hidden,offset,bn", [
+    (300, 4, 8, 2880, 0, 128),     # padded K (2880 -> 2944), one-CTA routing
+    (4096, 8, 16, 1024, 16, 256),  # split routing, expert parallelism: half the pairs elsewhere
+])
+def test_row_scatter_places_each_routed_row(tokens, top_k, experts, hidden, offset, bn):
+    """FC1's B: each routed pair's token row in its tile slot (128B-swizzled halves), zeros past
+    the real K; pairs routed elsewhere are not written."""
+    from moe_common.cute import jit
+    from moe_common.kernel_package import Buffers, route_pairs
+    from moe_gated import compile_cache
+    from moe_gated.runner import swizzled_to_rows, tiles_capacity
+
+    dev = torch.device("cuda")
+    x = torch.randn(tokens, hidden, device=dev, dtype=torch.bfloat16)
+    ids = torch.randint(0, experts + 2 * offset, (tokens, top_k), device=dev, dtype=torch.int32)
+    P, kt = tokens * top_k, -(-hidden // 128)
+    cap = tiles_capacity(P, experts, bn)
+    stream = jit.current_stream(dev)
+    routed = route_pairs(Buffers("t", None, dev), ids, offset, experts, bn, cap, stream)
+    blocked = torch.full((cap, kt, bn * 128), float("nan"), device=dev, dtype=torch.bfloat16)
+    compile_cache.row_scatter(bn)(x.data_ptr(), x.stride(0), hidden, tokens, top_k,
+                                  routed.slots.data_ptr(), blocked.data_ptr(), kt, stream)
+    torch.cuda.synchronize()
+    rows = swizzled_to_rows(blocked, bn)
+    slots = routed.slots.long()
+    routed_pairs = torch.nonzero(slots >= 0).view(-1)
+    local = ids.view(-1).long() - offset
+    assert torch.equal(routed_pairs, torch.nonzero((local >= 0) & (local < experts)).view(-1))
+    want = torch.zeros(routed_pairs.numel(), kt * 128, device=dev, dtype=torch.bfloat16)
+    want[:, :hidden] = x[routed_pairs // top_k]
+    assert torch.equal(rows[slots[routed_pairs]], want)

@@ -61,6 +61,7 @@ class Buffers:
 
 class RoutedPairs(NamedTuple):
     order: torch.Tensor  # [P] int32: sorted position -> pair index t * k + j
+    slots: torch.Tensor  # [P] int32: pair index -> tile * bn + position in tile, -1: not local
     tiles: torch.Tensor  # [3, capacity] int32: tile expert, start, end
     num_tiles: torch.Tensor  # [1] int32
 
@@ -80,13 +81,15 @@ def route_pairs(bufs: Buffers, topk_ids, expert_offset: int, experts: int, bn: i
 
     pairs = topk_ids.numel()
     order = bufs.get("order", (pairs,), torch.int32)
+    slots = bufs.get("slots", (pairs,), torch.int32)
     counts = bufs.get("counts", (experts,), torch.int32)
     tiles = bufs.get("tiles", (3, capacity), torch.int32)
     num_tiles = bufs.get("num_tiles", (1,), torch.int32)
-    hist = bufs.get("route_hist", (MAX_SPLIT_CTAS, experts), torch.int32)  # split-path scratch
-    jit.route(topk_ids, pairs, expert_offset, experts, bn, order, counts, tiles, num_tiles, hist,
-              stream)
-    return RoutedPairs(order, tiles, num_tiles)
+    # split-path scratch: per-CTA bases, then the slot shifts
+    hist = bufs.get("route_hist", (MAX_SPLIT_CTAS + 1, experts), torch.int32)
+    jit.route(topk_ids, pairs, expert_offset, experts, bn, order, slots, counts, tiles, num_tiles,
+              hist, stream)
+    return RoutedPairs(order, slots, tiles, num_tiles)
 
 
 def quantize_rows(v: torch.Tensor, fmt, gs) -> torch.Tensor:

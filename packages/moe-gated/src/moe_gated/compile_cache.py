@@ -39,16 +39,16 @@ def compile_config(cfg: GatedConfig):
     return jit.compile_kernel(GatedGemm(cfg), *args)
 
 
-def tile_gather(bn: int):
-    """The token-row gather into tiles of bn tokens."""
+def row_scatter(bn: int):
+    """The token-row scatter into FC1's tiles of bn tokens."""
     from cutlass import Int32, Int64
 
-    from .tile_gather import TileGather
+    from .tile_gather import RowScatter
 
     z = Int64(0)
     i1 = Int32(1)
-    return jit.compiled(("moe-gated", "tile_gather", bn), lambda: jit.compile_kernel(
-        TileGather(bn), z, Int32(128), Int32(128), z, i1, z, z, z, z, i1, i1, jit.example_stream()))
+    return jit.compiled(("moe-gated", "row_scatter", bn), lambda: jit.compile_kernel(
+        RowScatter(bn), z, Int32(128), Int32(128), i1, i1, z, z, i1, jit.example_stream()))
 
 
 def get(phase: str, weight_format: str, activation: str, geometry: str = "wide"):

@@ -26,10 +26,11 @@ per 8 weights) is paid once per weight tile and token tile, so the wider the tok
 less decode per FLOP: GEOMETRIES has the two tile shapes, 128 rows x 256 tokens ("wide") and
 256 x 128 ("tall").
 
-Operands arrive by bulk copy (cp.async.bulk, the TMA engine's 1-D copy): B is one copy per
-K-tile of as many tokens as the MMA is wide from a tile-blocked buffer already in wgmma's
-core-matrix order (FC1: token rows gathered by tile_gather; FC2: the intermediate, which FC1's
-epilogue writes in that order), and each 16-row weight group's codes and scales are two
+Operands arrive by bulk copy (cp.async.bulk, the TMA engine's 1-D copy): B is copied per
+K-tile, as many tokens as the MMA is wide, from a tile-blocked buffer already in the order the
+wgmma descriptor reads (FC1: two copies of token rows that tile_gather.RowScatter placed in the
+128-byte swizzle; FC2: one copy of the intermediate, which FC1's epilogue writes as
+token-group-major core matrices), and each 16-row weight group's codes and scales are two
 contiguous copies. A CTA-wide per-thread cp.async ring measured 21.1 ms at DeepSeek-V3 T=8192
 with its issue stalled on the load/store unit (ncu: 21% of warp samples on one LDGSTS address
 register, long scoreboard); the bulk copies take one instruction per 1-64 KiB instead of one
@@ -144,10 +145,16 @@ class GatedGemm:
         self.widths = WIDTHS[self.bn]
         self.pending = cfg.pending if cfg.pending is not None else (2 if self.gpw == 1 else 1)
         self.b_bytes = self.bn * TILE_K * 2
+        # FC1's B (token rows, moe_gated.tile_gather.RowScatter) is 128B-swizzled: two 64-column
+        # halves of bn 128-byte rows, read by a swizzled descriptor from 1024-byte aligned
+        # stages; FC2's (the intermediate) is token-group-major core matrices (B_GROUP_BYTES)
+        self.b_swizzle = cfg.phase == "fc1"
         self.scale_bytes = 16 * fm.scale_bytes_per_row(cfg.weight_format)  # per group tile
         self.a_group_bytes = fm.group_tile_bytes(cfg.weight_format)
         self.groups = CONSUMER_WARPS * self.gpw  # 16-row weight groups per row tile
         self.stage_bytes = self.b_bytes + self.groups * self.a_group_bytes
+        if self.b_swizzle:
+            self.stage_bytes = -(-self.stage_bytes // 1024) * 1024
         ep_bytes = CONSUMER_WARPS * STG_TOKENS * 16 if cfg.phase == "fc1" else 2 * self.bn * 4
         fixed = 8 * ITEM_SLOTS + ITEM_BYTES * ITEM_SLOTS + ep_bytes
         # as many stages as fit (NVFP4 wide: 3 x 73 KiB; tall: 4 x 50 KiB), one CTA per SM
@@ -206,7 +213,7 @@ class GatedGemm:
         warp = tidx // 32
         lane = tidx % 32
         smem = cutlass.memory.SmemAllocator()
-        sbuf = smem.allocate_array(cutlass.Uint8, self.smem_bytes, byte_alignment=128)
+        sbuf = smem.allocate_array(cutlass.Uint8, self.smem_bytes, byte_alignment=1024)
         s_base = Int32(sbuf.toint())
         if tidx == 0:
             for st in cutlass.range_constexpr(self.stages):
@@ -281,7 +288,13 @@ class GatedGemm:
                 bar = s_base + self.full_off + s * 8
                 if lane == 0:
                     ptx.mbarrier_arrive_expect_tx(bar, stage_tx)
-                    ptx.bulk_copy_g2s(stage, b_tile + Int64(kt) * self.b_bytes, b_copy, bar)
+                    if cutlass.const_expr(self.b_swizzle):  # each half's first tokens
+                        for hb in cutlass.range_constexpr(2):
+                            ptx.bulk_copy_g2s(stage + hb * (self.b_bytes // 2),
+                                              b_tile + Int64(kt) * self.b_bytes
+                                              + hb * (self.b_bytes // 2), b_copy // 2, bar)
+                    else:
+                        ptx.bulk_copy_g2s(stage, b_tile + Int64(kt) * self.b_bytes, b_copy, bar)
                 cute.arch.sync_warp()
                 if copy_ok:
                     ptx.bulk_copy_g2s(stage + cdst, csrc + Int64(kt) * cstep, cbytes, bar)
@@ -330,7 +343,8 @@ class GatedGemm:
                     res = wgmma_decode_k128(accs, [w[:8] for w in words], [w[8:] for w in words],
                                             cfg.weight_format, stage, n_tok, pending=self.pending,
                                             decode=cfg.variant != "nodecode",
-                                            b_lbo=128, b_sbo=B_GROUP_BYTES)
+                                            b_lbo=128, b_sbo=B_GROUP_BYTES,
+                                            b_sw128_half=self.b_bytes // 2 if self.b_swizzle else 0)
                     _store_fragments(acc, res)
             # at most `pending` slabs of K-tile g are in flight: K-tile g - 1 is finished
             if kt > 0:

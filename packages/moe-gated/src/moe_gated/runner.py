@@ -1,7 +1,7 @@
 """Host side of moe-gated: routing, the two persistent grouped GEMMs, the top-k reduce.
 
 A call is: routing into tiles of the chosen geometry's width (moe_common's routing kernel) ->
-[w4a4: quantized token rows] -> token rows gathered into tile-blocked B -> FC1 + activation
+[w4a4: quantized token rows] -> token rows scattered into tile-blocked B -> FC1 + activation
 (persistent, queue-driven), writing the intermediate tile-blocked -> [w4a4: requantized
 intermediate] -> FC2 into y [T * k, H] fp32 -> fixed-order top-k reduce with the router weights
 -> bf16 out. Every step is asynchronous on the current stream and nothing syncs with the host,
@@ -87,20 +87,21 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
 
     # 1. routing tables: (expert, up to bn sorted pairs) tiles
     routed = route_pairs(bufs, ids, off, E, bn, _table_tiles(P, E), stream)
-    order, tiles, num_tiles = routed
+    order, tiles = routed.order, routed.tiles
     tile_args = routed.tile_args
     queues = bufs.get("queues", (2, 2), torch.int32, zeroed=True)
 
-    # 2. token rows gathered into tile-blocked B (one bulk copy per tile and K-tile)
+    # 2. token rows scattered into tile-blocked B (two bulk copies per tile and K-tile): each
+    # token row (w4a4: each pair's quantized row) to its routed copies' token slots
     if quant_mode == "w4a4":
-        src, row_div = w4a4_fc1_rows(x, weights, ids, bufs.get("xq", (P, H), torch.bfloat16)), 1
+        src = w4a4_fc1_rows(x, weights, ids, bufs.get("xq", (P, H), torch.bfloat16))
+        copies = 1
     else:
-        src, row_div = x, k
+        src, copies = x, k
     kt1, kt2 = Hp // TILE_K, Ip // TILE_K
     x_blocked = bufs.get("x_blocked", (slots // bn, kt1, bn * TILE_K), torch.bfloat16)
-    compile_cache.tile_gather(bn)(src.data_ptr(), src.stride(0), H, order.data_ptr(), row_div,
-                                  tiles[1].data_ptr(), tiles[2].data_ptr(), num_tiles.data_ptr(),
-                                  x_blocked.data_ptr(), kt1, cap, stream)
+    compile_cache.row_scatter(bn)(src.data_ptr(), src.stride(0), H, src.shape[0], copies,
+                                  routed.slots.data_ptr(), x_blocked.data_ptr(), kt1, stream)
 
     # 3. FC1 + activation -> intermediate, written in FC2's tile-blocked B layout
     inter = bufs.get("inter_blocked", (slots // bn, kt2, bn * TILE_K), torch.bfloat16)
@@ -136,9 +137,20 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     return out
 
 
-def blocked_to_rows(blocked, bn: int):
-    """The tile-blocked layout [tiles, K-tiles, bn / 8 token groups x 16 chunks x 8 tokens x 8]
+def swizzled_to_rows(blocked, bn: int):
+    """FC1's B layout [tiles, K-tiles, 2 halves x bn tokens x 8 chunks (swizzled) x 8]
     (moe_gated.tile_gather) as rows [tiles * bn, K-tiles * 128] (a copy)."""
+    cap, kt, _ = blocked.shape
+    v = blocked.view(cap, kt, 2, bn, 8, 8)
+    n = torch.arange(bn, device=blocked.device).view(bn, 1)
+    c = torch.arange(8, device=blocked.device).view(1, 8)
+    phys = (c ^ (n % 8)).view(1, 1, 1, bn, 8, 1).expand(cap, kt, 2, bn, 8, 8)
+    return torch.gather(v, 4, phys).permute(0, 3, 1, 2, 4, 5).reshape(cap * bn, kt * TILE_K)
+
+
+def blocked_to_rows(blocked, bn: int):
+    """FC2's B layout [tiles, K-tiles, bn / 8 token groups x 16 chunks x 8 tokens x 8] (the
+    intermediate FC1 writes) as rows [tiles * bn, K-tiles * 128] (a copy)."""
     cap, kt, _ = blocked.shape
     return (blocked.view(cap, kt, bn // 8, TILE_K // 8, 8, 8).permute(0, 2, 4, 1, 3, 5)
             .reshape(cap * bn, kt * TILE_K))

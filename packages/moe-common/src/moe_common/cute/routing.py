@@ -3,6 +3,8 @@
 Input: topk_ids [T, k] (int32 or int64), the local expert range. Output, for grouped GEMMs that
 work on (expert, up to `bn` routed pairs) tiles:
   order[P]            sorted position -> original pair index t * k + j, grouped by local expert
+  slots[P]            pair index -> its token slot tile * bn + (position in the tile), -1 for a
+                      pair routed outside the local range (moe-gated's row scatter)
   tile_expert/start/end[max_tiles], num_tiles[1]
   counts[E]           routed pairs per local expert
 Pairs whose expert is outside the local range are dropped (never given a position).
@@ -14,9 +16,10 @@ Two ways, the same tables:
   atomics. Each pass loads BATCH ids per thread before using any, so the loads overlap.
 - Split over G CTAs (large batches, `split_ctas`): RoutingSlices counts each CTA's slice of
   the pairs into hist[g][e]; RoutingScan (one CTA) turns hist into each (CTA, expert)'s first
-  position and writes the tile table; RoutingSlices(scatter=True) places each slice's pairs
-  from those bases. One CTA was bound by issuing every pair's shared atomic and scattered 4-byte `order`
-  store from a single SM: 71 us for 65536 pairs (Qwen3-30B-A3B at T=8192).
+  position, writes the tile table and each expert's slot shift into hist[MAX_SPLIT_CTAS][e];
+  RoutingSlices(scatter=True) places each slice's pairs from those bases. One CTA was bound by
+  issuing every pair's shared atomic and scattered 4-byte `order` store from a single SM: 71 us
+  for 65536 pairs (Qwen3-30B-A3B at T=8192).
 The order of pairs inside one expert varies from run to run either way; results do not,
 because every routed pair's output is computed on its own (its own MMA column, its own output
 row) and reduced afterwards in a fixed order.
@@ -83,9 +86,10 @@ class _PairIds:
 def _expert_table(tid, cnt, s_scratch, experts, bn, counts_out, tile_expert, tile_start,
                   tile_end, num_tiles):
     """Thread e of 1024 holds expert e's pair count: scan counts and tiles over the experts,
-    write counts[e], e's tile-table entries and num_tiles; return e's first sorted position.
-    s_scratch: 64 int32 of shared memory no thread reads meanwhile (free again after the
-    caller's next CTA barrier)."""
+    write counts[e], e's tile-table entries and num_tiles; return e's first sorted position
+    and its slot shift (first tile * bn - first position: a position's token slot is position +
+    shift). s_scratch: 64 int32 of shared memory no thread reads meanwhile (free again after
+    the caller's next CTA barrier)."""
     tiles = (cnt + bn - 1) // bn
     start, first_tile, _, _ = exclusive_scan2(cnt, tiles, tid, THREADS, s_scratch)
     if tid < experts:
@@ -98,29 +102,37 @@ def _expert_table(tid, cnt, s_scratch, experts, bn, counts_out, tile_expert, til
             ptx.st_u32(tile_end + t, cutlass.min(ts + bn, start + cnt))
     if tid == experts - 1:
         ptx.st_u32(num_tiles, first_tile + tiles)
-    return start
+    return start, first_tile * bn - start
+
+
+@cute.jit
+def _place(order, slots, pos, shift, pair):
+    """Routed pair `pair` at sorted position pos: order[pos] = pair, slots[pair] = its slot."""
+    ptx.st_u32(order + Int64(pos) * 4, pair)
+    ptx.st_u32(slots + Int64(pair) * 4, pos + shift)
 
 
 class RoutingKernel(_PairIds):
     @cute.jit
     def __call__(self, ids: Int64, pairs: Int32, expert_offset: Int32, experts: Int32, bn: Int32,
-                 order: Int64, counts_out: Int64, tile_expert: Int64, tile_start: Int64,
-                 tile_end: Int64, num_tiles: Int64, stream):
-        self.kernel(ids, pairs, expert_offset, experts, bn, order, counts_out, tile_expert,
+                 order: Int64, slots: Int64, counts_out: Int64, tile_expert: Int64,
+                 tile_start: Int64, tile_end: Int64, num_tiles: Int64, stream):
+        self.kernel(ids, pairs, expert_offset, experts, bn, order, slots, counts_out, tile_expert,
                     tile_start, tile_end, num_tiles).launch(grid=[1, 1, 1], block=[THREADS, 1, 1],
                                                             stream=stream, use_pdl=jit.PDL)
 
     @cute.kernel
     def kernel(self, ids: Int64, pairs: Int32, expert_offset: Int32, experts: Int32, bn: Int32,
-               order: Int64, counts_out: Int64, tile_expert: Int64, tile_start: Int64,
-               tile_end: Int64, num_tiles: Int64):
+               order: Int64, slots: Int64, counts_out: Int64, tile_expert: Int64,
+               tile_start: Int64, tile_end: Int64, num_tiles: Int64):
         tid, _, _ = cute.arch.thread_idx()
         ptx.grid_dependency_wait()  # first: see jit.PDL
         smem = cutlass.memory.SmemAllocator()
-        buf = smem.allocate_array(cutlass.Int32, 3 * THREADS, byte_alignment=16)
+        buf = smem.allocate_array(cutlass.Int32, 4 * THREADS, byte_alignment=16)
         s_cnt = Int32(buf.toint())          # pair counts per expert
         s_til = s_cnt + THREADS * 4          # the expert scan's scratch
         s_cur = s_cnt + 2 * THREADS * 4      # per-expert cursor for the position pass
+        s_shift = s_cnt + 3 * THREADS * 4    # per-expert slot shift
         ptx.st_shared_u32(s_cnt + tid * 4, 0)
         cute.arch.sync_threads()
         for base in cutlass.range(0, pairs, THREADS * BATCH, unroll=1):
@@ -130,16 +142,21 @@ class RoutingKernel(_PairIds):
                     ptx.atom_add_shared(s_cnt + es[u] * 4, 1)
         cute.arch.sync_threads()
         cnt = ptx.ld_shared_u32(s_cnt + tid * 4)
-        start = _expert_table(tid, cnt, s_til, experts, bn, counts_out, tile_expert,
-                              tile_start, tile_end, num_tiles)
+        start, shift = _expert_table(tid, cnt, s_til, experts, bn, counts_out, tile_expert,
+                                     tile_start, tile_end, num_tiles)
         ptx.st_shared_u32(s_cur + tid * 4, start)
+        ptx.st_shared_u32(s_shift + tid * 4, shift)
         cute.arch.sync_threads()
         for base in cutlass.range(0, pairs, THREADS * BATCH, unroll=1):
             es = self._experts(ids, base + tid, THREADS, pairs, expert_offset, experts)
             for u in cutlass.range_constexpr(BATCH):
+                p = base + tid + u * THREADS
                 if cutlass.Uint32(es[u]) < cutlass.Uint32(experts):
                     pos = ptx.atom_add_shared(s_cur + es[u] * 4, 1)
-                    ptx.st_u32(order + Int64(pos) * 4, base + tid + u * THREADS)
+                    _place(order, slots, pos, ptx.ld_shared_u32(s_shift + es[u] * 4), p)
+                if cutlass.Uint32(es[u]) >= cutlass.Uint32(experts):
+                    if p < pairs:
+                        ptx.st_u32(slots + Int64(p) * 4, -1)
 
 
 # ---------------------------------------------------------------- split path (G CTAs)
@@ -147,7 +164,8 @@ class RoutingSlices(_PairIds):
     """CTA g of `ctas` takes pairs [g * chunk, min(pairs, (g + 1) * chunk)), chunk =
     ceil(pairs / ctas). scatter=False (the histogram pass): hist[g][e] = its pairs routed to
     local expert e. scatter=True (after RoutingScan turned hist into each (CTA, expert)'s first
-    sorted position): order[hist[g][e] + rank] = p for its pairs p."""
+    sorted position and its slot shifts): order[hist[g][e] + rank] = p and slots[p] for its
+    pairs p."""
 
     def __init__(self, ids_bytes: int, scatter: bool):
         super().__init__(ids_bytes)
@@ -155,24 +173,27 @@ class RoutingSlices(_PairIds):
 
     @cute.jit
     def __call__(self, ids: Int64, pairs: Int32, expert_offset: Int32, experts: Int32,
-                 ctas: Int32, hist: Int64, order: Int64, stream):
-        self.kernel(ids, pairs, expert_offset, experts, ctas, hist, order).launch(
+                 ctas: Int32, hist: Int64, order: Int64, slots: Int64, stream):
+        self.kernel(ids, pairs, expert_offset, experts, ctas, hist, order, slots).launch(
             grid=[ctas, 1, 1], block=[SPLIT_THREADS, 1, 1], stream=stream, use_pdl=jit.PDL)
 
     @cute.kernel
     def kernel(self, ids: Int64, pairs: Int32, expert_offset: Int32, experts: Int32,
-               ctas: Int32, hist: Int64, order: Int64):
+               ctas: Int32, hist: Int64, order: Int64, slots: Int64):
         tid, _, _ = cute.arch.thread_idx()
         ptx.grid_dependency_wait()  # first: see jit.PDL
         g, _, _ = cute.arch.block_idx()
         smem = cutlass.memory.SmemAllocator()
-        buf = smem.allocate_array(cutlass.Int32, MAX_EXPERTS, byte_alignment=16)
+        buf = smem.allocate_array(cutlass.Int32, 2 * MAX_EXPERTS, byte_alignment=16)
         s_cnt = Int32(buf.toint())  # per-expert counter: from 0, or from the CTA's bases
+        s_shift = s_cnt + MAX_EXPERTS * 4  # per-expert slot shift (scatter)
         row = hist + Int64(g) * Int64(experts) * 4
+        shifts = hist + Int64(MAX_SPLIT_CTAS) * Int64(experts) * 4
         for e in cutlass.range(tid, experts, SPLIT_THREADS, unroll=1):
             first = Int32(0)
             if cutlass.const_expr(self.scatter):
                 first = ptx.ld_u32(row + Int64(e) * 4)
+                ptx.st_shared_u32(s_shift + e * 4, ptx.ld_u32(shifts + Int64(e) * 4))
             ptx.st_shared_u32(s_cnt + e * 4, first)
         cute.arch.sync_threads()
         chunk = (pairs + ctas - 1) // ctas
@@ -180,10 +201,15 @@ class RoutingSlices(_PairIds):
         for base in cutlass.range(g * chunk, p1, SPLIT_THREADS * BATCH, unroll=1):
             es = self._experts(ids, base + tid, SPLIT_THREADS, p1, expert_offset, experts)
             for u in cutlass.range_constexpr(BATCH):
+                p = base + tid + u * SPLIT_THREADS
                 if cutlass.Uint32(es[u]) < cutlass.Uint32(experts):
                     pos = ptx.atom_add_shared(s_cnt + es[u] * 4, 1)
                     if cutlass.const_expr(self.scatter):
-                        ptx.st_u32(order + Int64(pos) * 4, base + tid + u * SPLIT_THREADS)
+                        _place(order, slots, pos, ptx.ld_shared_u32(s_shift + es[u] * 4), p)
+                if cutlass.const_expr(self.scatter):
+                    if cutlass.Uint32(es[u]) >= cutlass.Uint32(experts):
+                        if p < p1:
+                            ptx.st_u32(slots + Int64(p) * 4, -1)
         if cutlass.const_expr(not self.scatter):
             cute.arch.sync_threads()
             for e in cutlass.range(tid, experts, SPLIT_THREADS, unroll=1):
@@ -192,7 +218,8 @@ class RoutingSlices(_PairIds):
 
 class RoutingScan:
     """One CTA: expert e's count = sum over CTAs of hist[g][e]; the expert table as in
-    RoutingKernel; then hist[g][e] <- e's first position + pairs of e in CTAs before g."""
+    RoutingKernel; then hist[g][e] <- e's first position + pairs of e in CTAs before g, and
+    hist[MAX_SPLIT_CTAS][e] <- e's slot shift."""
 
     @cute.jit
     def __call__(self, hist: Int64, ctas: Int32, experts: Int32, bn: Int32, counts_out: Int64,
@@ -219,9 +246,10 @@ class RoutingScan:
         for g in cutlass.range_constexpr(MAX_SPLIT_CTAS):
             cnt = cnt + vals[g]
         cnt = cutlass.select_(tid < experts, cnt, Int32(0))
-        start = _expert_table(tid, cnt, s_til, experts, bn, counts_out, tile_expert,
-                              tile_start, tile_end, num_tiles)
+        start, shift = _expert_table(tid, cnt, s_til, experts, bn, counts_out, tile_expert,
+                                     tile_start, tile_end, num_tiles)
         if tid < experts:
+            ptx.st_u32(col + Int64(MAX_SPLIT_CTAS) * Int64(experts) * 4, shift)
             run = start
             for g in cutlass.range_constexpr(MAX_SPLIT_CTAS):
                 if Int32(g) < ctas:

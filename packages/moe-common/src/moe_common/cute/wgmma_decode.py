@@ -7,8 +7,8 @@ and masks as `decode.decode_fragment_word`), the block-scale multiply, the wgmma
 wait in one asm statement gives every slab its own PTX registers and leaves the scheduling to
 ptxas, which tracks wgmma register lifetimes itself.
 
-B: K-major core matrices (8 tokens x 16 bytes) in shared memory, without swizzle; their strides
-are the descriptor's (`b_lbo`, `b_sbo`).
+B: K-major core matrices (8 tokens x 16 bytes) in shared memory, without swizzle (their strides
+are the descriptor's `b_lbo`, `b_sbo`), or with wgmma's 128-byte swizzle (`b_sw128_half`).
 """
 from __future__ import annotations
 
@@ -55,7 +55,8 @@ def _slab_ptx(g: int, s: int, code: str, s_r: str, s_r8: str, half: int) -> list
 
 @dsl_user_op
 def wgmma_decode_k128(accs, codes, scales, weight_format: str, b_smem, n: int, pending=None,
-                      decode: bool = True, b_lbo=None, b_sbo: int = 128, *, loc=None, ip=None):
+                      decode: bool = True, b_lbo=None, b_sbo: int = 128, b_sw128_half: int = 0,
+                      *, loc=None, ip=None):
     """accs[g] (64 x n fp32) += decode(codes[g], scales[g]) (64 x 128) @ B (128 x n).
 
     pending=None: one commit group for the tile and a wait for all of it before returning.
@@ -68,6 +69,9 @@ def wgmma_decode_k128(accs, codes, scales, weight_format: str, b_smem, n: int, p
     b_sbo = 128); b_lbo = 16 x (a wider tile's tokens) lets an n-token MMA read the first n
     tokens of that tile, and (128, 16 x 128) is token-group-major (each 8-token group's 128 K
     columns contiguous, so a tile's first n tokens are its first 256 n bytes).
+    b_sw128_half > 0: B is two 64-column halves that many bytes apart, each a token per 128-byte
+    row with 16-byte chunk c of token t at chunk c ^ (t % 8) (the 128-byte swizzle; b_smem
+    1024-byte aligned); b_lbo / b_sbo are then unused.
     decode=False feeds the raw code words as A (wrong results: for timing the decode's cost only).
 
     codes[g]: the 8 fragment-ordered code words of this lane (one per k16 slab); scales[g]: the
@@ -76,6 +80,11 @@ def wgmma_decode_k128(accs, codes, scales, weight_format: str, b_smem, n: int, p
     """
     h = n // 2
     b_lbo = 16 * n if b_lbo is None else b_lbo
+    if b_sw128_half:
+        # K-major 128B swizzle: 8-token groups 1024 bytes apart (SBO), LBO unused (1), layout
+        # type 1 in bits 62-63; a k16 slab is 32 bytes further along the 128-byte row
+        b_lbo, b_sbo = 16, 1024
+        assert b_sw128_half % 1024 == 0
     assert b_lbo % 16 == 0 and b_sbo % 16 == 0 and b_lbo < (1 << 18) and b_sbo < (1 << 18)
     G = len(accs)
     nsw = 4 if weight_format == "nvfp4" else 2
@@ -96,7 +105,7 @@ def wgmma_decode_k128(accs, codes, scales, weight_format: str, b_smem, n: int, p
              f".reg .b32 {', '.join(regs)};", f".reg .b16 {', '.join(halves)};",
              f"setp.ne.b32 p, ${one}, 0;",
              f"cvt.u64.u32 d0, ${addr};", "shr.u64 d0, d0, 4;", "and.b64 d0, d0, 16383;",
-             f"or.b64 d0, d0, {((b_lbo >> 4) << 16) | ((b_sbo >> 4) << 32)};"]
+             f"or.b64 d0, d0, {((b_lbo >> 4) << 16) | ((b_sbo >> 4) << 32) | ((1 if b_sw128_half else 0) << 62)};"]
     for s in range(8):
         for g in range(G):
             w0 = base + g * per_g
@@ -110,7 +119,10 @@ def wgmma_decode_k128(accs, codes, scales, weight_format: str, b_smem, n: int, p
                 lines += _slab_ptx(g, s, code, s_r, s_r8, half)
             else:
                 lines += [f"mov.b32 a{g}_{s}{j}, {code};" for j in range(4)]
-        lines.append(f"add.s64 ds, d0, {s * 2 * (b_lbo >> 4)};")  # slab s: K-chunks 2s, 2s + 1
+        if b_sw128_half:
+            lines.append(f"add.s64 ds, d0, {(s % 4) * 2 + (s // 4) * (b_sw128_half >> 4)};")
+        else:
+            lines.append(f"add.s64 ds, d0, {s * 2 * (b_lbo >> 4)};")  # slab s: K-chunks 2s, 2s + 1
         lines.append("wgmma.fence.sync.aligned;")  # A registers were just written
         for g in range(G):
             d = ", ".join(f"${g * h + i}" for i in range(h))
