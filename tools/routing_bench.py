@@ -32,10 +32,11 @@ def main():
         for pairs in (1024, 4096, 8192, 16384, 32768, 65536, 262144):
             ids = torch.randint(0, experts, (pairs,), device=dev, dtype=torch.int32)
             order = torch.empty(pairs, dtype=torch.int32, device=dev)
+            slots = torch.empty(pairs, dtype=torch.int32, device=dev)
             counts = torch.empty(experts, dtype=torch.int32, device=dev)
             tiles = torch.empty(3, pairs // 8 + experts, dtype=torch.int32, device=dev)
             num_tiles = torch.empty(1, dtype=torch.int32, device=dev)
-            hist = torch.empty(MAX_SPLIT_CTAS, experts, dtype=torch.int32, device=dev)
+            hist = torch.empty(MAX_SPLIT_CTAS + 1, experts, dtype=torch.int32, device=dev)
             tp = (tiles[0].data_ptr(), tiles[1].data_ptr(), tiles[2].data_ptr())
             one = jit.routing(4)
             histogram, scan, scatter = jit.routing_split(4)
@@ -44,14 +45,15 @@ def main():
             # the stream is looked up at call time: graph capture runs on a side stream
             def single():
                 stream = jit.current_stream(dev)
-                one(ids.data_ptr(), pairs, 0, experts, 128, order.data_ptr(), counts.data_ptr(), *tp,
-                    num_tiles.data_ptr(), stream)
+                one(ids.data_ptr(), pairs, 0, experts, 128, order.data_ptr(), slots.data_ptr(),
+                    counts.data_ptr(), *tp, num_tiles.data_ptr(), stream)
 
             def split():
                 stream = jit.current_stream(dev)
-                histogram(ids.data_ptr(), pairs, 0, experts, ctas, hist.data_ptr(), 0, stream)
+                histogram(ids.data_ptr(), pairs, 0, experts, ctas, hist.data_ptr(), 0, 0, stream)
                 scan(hist.data_ptr(), ctas, experts, 128, counts.data_ptr(), *tp, num_tiles.data_ptr(), stream)
-                scatter(ids.data_ptr(), pairs, 0, experts, ctas, hist.data_ptr(), order.data_ptr(), stream)
+                scatter(ids.data_ptr(), pairs, 0, experts, ctas, hist.data_ptr(), order.data_ptr(),
+                        slots.data_ptr(), stream)
 
             print(f"experts={experts:4d} pairs={pairs:7d}  one CTA {_time_us(single):7.1f} us   "
                   f"split over {ctas:2d} CTAs {_time_us(split):7.1f} us", flush=True)

@@ -106,12 +106,14 @@ def test_routing_kernel_tiles_cover_every_local_pair_once(bn, id_dtype):
     P = T * k
     mt = max_tiles_bound(P, E, bn)
     order = torch.full((P,), -1, dtype=torch.int32, device="cuda")
+    slots = torch.empty(P, dtype=torch.int32, device="cuda")
     counts = torch.empty(E, dtype=torch.int32, device="cuda")
     tiles = torch.full((3, mt), -7, dtype=torch.int32, device="cuda")
     nt = torch.empty(1, dtype=torch.int32, device="cuda")
-    jit.routing(ids.element_size())(ids.data_ptr(), P, off, E, bn, order.data_ptr(), counts.data_ptr(),
-                                    tiles[0].data_ptr(), tiles[1].data_ptr(), tiles[2].data_ptr(),
-                                    nt.data_ptr(), jit.current_stream(ids.device))
+    jit.routing(ids.element_size())(ids.data_ptr(), P, off, E, bn, order.data_ptr(),
+                                    slots.data_ptr(), counts.data_ptr(), tiles[0].data_ptr(),
+                                    tiles[1].data_ptr(), tiles[2].data_ptr(), nt.data_ptr(),
+                                    jit.current_stream(ids.device))
     ids_c, order_c, tiles_c, n = ids.cpu().view(-1), order.cpu(), tiles.cpu(), int(nt.item())
     local = (ids_c - off >= 0) & (ids_c - off < E)
     assert torch.equal(counts.cpu(), torch.bincount((ids_c - off)[local].long(), minlength=E).int())
