@@ -59,7 +59,8 @@ def test_route_pairs_buffers_and_launch(monkeypatch):
     ws = Workspace()
     ids = torch.zeros(5, 4, dtype=torch.int64)
     routed = route_pairs(Buffers("k", ws, "cpu"), ids, 8, 16, 64, 37, "stream")
-    (got_ids, pairs, off, experts, bn, order, slots, counts, tiles, num_tiles, hist, stream), = calls
+    (got_ids, pairs, off, experts, bn, order, slots, counts, tiles, num_tiles, hist,
+     stream), = calls
     assert got_ids is ids and (pairs, off, experts, bn, stream) == (20, 8, 16, 64, "stream")
     assert order.shape == (20,) and slots.shape == (20,) and counts.shape == (16,)
     assert tiles.shape == (3, 37)

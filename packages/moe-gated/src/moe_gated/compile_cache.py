@@ -43,7 +43,7 @@ def row_scatter(bn: int):
     """The token-row scatter into FC1's tiles of bn tokens."""
     from cutlass import Int32, Int64
 
-    from .tile_gather import RowScatter
+    from .row_scatter import RowScatter
 
     z = Int64(0)
     i1 = Int32(1)

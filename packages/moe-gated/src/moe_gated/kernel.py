@@ -28,7 +28,7 @@ less decode per FLOP: GEOMETRIES has the two tile shapes, 128 rows x 256 tokens 
 
 Operands arrive by bulk copy (cp.async.bulk, the TMA engine's 1-D copy): B is copied per
 K-tile, as many tokens as the MMA is wide, from a tile-blocked buffer already in the order the
-wgmma descriptor reads (FC1: two copies of token rows that tile_gather.RowScatter placed in the
+wgmma descriptor reads (FC1: two copies of token rows that row_scatter.RowScatter placed in the
 128-byte swizzle; FC2: one copy of the intermediate, which FC1's epilogue writes as
 token-group-major core matrices), and each 16-row weight group's codes and scales are two
 contiguous copies. A CTA-wide per-thread cp.async ring measured 21.1 ms at DeepSeek-V3 T=8192
@@ -145,7 +145,7 @@ class GatedGemm:
         self.widths = WIDTHS[self.bn]
         self.pending = cfg.pending if cfg.pending is not None else (2 if self.gpw == 1 else 1)
         self.b_bytes = self.bn * TILE_K * 2
-        # FC1's B (token rows, moe_gated.tile_gather.RowScatter) is 128B-swizzled: two 64-column
+        # FC1's B (token rows, moe_gated.row_scatter.RowScatter) is 128B-swizzled: two 64-column
         # halves of bn 128-byte rows, read by a swizzled descriptor from 1024-byte aligned
         # stages; FC2's (the intermediate) is token-group-major core matrices (B_GROUP_BYTES)
         self.b_swizzle = cfg.phase == "fc1"

@@ -139,7 +139,7 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
 
 def swizzled_to_rows(blocked, bn: int):
     """FC1's B layout [tiles, K-tiles, 2 halves x bn tokens x 8 chunks (swizzled) x 8]
-    (moe_gated.tile_gather) as rows [tiles * bn, K-tiles * 128] (a copy)."""
+    (moe_gated.row_scatter) as rows [tiles * bn, K-tiles * 128] (a copy)."""
     cap, kt, _ = blocked.shape
     v = blocked.view(cap, kt, 2, bn, 8, 8)
     n = torch.arange(bn, device=blocked.device).view(bn, 1)

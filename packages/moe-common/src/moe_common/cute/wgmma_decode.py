@@ -80,10 +80,11 @@ def wgmma_decode_k128(accs, codes, scales, weight_format: str, b_smem, n: int, p
     """
     h = n // 2
     b_lbo = 16 * n if b_lbo is None else b_lbo
+    layout = 0  # descriptor bits 62-63: 0 no swizzle, 1 the 128-byte swizzle
     if b_sw128_half:
-        # K-major 128B swizzle: 8-token groups 1024 bytes apart (SBO), LBO unused (1), layout
-        # type 1 in bits 62-63; a k16 slab is 32 bytes further along the 128-byte row
-        b_lbo, b_sbo = 16, 1024
+        # K-major 128B swizzle: 8-token groups 1024 bytes apart (SBO), LBO unused (1); a k16
+        # slab is 32 bytes further along the 128-byte row
+        b_lbo, b_sbo, layout = 16, 1024, 1
         assert b_sw128_half % 1024 == 0
     assert b_lbo % 16 == 0 and b_sbo % 16 == 0 and b_lbo < (1 << 18) and b_sbo < (1 << 18)
     G = len(accs)
@@ -105,7 +106,7 @@ def wgmma_decode_k128(accs, codes, scales, weight_format: str, b_smem, n: int, p
              f".reg .b32 {', '.join(regs)};", f".reg .b16 {', '.join(halves)};",
              f"setp.ne.b32 p, ${one}, 0;",
              f"cvt.u64.u32 d0, ${addr};", "shr.u64 d0, d0, 4;", "and.b64 d0, d0, 16383;",
-             f"or.b64 d0, d0, {((b_lbo >> 4) << 16) | ((b_sbo >> 4) << 32) | ((1 if b_sw128_half else 0) << 62)};"]
+             f"or.b64 d0, d0, {((b_lbo >> 4) << 16) | ((b_sbo >> 4) << 32) | (layout << 62)};"]
     for s in range(8):
         for g in range(G):
             w0 = base + g * per_g
