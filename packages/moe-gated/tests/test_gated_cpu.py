@@ -163,6 +163,27 @@ def test_tile_blocked_layout():
     assert torch.equal(blocked_to_rows(blocked, bn), rows)
 
 
+def test_swizzled_layout():
+    """FC1's B (moe_gated.row_scatter): token n, column j of tile t, K-tile kt is element
+    ((j % 128) // 64 * bn + n) * 64 + ((j % 64 // 8) ^ (n % 8)) * 8 + j % 8 of block [t, kt],
+    which swizzled_to_rows reads back; every 8 consecutive tokens use each chunk slot once."""
+    import torch
+
+    from moe_gated.runner import swizzled_to_rows
+
+    bn, tiles, K = 16, 2, 256
+    kt = K // 128
+    blocked = torch.full((tiles, kt, bn * 128), -1.0)
+    rows = torch.arange(tiles * bn * K, dtype=torch.float32).view(tiles * bn, K)
+    for t in range(tiles):
+        for n in range(bn):
+            for j in range(K):
+                el = ((j % 128) // 64 * bn + n) * 64 + ((j % 64 // 8) ^ (n % 8)) * 8 + j % 8
+                blocked[t, j // 128, el] = rows[t * bn + n, j]
+    assert (blocked >= 0).all()  # the formula fills every element once
+    assert torch.equal(swizzled_to_rows(blocked, bn), rows)
+
+
 def test_fc2_stores_y_in_the_order_the_reduce_reads():
     """FC2's thread puts its rows where the paired reduce of its geometry's block looks for
     them, and a thread's values are consecutive (one 8- or 16-byte store)."""
