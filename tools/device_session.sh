@@ -10,7 +10,9 @@
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-export FUSED_MOE_COMMIT=${FUSED_MOE_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
+# the run's commit label: pass FUSED_MOE_COMMIT=<sha> from the checkout. The device copy's git
+# metadata can be an older commit's (seventeenth session: it said 18cbdd1 for 8b71d15), so
+# without it the bench asks git itself, which marks such a tree "-dirty"
 # the moe-static A/B and variant steps' layer presets and token counts
 STATIC_PRESETS=${STATIC_PRESETS:-qwen3-30b-a3b deepseek-v3}
 STATIC_TOKENS=${STATIC_TOKENS:-1 8 64}
