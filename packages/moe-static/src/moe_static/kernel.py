@@ -45,6 +45,7 @@ from cutlass import Float32, Int32, Int64
 
 from moe_common.cute import activation as act
 from moe_common.cute import fragment_mma as fm
+from moe_common.cute import jit
 from moe_common.cute import ptx
 from moe_common.cute.routing import local_expert
 from moe_common.cute.scan import exclusive_scan2
@@ -137,7 +138,7 @@ class StaticMoE:
             tokens, top_k, expert_offset, experts, hidden, k_tiles1, groups1, groups2, k_tiles2,
             inter, y, out, barrier, meet, act_alpha, act_beta, act_limit,
         ).launch(grid=[grid, 1, 1], block=[THREADS, 1, 1], smem=self.smem_bytes, stream=stream,
-                 cooperative=True,
+                 cooperative=True, use_pdl=jit.PDL,
                  # .minnctapersm 1: without it ptxas may hold a 512-thread kernel to 64
                  # registers (2 CTAs per SM, which the shared memory never allows); the MXFP4
                  # swigluoai (1,2) build then spilled. With it: 72-79 registers, no spills
@@ -156,6 +157,7 @@ class StaticMoE:
         act_alpha: Float32, act_beta: Float32, act_limit: Float32,
     ):
         cfg = self.cfg
+        ptx.grid_dependency_wait()  # first: see jit.PDL
         tid, _, _ = cute.arch.thread_idx()
         bid, _, _ = cute.arch.block_idx()
         grid, _, _ = cute.arch.grid_dim()
