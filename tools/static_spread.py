@@ -1,8 +1,8 @@
 """When each warp of moe-static finishes FC1 and FC2 (development tool).
 
 Runs a layer with the "stamps" variant (StaticConfig.variant; right results, each warp leaves
-its start, FC1-end and FC2-end %globaltimer and its %smid in the workspace) a few times on one
-routing and prints, per phase end, the spread over the grid's warps and CTAs, and whether the
+its %globaltimer at each of kernel.STAMPS and its %smid in the workspace) a few times on one
+routing and prints, per stamp, the spread over the grid's warps and CTAs, and whether the
 same SMs are the late ones from call to call (the rank correlation of the CTAs' FC1 ends,
 by SM, between calls).
 
@@ -17,7 +17,7 @@ import torch
 from moe_common.testing import random_layer, random_routing
 from moe_common.workspace import Workspace
 from moe_static import compile_cache, fused_moe
-from moe_static.kernel import WARPS
+from moe_static.kernel import STAMPS, WARPS
 
 
 def _ranks(v: torch.Tensor) -> torch.Tensor:
@@ -49,20 +49,24 @@ def main():
         torch.cuda.synchronize()
         if call == 0:
             continue  # the first call compiles
-        m = ws.get("moe-static.meet", (grid * WARPS * 8,), torch.int32, x.device)
-        m = m.view(torch.int64).view(grid * WARPS, 4).cpu()
+        per = len(STAMPS) + 1  # int64 words per warp: the stamps, then %smid
+        m = ws.get("moe-static.meet", (grid * WARPS * 2 * per,), torch.int32, x.device)
+        m = m.view(torch.int64).view(grid * WARPS, per).cpu()
         t0 = m[:, 0].min()
-        start, fc1, fc2 = ((m[:, i] - t0).double() / 1000 for i in range(3))  # us
-        sm = (m[:, 3] & 0xFFFFFFFF).view(grid, WARPS)[:, 0]
+        at = {name: (m[:, i] - t0).double() / 1000 for i, name in enumerate(STAMPS)}  # us
+        fc1 = at["fc1 end"]
+        sm = (m[:, len(STAMPS)] & 0xFFFFFFFF).view(grid, WARPS)[:, 0]
         cta_fc1 = fc1.view(grid, WARPS).max(1).values
-        cta_fc2 = fc2.view(grid, WARPS).max(1).values
         q = torch.tensor([0.0, 0.1, 0.5, 0.9, 1.0], dtype=torch.float64)
-        print(f"call {call}: warp start {start.max():.2f} us after the first")
-        for name, wv, cv in (("FC1 end", fc1, cta_fc1), ("FC2 end", fc2, cta_fc2)):
+        print(f"call {call}: us from the first warp's start, warps min/p10/p50/p90/max "
+              "(and the slowest warp of each CTA)")
+        for name in STAMPS[1:]:
+            wv = at[name]
+            cv = wv.view(grid, WARPS).max(1).values
             wq = " ".join(f"{v:6.2f}" for v in wv.quantile(q).tolist())
             cq = " ".join(f"{v:6.2f}" for v in cv.quantile(q).tolist())
-            print(f"  {name}: warps min/p10/p50/p90/max {wq} us; CTAs (slowest warp) {cq} us; "
-                  f"mean warp wait for its CTA {(cv.repeat_interleave(WARPS) - wv).mean():.2f} us")
+            print(f"  {name:>12}: {wq}   CTAs {cq}   mean warp wait for its CTA "
+                  f"{(cv.repeat_interleave(WARPS) - wv).mean():.2f}")
         order = torch.empty(grid, dtype=torch.float64)
         order[sm.long()] = cta_fc1
         by_sm.append(order)

@@ -73,6 +73,8 @@ SMEM_LIMIT = 227 * 1024
 EXPERTS_PER_THREAD = MAX_LOCAL_EXPERTS // THREADS
 # FC1 unit cut in two (see _meet_leave): the fragment (32 lanes x 4 fp32) of its piece from the cut
 MEET_BYTES = 512
+# where the "stamps" variant reads %globaltimer (each warp, in this order)
+STAMPS = ("start", "routed", "fc1 end", "fc2 start", "fc2 end", "reduce start", "end")
 REDUCE_BATCH = 8  # top-k routes the final reduce loads at once (k <= 8: one round trip)
 
 
@@ -91,8 +93,8 @@ class StaticConfig:
     skip: frozenset = frozenset()
     # timing variants (wrong results): "nodecode" feeds raw code words as A, "nob" skips the B
     # ldmatrix, "nomma" skips the MMAs (the decode still runs: its results are summed into acc);
-    # "stamps" (right results) leaves each warp's start, FC1-end and FC2-end %globaltimer and
-    # its %smid in the meet workspace at the end (tools/static_spread.py)
+    # "stamps" (right results) leaves each warp's %globaltimer at each of STAMPS and its %smid
+    # in the meet workspace at the end (tools/static_spread.py)
     variant: str = ""
 
     @property
@@ -173,9 +175,8 @@ class StaticMoE:
         s_cur = s_base                            # routing scratch in the ring: [E] cursors,
         s_scan = s_cur + MAX_LOCAL_EXPERTS * 4    # [2][THREADS] scan
         pairs = tokens * top_k
-        stamps = []
-        if cutlass.const_expr(cfg.variant == "stamps"):
-            stamps.append(ptx.globaltimer_lo_hi())
+        stamps = []  # the "stamps" variant's %globaltimer readings, in STAMPS order
+        self._stamp(stamps)
 
         if tid % 32 == 0:  # one mbarrier per ring slot of each warp (the routing syncs after)
             for i in cutlass.range_constexpr(DEPTH):
@@ -190,6 +191,7 @@ class StaticMoE:
                 ptx.st_shared_u32(s_nact, 0)
                 ptx.st_shared_u32(s_max, 0)
             cute.arch.sync_threads()
+        self._stamp(stamps)
         # ring steps this warp has consumed so far (slot = count % DEPTH, parity = its use count)
         steps = cute.make_rmem_tensor(cute.make_layout(1), Int32)
         steps[0] = Int32(0)
@@ -202,24 +204,32 @@ class StaticMoE:
         self._phase(True, n_act, groups1, groups1, k_tiles1, w13, s13, alpha1, b13, x, x_stride,
                     hidden, inter, inter_stride, y, route_w, top_k, act_alpha, act_beta, act_limit,
                     s_base, s_cnt, s_off, s_act, s_ord, steps, bid, grid, tid, max_cnt, meet)
-        if cutlass.const_expr(cfg.variant == "stamps"):
-            stamps.append(ptx.globaltimer_lo_hi())
+        self._stamp(stamps)
         ptx.fence_proxy_async_global()  # inter (generic stores) is read by bulk copies next
         self._grid_sync(barrier, bid, grid, tid)
+        self._stamp(stamps)
         self._phase(False, n_act, (hidden + 15) // 16, groups2, k_tiles2, w2, s2, alpha2, b2,
                     inter, inter_stride, hidden, inter, inter_stride, y, route_w, top_k,
                     act_alpha, act_beta, act_limit, s_base, s_cnt, s_off, s_act, s_ord, steps, bid,
                     grid, tid, max_cnt, meet)
-        if cutlass.const_expr(cfg.variant == "stamps"):
-            stamps.append(ptx.globaltimer_lo_hi())
+        self._stamp(stamps)
         self._grid_sync(barrier, bid, grid, tid)
+        self._stamp(stamps)
         if cutlass.const_expr("reduce" not in cfg.skip):
             self._reduce(ids, y, out, tokens, top_k, expert_offset, experts, hidden, bid, grid, tid)
+        self._stamp(stamps)
         if cutlass.const_expr(cfg.variant == "stamps"):
             if tid % 32 == 0:  # the meetings are over: their workspace holds the stamps
-                at = meet + Int64(bid * WARPS + tid // 32) * 32
-                ptx.st_v4(at, stamps[0][0], stamps[0][1], stamps[1][0], stamps[1][1])
-                ptx.st_v4(at + 16, stamps[2][0], stamps[2][1], stamps[0][2], 0)
+                at = meet + Int64(bid * WARPS + tid // 32) * (8 * len(STAMPS) + 8)
+                for i in cutlass.range_constexpr(len(STAMPS)):
+                    ptx.st_v2(at + 8 * i, stamps[i][0], stamps[i][1])
+                ptx.st_v2(at + 8 * len(STAMPS), stamps[0][2], 0)
+
+    @cute.jit
+    def _stamp(self, stamps):
+        """The "stamps" variant: this warp's %globaltimer (and %smid) at the next of STAMPS."""
+        if cutlass.const_expr(self.cfg.variant == "stamps"):
+            stamps.append(ptx.globaltimer_lo_hi())
 
     @cute.jit
     def _grid_sync(self, barrier, bid, grid, tid):
