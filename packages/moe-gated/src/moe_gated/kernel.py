@@ -69,6 +69,8 @@ TILE_K = 128
 GEOMETRIES = {"wide": (256, 1), "tall": (128, 2)}
 # MMA widths per tile size: a tile's token count is rounded up to one of these
 WIDTHS = {256: (256, 192, 128, 64, 32), 128: (128, 96, 64, 32)}
+if os.environ.get("MOE_GATED_WIDE_WIDTHS"):  # development knob (measuring): "256,240,..."
+    WIDTHS[256] = tuple(int(v) for v in os.environ["MOE_GATED_WIDE_WIDTHS"].split(","))
 MAX_STAGES = 4  # (2 stages measured 29-32% slower at T=8192: BENCHMARKS.md, eighth session)
 # B (tokens) in shared memory and in the tile-blocked buffers: K-major core matrices, each
 # 8-token group's 128 K columns contiguous (16 chunks x 8 tokens x 16 bytes), so a tile's first
