@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from moe_common.cute import jit
-from moe_common.cute.routing import MAX_SPLIT_CTAS, PAIRS_PER_SPLIT_CTA, SLOT_RULE
+from moe_common.cute.routing import MAX_SPLIT_CTAS, PAIRS_PER_SPLIT_CTA
 
 
 def _time_us(fn, calls=20, replays=10):
@@ -36,7 +36,7 @@ def main():
             counts = torch.empty(experts, dtype=torch.int32, device=dev)
             tiles = torch.empty(3, pairs // 8 + experts, dtype=torch.int32, device=dev)
             num_tiles = torch.empty(1, dtype=torch.int32, device=dev)
-            hist = torch.empty(MAX_SPLIT_CTAS + SLOT_RULE, experts, dtype=torch.int32, device=dev)
+            hist = torch.empty(MAX_SPLIT_CTAS + 1, experts, dtype=torch.int32, device=dev)
             tp = (tiles[0].data_ptr(), tiles[1].data_ptr(), tiles[2].data_ptr())
             one = jit.routing(4)
             histogram, scan, scatter = jit.routing_split(4)
@@ -45,14 +45,14 @@ def main():
             # the stream is looked up at call time: graph capture runs on a side stream
             def single():
                 stream = jit.current_stream(dev)
-                one(ids.data_ptr(), pairs, 0, experts, 128, 0, order.data_ptr(), slots.data_ptr(),
+                one(ids.data_ptr(), pairs, 0, experts, 128, order.data_ptr(), slots.data_ptr(),
                     counts.data_ptr(), *tp, num_tiles.data_ptr(), stream)
 
             def split():
                 stream = jit.current_stream(dev)
-                histogram(ids.data_ptr(), pairs, 0, experts, ctas, 128, hist.data_ptr(), 0, 0, stream)
-                scan(hist.data_ptr(), ctas, experts, 128, 0, counts.data_ptr(), *tp, num_tiles.data_ptr(), stream)
-                scatter(ids.data_ptr(), pairs, 0, experts, ctas, 128, hist.data_ptr(), order.data_ptr(),
+                histogram(ids.data_ptr(), pairs, 0, experts, ctas, hist.data_ptr(), 0, 0, stream)
+                scan(hist.data_ptr(), ctas, experts, 128, counts.data_ptr(), *tp, num_tiles.data_ptr(), stream)
+                scatter(ids.data_ptr(), pairs, 0, experts, ctas, hist.data_ptr(), order.data_ptr(),
                         slots.data_ptr(), stream)
 
             print(f"experts={experts:4d} pairs={pairs:7d}  one CTA {_time_us(single):7.1f} us   "

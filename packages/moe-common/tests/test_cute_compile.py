@@ -50,22 +50,21 @@ def test_route_pairs_buffers_and_launch(monkeypatch):
     FusedMoE workspace holds them) and reach jit.route with the split path's scratch."""
     import torch
 
-    from moe_common.cute.routing import MAX_SPLIT_CTAS, SLOT_RULE
+    from moe_common.cute.routing import MAX_SPLIT_CTAS
     from moe_common.kernel_package import Buffers, route_pairs
     from moe_common.workspace import Workspace
 
     calls = []
-    monkeypatch.setattr(jit, "route", lambda *a, **kw: calls.append((a, kw)))
+    monkeypatch.setattr(jit, "route", lambda *a: calls.append(a))
     ws = Workspace()
     ids = torch.zeros(5, 4, dtype=torch.int64)
-    routed = route_pairs(Buffers("k", ws, "cpu"), ids, 8, 16, 64, 37, "stream", balanced=True)
-    ((got_ids, pairs, off, experts, bn, order, slots, counts, tiles, num_tiles, hist,
-      stream), kw), = calls
-    assert kw == {"balanced": True}
+    routed = route_pairs(Buffers("k", ws, "cpu"), ids, 8, 16, 64, 37, "stream")
+    (got_ids, pairs, off, experts, bn, order, slots, counts, tiles, num_tiles, hist,
+     stream), = calls
     assert got_ids is ids and (pairs, off, experts, bn, stream) == (20, 8, 16, 64, "stream")
     assert order.shape == (20,) and slots.shape == (20,) and counts.shape == (16,)
     assert tiles.shape == (3, 37)
-    assert hist.shape == (MAX_SPLIT_CTAS + SLOT_RULE, 16) and num_tiles.shape == (1,)
+    assert hist.shape == (MAX_SPLIT_CTAS + 1, 16) and num_tiles.shape == (1,)
     assert routed.order is order and routed.tiles is tiles and routed.num_tiles is num_tiles
     assert routed.slots is slots
     assert routed.tile_args == (tiles[0].data_ptr(), tiles[1].data_ptr(), tiles[2].data_ptr(),

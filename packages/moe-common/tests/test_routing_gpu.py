@@ -1,13 +1,12 @@
-"""The device routing tables on the H200, both paths (one CTA, and split over CTAs), both tile
-rules (in order, balanced), against torch: counts, the tile table, `order` as a per-expert
-permutation of the routed pairs and each pair's token slot."""
+"""The device routing tables on the H200, both paths (one CTA, and split over CTAs), against
+torch: counts, the tile table and `order` as a per-expert permutation of the routed pairs."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from moe_common.cute import jit
-from moe_common.cute.routing import MAX_SPLIT_CTAS, SLOT_RULE, SPLIT_MIN_PAIRS, split_ctas
+from moe_common.cute.routing import MAX_SPLIT_CTAS, SPLIT_MIN_PAIRS, split_ctas
 
 pytestmark = pytest.mark.gpu
 
@@ -19,8 +18,7 @@ pytestmark = pytest.mark.gpu
     (8192, 8, 128, 64, 128, torch.int64),               # split, expert-parallel slice
     (40000, 6, 1024, 0, 16, torch.int32),               # split, 32 CTAs, E = 1024
 ])
-@pytest.mark.parametrize("balanced", [False, True])
-def test_routing_tables(tokens, top_k, experts, offset, bn, dtype, balanced):
+def test_routing_tables(tokens, top_k, experts, offset, bn, dtype):
     dev = "cuda"
     total = experts + 2 * offset
     P = tokens * top_k
@@ -32,9 +30,9 @@ def test_routing_tables(tokens, top_k, experts, offset, bn, dtype, balanced):
     tiles = torch.full((3, cap), -7, dtype=torch.int32, device=dev)
     num_tiles = torch.empty(1, dtype=torch.int32, device=dev)
     slots = torch.full((P,), -7, dtype=torch.int32, device=dev)
-    hist = torch.empty(MAX_SPLIT_CTAS + SLOT_RULE, experts, dtype=torch.int32, device=dev)
+    hist = torch.empty(MAX_SPLIT_CTAS + 1, experts, dtype=torch.int32, device=dev)
     jit.route(ids, P, offset, experts, bn, order, slots, counts, tiles, num_tiles, hist,
-              jit.current_stream(torch.device(dev)), balanced=balanced)
+              jit.current_stream(torch.device(dev)))
     torch.cuda.synchronize()
     assert (split_ctas(P) > 0) == (P >= SPLIT_MIN_PAIRS)
 
@@ -47,15 +45,10 @@ def test_routing_tables(tokens, top_k, experts, offset, bn, dtype, balanced):
     # every routed pair exactly once, grouped by expert in expert order
     assert torch.equal(torch.sort(got).values, torch.nonzero(valid).view(-1))
     assert torch.equal(local[got], torch.sort(local[valid]).values)
-    # tiles: per expert, ceil(c / bn) consecutive chunks of its sorted positions, bn each (the
-    # rest in the last) or, balanced, ceil(c / tiles) each
+    # tiles: per expert, consecutive chunks of at most bn sorted positions
     starts = torch.cumsum(want, 0) - want
-    exp_tiles = []
-    for e, (s, c) in enumerate(zip(starts.tolist(), want.tolist())):
-        n = -(-c // bn)
-        per = -(-c // n) if balanced and n > 1 else bn
-        exp_tiles += [(e, s + j * per, min(s + (j + 1) * per, s + c)) for j in range(n)]
-    assert all(0 < t1 - t0 <= bn for _, t0, t1 in exp_tiles)
+    exp_tiles = [(e, int(s) + j, min(int(s) + j + bn, int(s) + int(c)))
+                 for e, (s, c) in enumerate(zip(starts.tolist(), want.tolist())) for j in range(0, c, bn)]
     assert int(num_tiles) == len(exp_tiles)
     got_tiles = list(zip(*[t.tolist() for t in tiles[:, :len(exp_tiles)]]))
     assert got_tiles == exp_tiles

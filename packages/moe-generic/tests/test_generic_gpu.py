@@ -110,7 +110,7 @@ def test_routing_kernel_tiles_cover_every_local_pair_once(bn, id_dtype):
     counts = torch.empty(E, dtype=torch.int32, device="cuda")
     tiles = torch.full((3, mt), -7, dtype=torch.int32, device="cuda")
     nt = torch.empty(1, dtype=torch.int32, device="cuda")
-    jit.routing(ids.element_size())(ids.data_ptr(), P, off, E, bn, 0, order.data_ptr(),
+    jit.routing(ids.element_size())(ids.data_ptr(), P, off, E, bn, order.data_ptr(),
                                     slots.data_ptr(), counts.data_ptr(), tiles[0].data_ptr(),
                                     tiles[1].data_ptr(), tiles[2].data_ptr(), nt.data_ptr(),
                                     jit.current_stream(ids.device))

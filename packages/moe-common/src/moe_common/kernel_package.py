@@ -73,12 +73,11 @@ class RoutedPairs(NamedTuple):
 
 
 def route_pairs(bufs: Buffers, topk_ids, expert_offset: int, experts: int, bn: int,
-                capacity: int, stream, balanced: bool = False) -> RoutedPairs:
+                capacity: int, stream) -> RoutedPairs:
     """The routing step every grouped-GEMM runner starts with: (expert, up to bn sorted pairs)
-    tiles built on the device in the runner's buffers (moe_common.cute.routing); balanced: an
-    expert's tiles share its pairs evenly."""
+    tiles built on the device in the runner's buffers (moe_common.cute.routing)."""
     from .cute import jit
-    from .cute.routing import MAX_SPLIT_CTAS, SLOT_RULE
+    from .cute.routing import MAX_SPLIT_CTAS
 
     pairs = topk_ids.numel()
     order = bufs.get("order", (pairs,), torch.int32)
@@ -86,10 +85,10 @@ def route_pairs(bufs: Buffers, topk_ids, expert_offset: int, experts: int, bn: i
     counts = bufs.get("counts", (experts,), torch.int32)
     tiles = bufs.get("tiles", (3, capacity), torch.int32)
     num_tiles = bufs.get("num_tiles", (1,), torch.int32)
-    # split-path scratch: per-CTA bases, then the per-expert slot rules
-    hist = bufs.get("route_hist", (MAX_SPLIT_CTAS + SLOT_RULE, experts), torch.int32)
+    # split-path scratch: per-CTA bases, then the slot shifts
+    hist = bufs.get("route_hist", (MAX_SPLIT_CTAS + 1, experts), torch.int32)
     jit.route(topk_ids, pairs, expert_offset, experts, bn, order, slots, counts, tiles, num_tiles,
-              hist, stream, balanced=balanced)
+              hist, stream)
     return RoutedPairs(order, slots, tiles, num_tiles)
 
 

@@ -67,13 +67,8 @@ TILE_K = 128
 # wins where tiles are partly filled (BENCHMARKS.md, seventh session). The runner picks one per
 # call from the routed pairs per expert.
 GEOMETRIES = {"wide": (256, 1), "tall": (128, 2)}
-# MMA widths per tile size: a tile's token count is rounded up to one of these. The wide
-# tiles' routing splits an expert's pairs evenly over its tiles (moe_common.cute.routing,
-# balance), so an expert just over 256 pairs has two tiles of 129-160 tokens: hence the 144 and
-# 160. Each width is one more mainloop body; with 8 of them ptxas spills (24 bytes) or
-# serializes the wgmmas (C7512) in the wide builds, so 7 (with 64 the narrowest: a tile that
-# narrow is bound by its weight stream, not by the MMA).
-WIDTHS = {256: (256, 224, 192, 160, 144, 128, 64), 128: (128, 96, 64, 32)}
+# MMA widths per tile size: a tile's token count is rounded up to one of these
+WIDTHS = {256: (256, 192, 128, 64, 32), 128: (128, 96, 64, 32)}
 if os.environ.get("MOE_GATED_WIDE_WIDTHS"):  # development knob (measuring): "256,240,..."
     WIDTHS[256] = tuple(int(v) for v in os.environ["MOE_GATED_WIDE_WIDTHS"].split(","))
 MAX_STAGES = 4  # (2 stages measured 29-32% slower at T=8192: BENCHMARKS.md, eighth session)

@@ -35,15 +35,6 @@ from .limits import KERNEL_NAME
 WIDE_MIN_PAIRS_PER_EXPERT = 256
 
 
-# Wide tiles split an expert's pairs evenly (moe_common.cute.routing, balance): 272 pairs make
-# two tiles of 136 tokens instead of 256 + 16, and the 16-token tile would decode all of the
-# expert's weights again for a few tokens. DeepSeek-V3 T=8192, balanced routing (256 pairs on
-# every expert) ran 16% faster than the preset's random routing (256 +- 16), and at T=8704 (272
-# on every expert) 38% slower than at 8192 for 6% more FLOPs (BENCHMARKS.md, eighteenth
-# session). MOE_GATED_BALANCED=0 (development knob, measuring) fills tiles in order instead.
-BALANCED = os.environ.get("MOE_GATED_BALANCED", "1") != "0"
-
-
 def geometry_for(pairs: int, local_experts: int) -> str:
     forced = os.environ.get("MOE_GATED_GEOMETRY")  # development knob: wide | tall (measuring)
     if forced in GEOMETRIES:
@@ -94,10 +85,8 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     cap = tiles_capacity(P, E, bn)
     slots = _token_slots(P, E)
 
-    # 1. routing tables: (expert, up to bn sorted pairs) tiles; the wide tiles share an
-    # expert's pairs evenly (see BALANCED)
-    routed = route_pairs(bufs, ids, off, E, bn, _table_tiles(P, E), stream,
-                         balanced=BALANCED and geometry == "wide")
+    # 1. routing tables: (expert, up to bn sorted pairs) tiles
+    routed = route_pairs(bufs, ids, off, E, bn, _table_tiles(P, E), stream)
     order, tiles = routed.order, routed.tiles
     tile_args = routed.tile_args
     queues = bufs.get("queues", (2, 2), torch.int32, zeroed=True)

@@ -62,8 +62,8 @@ def routing(ids_nbytes: int):
 
     z = Int64(0)
     return compiled(("routing", ids_nbytes), lambda: compile_kernel(
-        RoutingKernel(ids_nbytes), z, Int32(1), Int32(0), Int32(1), Int32(8), Int32(0), z, z, z, z,
-        z, z, z, example_stream()))
+        RoutingKernel(ids_nbytes), z, Int32(1), Int32(0), Int32(1), Int32(8), z, z, z, z, z, z,
+        z, example_stream()))
 
 
 def routing_split(ids_nbytes: int):
@@ -75,37 +75,33 @@ def routing_split(ids_nbytes: int):
     z = Int64(0)
     one = Int32(1)
     passes = [compiled(("routing_split", scatter, ids_nbytes), lambda scatter=scatter: compile_kernel(
-        RoutingSlices(ids_nbytes, scatter), z, one, Int32(0), one, one, Int32(8), z, z, z,
-        example_stream()))
+        RoutingSlices(ids_nbytes, scatter), z, one, Int32(0), one, one, z, z, z, example_stream()))
         for scatter in (False, True)]
     scan = compiled(("routing_split", "scan"), lambda: compile_kernel(
-        RoutingScan(), z, one, one, Int32(8), Int32(0), z, z, z, z, z, example_stream()))
+        RoutingScan(), z, one, one, Int32(8), z, z, z, z, z, example_stream()))
     return passes[0], scan, passes[1]
 
 
 def route(ids, pairs: int, expert_offset: int, experts: int, bn: int, order, slots, counts,
-          tiles, num_tiles, hist, stream, balanced: bool = False):
+          tiles, num_tiles, hist, stream):
     """Routing tables (see routing.py) on `stream`: the one-CTA kernel for small batches, the
     split path over routing.split_ctas(pairs) CTAs otherwise. ids: topk_ids (contiguous);
     order/slots/counts/num_tiles: int32 tensors; tiles: int32 [3, capacity]; hist: int32
-    [routing.MAX_SPLIT_CTAS + routing.SLOT_RULE, experts] scratch; balanced: an expert's tiles
-    share its pairs evenly (routing.py)."""
+    [routing.MAX_SPLIT_CTAS + 1, experts] scratch."""
     from .routing import split_ctas
 
     idb = ids.element_size()
     tile_ptrs = (tiles[0].data_ptr(), tiles[1].data_ptr(), tiles[2].data_ptr())
     ctas = split_ctas(pairs)
     if ctas == 0:
-        routing(idb)(ids.data_ptr(), pairs, expert_offset, experts, bn, int(balanced),
-                     order.data_ptr(), slots.data_ptr(), counts.data_ptr(), *tile_ptrs,
-                     num_tiles.data_ptr(), stream)
+        routing(idb)(ids.data_ptr(), pairs, expert_offset, experts, bn, order.data_ptr(),
+                     slots.data_ptr(), counts.data_ptr(), *tile_ptrs, num_tiles.data_ptr(), stream)
         return
     histogram, scan, scatter = routing_split(idb)
-    histogram(ids.data_ptr(), pairs, expert_offset, experts, ctas, bn, hist.data_ptr(), 0, 0,
-              stream)
-    scan(hist.data_ptr(), ctas, experts, bn, int(balanced), counts.data_ptr(), *tile_ptrs,
-         num_tiles.data_ptr(), stream)
-    scatter(ids.data_ptr(), pairs, expert_offset, experts, ctas, bn, hist.data_ptr(),
+    histogram(ids.data_ptr(), pairs, expert_offset, experts, ctas, hist.data_ptr(), 0, 0, stream)
+    scan(hist.data_ptr(), ctas, experts, bn, counts.data_ptr(), *tile_ptrs, num_tiles.data_ptr(),
+         stream)
+    scatter(ids.data_ptr(), pairs, expert_offset, experts, ctas, hist.data_ptr(),
             order.data_ptr(), slots.data_ptr(), stream)
 
 

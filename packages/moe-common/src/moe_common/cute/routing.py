@@ -9,13 +9,6 @@ work on (expert, up to `bn` routed pairs) tiles:
   counts[E]           routed pairs per local expert
 Pairs whose expert is outside the local range are dropped (never given a position).
 
-An expert with c pairs gets ceil(c / bn) tiles. `balance` 0 fills them in order (bn pairs each,
-the rest in the last); 1 gives each ceil(c / tiles) pairs (the last the rest), so an expert just
-over a tile's width gets two tiles of about half its pairs instead of a full tile and a sliver.
-moe-gated's wide tiles take the balanced split: a sliver tile decodes the expert's whole weights
-for a few tokens (DeepSeek-V3 at T=8704, 272 pairs on every expert: 38% slower than at 256 for 6%
-more FLOPs, BENCHMARKS.md eighteenth session).
-
 Two ways, the same tables:
 - RoutingKernel, one CTA of 1024 threads (one launch; decode and small batches): histogram
   with shared-memory atomics, a warp-shuffle scan over the experts (one thread per expert,
@@ -23,8 +16,7 @@ Two ways, the same tables:
   atomics. Each pass loads BATCH ids per thread before using any, so the loads overlap.
 - Split over G CTAs (large batches, `split_ctas`): RoutingSlices counts each CTA's slice of
   the pairs into hist[g][e]; RoutingScan (one CTA) turns hist into each (CTA, expert)'s first
-  position, writes the tile table and each expert's slot rule (_Slots) into hist[MAX_SPLIT_CTAS
-  + i][e], i < 3;
+  position, writes the tile table and each expert's slot shift into hist[MAX_SPLIT_CTAS][e];
   RoutingSlices(scatter=True) places each slice's pairs from those bases. One CTA was bound by
   issuing every pair's shared atomic and scattered 4-byte `order` store from a single SM: 71 us
   for 65536 pairs (Qwen3-30B-A3B at T=8192).
@@ -90,68 +82,57 @@ class _PairIds:
         return [cutlass.select_(p < end, e, Int32(-1)) for p, e in zip(ps, raw)]
 
 
-SLOT_RULE = 3  # per expert: first sorted position, first token slot, pairs per tile
-
-
 @cute.jit
-def _expert_table(tid, cnt, s_scratch, experts, bn, balance, counts_out, tile_expert, tile_start,
+def _expert_table(tid, cnt, s_scratch, experts, bn, counts_out, tile_expert, tile_start,
                   tile_end, num_tiles):
     """Thread e of 1024 holds expert e's pair count: scan counts and tiles over the experts,
-    write counts[e], e's tile-table entries and num_tiles; return e's slot rule (see _place):
-    its first sorted position, its first token slot (first tile * bn) and its pairs per tile
-    (bn, or with balance the balanced split's). s_scratch: 64 int32 of shared memory no thread
-    reads meanwhile (free again after the caller's next CTA barrier)."""
+    write counts[e], e's tile-table entries and num_tiles; return e's first sorted position
+    and its slot shift (first tile * bn - first position: a position's token slot is position +
+    shift). s_scratch: 64 int32 of shared memory no thread reads meanwhile (free again after
+    the caller's next CTA barrier)."""
     tiles = (cnt + bn - 1) // bn
     start, first_tile, _, _ = exclusive_scan2(cnt, tiles, tid, THREADS, s_scratch)
-    per = bn
-    if balance != 0:
-        if tiles > 1:
-            per = (cnt + tiles - 1) // tiles
     if tid < experts:
         ptx.st_u32(counts_out + Int64(tid) * 4, cnt)
         for j in cutlass.range(tiles, unroll=1):
             t = Int64(first_tile + j) * 4
-            ts = start + j * per
+            ts = start + j * bn
             ptx.st_u32(tile_expert + t, tid)
             ptx.st_u32(tile_start + t, ts)
-            ptx.st_u32(tile_end + t, cutlass.min(ts + per, start + cnt))
+            ptx.st_u32(tile_end + t, cutlass.min(ts + bn, start + cnt))
     if tid == experts - 1:
         ptx.st_u32(num_tiles, first_tile + tiles)
-    return start, first_tile * bn, per
+    return start, first_tile * bn - start
 
 
 @cute.jit
-def _place(order, slots, pos, start, slot0, per, bn, pair):
-    """Routed pair `pair` at sorted position pos of an expert whose slot rule (_expert_table) is
-    (start, slot0, per): order[pos] = pair, slots[pair] = its tile's first slot + its place in
-    the tile."""
-    rel = pos - start
-    tile = rel // per
+def _place(order, slots, pos, shift, pair):
+    """Routed pair `pair` at sorted position pos: order[pos] = pair, slots[pair] = its slot."""
     ptx.st_u32(order + Int64(pos) * 4, pair)
-    ptx.st_u32(slots + Int64(pair) * 4, slot0 + tile * bn + (rel - tile * per))
+    ptx.st_u32(slots + Int64(pair) * 4, pos + shift)
 
 
 class RoutingKernel(_PairIds):
     @cute.jit
     def __call__(self, ids: Int64, pairs: Int32, expert_offset: Int32, experts: Int32, bn: Int32,
-                 balance: Int32, order: Int64, slots: Int64, counts_out: Int64, tile_expert: Int64,
+                 order: Int64, slots: Int64, counts_out: Int64, tile_expert: Int64,
                  tile_start: Int64, tile_end: Int64, num_tiles: Int64, stream):
-        self.kernel(ids, pairs, expert_offset, experts, bn, balance, order, slots, counts_out,
-                    tile_expert, tile_start, tile_end, num_tiles).launch(
-            grid=[1, 1, 1], block=[THREADS, 1, 1], stream=stream, use_pdl=jit.PDL)
+        self.kernel(ids, pairs, expert_offset, experts, bn, order, slots, counts_out, tile_expert,
+                    tile_start, tile_end, num_tiles).launch(grid=[1, 1, 1], block=[THREADS, 1, 1],
+                                                            stream=stream, use_pdl=jit.PDL)
 
     @cute.kernel
     def kernel(self, ids: Int64, pairs: Int32, expert_offset: Int32, experts: Int32, bn: Int32,
-               balance: Int32, order: Int64, slots: Int64, counts_out: Int64, tile_expert: Int64,
+               order: Int64, slots: Int64, counts_out: Int64, tile_expert: Int64,
                tile_start: Int64, tile_end: Int64, num_tiles: Int64):
         tid, _, _ = cute.arch.thread_idx()
         ptx.grid_dependency_wait()  # first: see jit.PDL
         smem = cutlass.memory.SmemAllocator()
-        buf = smem.allocate_array(cutlass.Int32, (3 + SLOT_RULE) * THREADS, byte_alignment=16)
+        buf = smem.allocate_array(cutlass.Int32, 4 * THREADS, byte_alignment=16)
         s_cnt = Int32(buf.toint())          # pair counts per expert
         s_til = s_cnt + THREADS * 4          # the expert scan's scratch
         s_cur = s_cnt + 2 * THREADS * 4      # per-expert cursor for the position pass
-        s_rule = s_cnt + 3 * THREADS * 4     # [SLOT_RULE][E] per-expert slot rule
+        s_shift = s_cnt + 3 * THREADS * 4    # per-expert slot shift
         ptx.st_shared_u32(s_cnt + tid * 4, 0)
         cute.arch.sync_threads()
         for base in cutlass.range(0, pairs, THREADS * BATCH, unroll=1):
@@ -161,11 +142,10 @@ class RoutingKernel(_PairIds):
                     ptx.atom_add_shared(s_cnt + es[u] * 4, 1)
         cute.arch.sync_threads()
         cnt = ptx.ld_shared_u32(s_cnt + tid * 4)
-        rule = _expert_table(tid, cnt, s_til, experts, bn, balance, counts_out, tile_expert,
-                             tile_start, tile_end, num_tiles)
-        ptx.st_shared_u32(s_cur + tid * 4, rule[0])
-        for i in cutlass.range_constexpr(SLOT_RULE):
-            ptx.st_shared_u32(s_rule + (i * THREADS + tid) * 4, rule[i])
+        start, shift = _expert_table(tid, cnt, s_til, experts, bn, counts_out, tile_expert,
+                                     tile_start, tile_end, num_tiles)
+        ptx.st_shared_u32(s_cur + tid * 4, start)
+        ptx.st_shared_u32(s_shift + tid * 4, shift)
         cute.arch.sync_threads()
         for base in cutlass.range(0, pairs, THREADS * BATCH, unroll=1):
             es = self._experts(ids, base + tid, THREADS, pairs, expert_offset, experts)
@@ -173,8 +153,7 @@ class RoutingKernel(_PairIds):
                 p = base + tid + u * THREADS
                 if cutlass.Uint32(es[u]) < cutlass.Uint32(experts):
                     pos = ptx.atom_add_shared(s_cur + es[u] * 4, 1)
-                    _place(order, slots, pos, *[ptx.ld_shared_u32(s_rule + (i * THREADS + es[u]) * 4)
-                                                for i in range(SLOT_RULE)], bn, p)
+                    _place(order, slots, pos, ptx.ld_shared_u32(s_shift + es[u] * 4), p)
                 if cutlass.Uint32(es[u]) >= cutlass.Uint32(experts):
                     if p < pairs:
                         ptx.st_u32(slots + Int64(p) * 4, -1)
@@ -185,7 +164,7 @@ class RoutingSlices(_PairIds):
     """CTA g of `ctas` takes pairs [g * chunk, min(pairs, (g + 1) * chunk)), chunk =
     ceil(pairs / ctas). scatter=False (the histogram pass): hist[g][e] = its pairs routed to
     local expert e. scatter=True (after RoutingScan turned hist into each (CTA, expert)'s first
-    sorted position and its slot rules): order[hist[g][e] + rank] = p and slots[p] for its
+    sorted position and its slot shifts): order[hist[g][e] + rank] = p and slots[p] for its
     pairs p."""
 
     def __init__(self, ids_bytes: int, scatter: bool):
@@ -194,29 +173,27 @@ class RoutingSlices(_PairIds):
 
     @cute.jit
     def __call__(self, ids: Int64, pairs: Int32, expert_offset: Int32, experts: Int32,
-                 ctas: Int32, bn: Int32, hist: Int64, order: Int64, slots: Int64, stream):
-        self.kernel(ids, pairs, expert_offset, experts, ctas, bn, hist, order, slots).launch(
+                 ctas: Int32, hist: Int64, order: Int64, slots: Int64, stream):
+        self.kernel(ids, pairs, expert_offset, experts, ctas, hist, order, slots).launch(
             grid=[ctas, 1, 1], block=[SPLIT_THREADS, 1, 1], stream=stream, use_pdl=jit.PDL)
 
     @cute.kernel
     def kernel(self, ids: Int64, pairs: Int32, expert_offset: Int32, experts: Int32,
-               ctas: Int32, bn: Int32, hist: Int64, order: Int64, slots: Int64):
+               ctas: Int32, hist: Int64, order: Int64, slots: Int64):
         tid, _, _ = cute.arch.thread_idx()
         ptx.grid_dependency_wait()  # first: see jit.PDL
         g, _, _ = cute.arch.block_idx()
         smem = cutlass.memory.SmemAllocator()
-        buf = smem.allocate_array(cutlass.Int32, (1 + SLOT_RULE) * MAX_EXPERTS, byte_alignment=16)
+        buf = smem.allocate_array(cutlass.Int32, 2 * MAX_EXPERTS, byte_alignment=16)
         s_cnt = Int32(buf.toint())  # per-expert counter: from 0, or from the CTA's bases
-        s_rule = s_cnt + MAX_EXPERTS * 4  # [SLOT_RULE][E] per-expert slot rule (scatter)
+        s_shift = s_cnt + MAX_EXPERTS * 4  # per-expert slot shift (scatter)
         row = hist + Int64(g) * Int64(experts) * 4
-        rules = hist + Int64(MAX_SPLIT_CTAS) * Int64(experts) * 4
+        shifts = hist + Int64(MAX_SPLIT_CTAS) * Int64(experts) * 4
         for e in cutlass.range(tid, experts, SPLIT_THREADS, unroll=1):
             first = Int32(0)
             if cutlass.const_expr(self.scatter):
                 first = ptx.ld_u32(row + Int64(e) * 4)
-                for i in cutlass.range_constexpr(SLOT_RULE):
-                    ptx.st_shared_u32(s_rule + (i * MAX_EXPERTS + e) * 4,
-                                      ptx.ld_u32(rules + (Int64(i) * Int64(experts) + Int64(e)) * 4))
+                ptx.st_shared_u32(s_shift + e * 4, ptx.ld_u32(shifts + Int64(e) * 4))
             ptx.st_shared_u32(s_cnt + e * 4, first)
         cute.arch.sync_threads()
         chunk = (pairs + ctas - 1) // ctas
@@ -228,9 +205,7 @@ class RoutingSlices(_PairIds):
                 if cutlass.Uint32(es[u]) < cutlass.Uint32(experts):
                     pos = ptx.atom_add_shared(s_cnt + es[u] * 4, 1)
                     if cutlass.const_expr(self.scatter):
-                        _place(order, slots, pos,
-                               *[ptx.ld_shared_u32(s_rule + (i * MAX_EXPERTS + es[u]) * 4)
-                                 for i in range(SLOT_RULE)], bn, p)
+                        _place(order, slots, pos, ptx.ld_shared_u32(s_shift + es[u] * 4), p)
                 if cutlass.const_expr(self.scatter):
                     if cutlass.Uint32(es[u]) >= cutlass.Uint32(experts):
                         if p < p1:
@@ -244,20 +219,18 @@ class RoutingSlices(_PairIds):
 class RoutingScan:
     """One CTA: expert e's count = sum over CTAs of hist[g][e]; the expert table as in
     RoutingKernel; then hist[g][e] <- e's first position + pairs of e in CTAs before g, and
-    hist[MAX_SPLIT_CTAS + i][e] <- e's slot rule (i < SLOT_RULE)."""
+    hist[MAX_SPLIT_CTAS][e] <- e's slot shift."""
 
     @cute.jit
-    def __call__(self, hist: Int64, ctas: Int32, experts: Int32, bn: Int32, balance: Int32,
-                 counts_out: Int64, tile_expert: Int64, tile_start: Int64, tile_end: Int64,
-                 num_tiles: Int64, stream):
-        self.kernel(hist, ctas, experts, bn, balance, counts_out, tile_expert, tile_start,
-                    tile_end, num_tiles).launch(grid=[1, 1, 1], block=[THREADS, 1, 1],
-                                                stream=stream, use_pdl=jit.PDL)
+    def __call__(self, hist: Int64, ctas: Int32, experts: Int32, bn: Int32, counts_out: Int64,
+                 tile_expert: Int64, tile_start: Int64, tile_end: Int64, num_tiles: Int64, stream):
+        self.kernel(hist, ctas, experts, bn, counts_out, tile_expert, tile_start, tile_end,
+                    num_tiles).launch(grid=[1, 1, 1], block=[THREADS, 1, 1], stream=stream,
+                                      use_pdl=jit.PDL)
 
     @cute.kernel
-    def kernel(self, hist: Int64, ctas: Int32, experts: Int32, bn: Int32, balance: Int32,
-               counts_out: Int64, tile_expert: Int64, tile_start: Int64, tile_end: Int64,
-               num_tiles: Int64):
+    def kernel(self, hist: Int64, ctas: Int32, experts: Int32, bn: Int32, counts_out: Int64,
+               tile_expert: Int64, tile_start: Int64, tile_end: Int64, num_tiles: Int64):
         tid, _, _ = cute.arch.thread_idx()
         ptx.grid_dependency_wait()  # first: see jit.PDL
         smem = cutlass.memory.SmemAllocator()
@@ -273,12 +246,11 @@ class RoutingScan:
         for g in cutlass.range_constexpr(MAX_SPLIT_CTAS):
             cnt = cnt + vals[g]
         cnt = cutlass.select_(tid < experts, cnt, Int32(0))
-        rule = _expert_table(tid, cnt, s_til, experts, bn, balance, counts_out, tile_expert,
-                             tile_start, tile_end, num_tiles)
+        start, shift = _expert_table(tid, cnt, s_til, experts, bn, counts_out, tile_expert,
+                                     tile_start, tile_end, num_tiles)
         if tid < experts:
-            for i in cutlass.range_constexpr(SLOT_RULE):
-                ptx.st_u32(col + Int64(MAX_SPLIT_CTAS + i) * Int64(experts) * 4, rule[i])
-            run = rule[0]
+            ptx.st_u32(col + Int64(MAX_SPLIT_CTAS) * Int64(experts) * 4, shift)
+            run = start
             for g in cutlass.range_constexpr(MAX_SPLIT_CTAS):
                 if Int32(g) < ctas:
                     ptx.st_u32(col + Int64(g) * Int64(experts) * 4, run)
