@@ -176,6 +176,27 @@ class GatedGemm:
         assert self.bn <= 32 * CONSUMER_WARPS  # one consumer thread per FC2 token-table entry
         assert self.gpw in (1, 2)  # FC2 stores a token's values with one 8- or 16-byte store
 
+    def stage_layout(self, width: int) -> tuple:
+        """How a stage holds the K-tiles of an item of MMA width `width`: (K-tiles per stage,
+        bytes from one K-tile to the next, A's offset in a K-tile, B's second half's offset).
+
+        A full-width item's stage is one K-tile, [B (bn tokens) | A (the row tile's groups)].
+        A narrow item streams the same A bytes per K-tile with a fraction of the MMA, so with
+        one K-tile per stage it is bound by the copies' latency (`stages` K-tiles in flight):
+        an expert's leftover tile of a few tokens cost ~40% of a full one (BENCHMARKS.md,
+        eighteenth session). Its stages therefore hold as many consecutive K-tiles as fit,
+        each [B (width tokens) | A]: 4 at width <= 32, 2 at 64 (wide tiles)."""
+        b = width * TILE_K * 2
+        if self.b_swizzle:
+            b = -(-b // 1024) * 1024  # each K-tile's B starts 1024-byte aligned
+        sub = b + self.groups * self.a_group_bytes
+        if self.b_swizzle:
+            sub = -(-sub // 1024) * 1024
+        per = self.stage_bytes // sub
+        if per < 2:
+            return 1, self.stage_bytes, self.b_bytes, self.b_bytes // 2
+        return per, sub, b, b // 2
+
     # ------------------------------------------------------------------ host entry
     @cute.jit
     def __call__(
@@ -259,6 +280,7 @@ class GatedGemm:
             self._post_item(s_base, lane, i, item, e, p0, p1)
             cnt = p1 - p0
             b_copy = Int32(self.b_bytes)  # the first (MMA width) tokens of each K-tile's block
+            per, sub, a_off, half = self._item_layout(cnt)
             for w in cutlass.range_constexpr(1, len(self.widths)):
                 if cnt <= self.widths[w]:
                     b_copy = Int32(self.widths[w] * TILE_K * 2)
@@ -268,7 +290,7 @@ class GatedGemm:
             ctile = (Int64(e) * Int64(row_groups) + Int64(cgroup)) * Int64(k_tiles)
             csrc = wblob + ctile * 1024
             cbytes = Int32(1024)
-            cdst = self.b_bytes + (lane // 2) * self.a_group_bytes
+            cdst = a_off + (lane // 2) * self.a_group_bytes
             cstep = Int64(1024)
             if lane % 2 == 1:
                 csrc = sblob + ctile * self.scale_bytes
@@ -281,25 +303,30 @@ class GatedGemm:
                 groups_here = Int32(self.row_tile // 16)
             stage_tx = b_copy + groups_here * self.a_group_bytes
             b_tile = b_blocked + Int64(tile) * Int64(k_tiles) * self.b_bytes
-            for kt in cutlass.range(k_tiles, unroll=1):
+            for kt0 in cutlass.range(0, k_tiles, per, unroll=1):
                 s = g % self.stages
                 # the stage's previous use released by every consumer warp (the first use of
                 # each stage passes at once: parity of the phase before a fresh barrier's first)
                 ptx.mbarrier_wait(s_base + self.empty_off + s * 8, ((g // self.stages) % 2) ^ 1)
                 stage = s_base + s * self.stage_bytes
                 bar = s_base + self.full_off + s * 8
+                n_kt = cutlass.min(per, k_tiles - kt0)
                 if lane == 0:
-                    ptx.mbarrier_arrive_expect_tx(bar, stage_tx)
-                    if cutlass.const_expr(self.b_swizzle):  # each half's first tokens
-                        for hb in cutlass.range_constexpr(2):
-                            ptx.bulk_copy_g2s(stage + hb * (self.b_bytes // 2),
-                                              b_tile + Int64(kt) * self.b_bytes
-                                              + hb * (self.b_bytes // 2), b_copy // 2, bar)
-                    else:
-                        ptx.bulk_copy_g2s(stage, b_tile + Int64(kt) * self.b_bytes, b_copy, bar)
-                cute.arch.sync_warp()
-                if copy_ok:
-                    ptx.bulk_copy_g2s(stage + cdst, csrc + Int64(kt) * cstep, cbytes, bar)
+                    ptx.mbarrier_arrive_expect_tx(bar, n_kt * stage_tx)
+                cute.arch.sync_warp()  # the expected bytes before any copy can complete
+                for i in cutlass.range(n_kt, unroll=1):
+                    kt = kt0 + i
+                    at = stage + i * sub
+                    if lane == 0:
+                        if cutlass.const_expr(self.b_swizzle):  # each half's first tokens
+                            for hb in cutlass.range_constexpr(2):
+                                ptx.bulk_copy_g2s(at + hb * half,
+                                                  b_tile + Int64(kt) * self.b_bytes
+                                                  + hb * (self.b_bytes // 2), b_copy // 2, bar)
+                        else:
+                            ptx.bulk_copy_g2s(at, b_tile + Int64(kt) * self.b_bytes, b_copy, bar)
+                    if copy_ok:
+                        ptx.bulk_copy_g2s(at + cdst, csrc + Int64(kt) * cstep, cbytes, bar)
                 g = g + 1
             i = i + 1
             if lane == 0:
@@ -314,6 +341,20 @@ class GatedGemm:
                 ptx.st_u32(queue + 4, 0)
 
     @cute.jit
+    def _item_layout(self, cnt):
+        """stage_layout of the width an item of cnt tokens runs at (see _work_item), at run
+        time: (K-tiles per stage, K-tile stride, A's offset, B's second half's offset)."""
+        per, sub, a_off, half = (Int32(v) for v in self.stage_layout(self.widths[0]))
+        for w in cutlass.range_constexpr(1, len(self.widths)):
+            if cnt <= self.widths[w]:
+                lay = self.stage_layout(self.widths[w])
+                per = Int32(lay[0])
+                sub = Int32(lay[1])
+                a_off = Int32(lay[2])
+                half = Int32(lay[3])
+        return per, sub, a_off, half
+
+    @cute.jit
     def _post_item(self, s_base, lane, i, item, e, p0, p1):
         """Write item number i and its tile's expert and pair range into its ring slot and
         complete the slot's mbarrier phase. The producer leads by at most `stages` items (each
@@ -325,34 +366,48 @@ class GatedGemm:
 
     # ------------------------------------------------------------------ consumer warps
     @cute.jit
-    def _mainloop(self, n_tok: cutlass.Constexpr, acc, active, g0, s_base, lane, a_warp_off, k_tiles):
+    def _mainloop(self, n_tok: cutlass.Constexpr, acc, active, g0, s_base, lane, warp_a_off,
+                  k_tiles):
         """acc[:, :n_tok / 8] += this warp's weight groups x the first n_tok tokens, over every
-        K-tile of the item; each stage is released as soon as this warp's wgmmas on it are done."""
-        cfg = self.cfg
-        for kt in cutlass.range(k_tiles, unroll=1):
-            g = g0 + kt
+        K-tile of the item (stage_layout(n_tok) of them per stage); each stage is released as
+        soon as this warp's wgmmas on it are done."""
+        per, sub, _, _ = self.stage_layout(n_tok)
+        n_stages = (k_tiles + per - 1) // per
+        for j in cutlass.range(n_stages, unroll=1):
+            g = g0 + j
             ptx.mbarrier_wait(s_base + self.full_off + (g % self.stages) * 8, (g // self.stages) % 2)
             if active:
                 stage = s_base + (g % self.stages) * self.stage_bytes
-                words = [fm.load_group_words(stage + a_warp_off + gi * self.a_group_bytes, lane,
-                                             cfg.weight_format) for gi in range(self.gpw)]
-                if cutlass.const_expr(cfg.variant == "nomma"):
-                    for gi in cutlass.range_constexpr(self.gpw):
-                        acc[gi, 0, 0] = acc[gi, 0, 0] + Float32(ptx.f32_bits(words[gi][0] ^ words[gi][9]))
+                if cutlass.const_expr(per == 1):
+                    self._ktile(n_tok, acc, stage, lane, warp_a_off)
                 else:
-                    accs = [[acc[gi, j // 4, j % 4] for j in range(n_tok // 2)]
-                            for gi in range(self.gpw)]
-                    res = wgmma_decode_k128(accs, [w[:8] for w in words], [w[8:] for w in words],
-                                            cfg.weight_format, stage, n_tok, pending=self.pending,
-                                            decode=cfg.variant != "nodecode",
-                                            b_lbo=128, b_sbo=B_GROUP_BYTES,
-                                            b_sw128_half=self.b_bytes // 2 if self.b_swizzle else 0)
-                    _store_fragments(acc, res)
-            # at most `pending` slabs of K-tile g are in flight: K-tile g - 1 is finished
-            if kt > 0:
+                    for i in cutlass.range(cutlass.min(per, k_tiles - j * per), unroll=1):
+                        self._ktile(n_tok, acc, stage + i * sub, lane, warp_a_off)
+            # at most `pending` slabs of stage g's last K-tile are in flight: stage g - 1 is done
+            if j > 0:
                 self._release(s_base, lane, g - 1)
         ptx.wgmma_wait(0)
-        self._release(s_base, lane, g0 + k_tiles - 1)
+        self._release(s_base, lane, g0 + n_stages - 1)
+
+    @cute.jit
+    def _ktile(self, n_tok: cutlass.Constexpr, acc, at, lane, warp_a_off):
+        """acc += this warp's groups of the K-tile at `at` (stage_layout(n_tok)) x its first
+        n_tok tokens, the wgmmas left in flight (`pending`)."""
+        cfg = self.cfg
+        _, _, a_off, half = self.stage_layout(n_tok)
+        words = [fm.load_group_words(at + a_off + warp_a_off + gi * self.a_group_bytes, lane,
+                                     cfg.weight_format) for gi in range(self.gpw)]
+        if cutlass.const_expr(cfg.variant == "nomma"):
+            for gi in cutlass.range_constexpr(self.gpw):
+                acc[gi, 0, 0] = acc[gi, 0, 0] + Float32(ptx.f32_bits(words[gi][0] ^ words[gi][9]))
+        else:
+            accs = [[acc[gi, j // 4, j % 4] for j in range(n_tok // 2)] for gi in range(self.gpw)]
+            res = wgmma_decode_k128(accs, [w[:8] for w in words], [w[8:] for w in words],
+                                    cfg.weight_format, at, n_tok, pending=self.pending,
+                                    decode=cfg.variant != "nodecode",
+                                    b_lbo=128, b_sbo=B_GROUP_BYTES,
+                                    b_sw128_half=half if self.b_swizzle else 0)
+            _store_fragments(acc, res)
 
     @cute.jit
     def _consumer(self, s_base, warp, lane, total, row_tiles, gscale, bias, order, k_tiles,
@@ -364,7 +419,8 @@ class GatedGemm:
             self._work_item(item // row_tiles, item % row_tiles, e, p0, p1, i, g, s_base, warp,
                             lane, gscale, bias, order, k_tiles, row_groups, out, out_stride,
                             out_rows, act_alpha, act_beta, act_limit)
-            g = g + k_tiles
+            per = self._item_layout(p1 - p0)[0]
+            g = g + (k_tiles + per - 1) // per  # the stages the item took
             i = i + 1
             item, e, p0, p1 = self._next_item(s_base, i)
 
@@ -391,7 +447,7 @@ class GatedGemm:
         # which keeps the barrier phases in step.
         group0 = rt * (self.row_tile // 16) + warp * self.gpw
         active = group0 < row_groups
-        a_warp_off = self.b_bytes + warp * self.gpw * self.a_group_bytes
+        warp_a_off = warp * self.gpw * self.a_group_bytes  # from A's offset in a K-tile
 
         # FC2's token table (pair indices): consumer thread c owns token slot c. The index is
         # loaded now and stored after the mainloop, so its latency hides behind the MMAs. The
@@ -417,7 +473,7 @@ class GatedGemm:
         for w in cutlass.range_constexpr(len(self.widths)):
             below = self.widths[w + 1] if w + 1 < len(self.widths) else 0
             if cnt > below and cnt <= self.widths[w]:
-                self._mainloop(self.widths[w], acc, active, g0, s_base, lane, a_warp_off, k_tiles)
+                self._mainloop(self.widths[w], acc, active, g0, s_base, lane, warp_a_off, k_tiles)
 
         if cutlass.const_expr(cfg.phase == "fc2"):
             if ctid < self.bn and p0 + ctid < p1:
