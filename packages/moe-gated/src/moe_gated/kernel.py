@@ -314,9 +314,9 @@ class GatedGemm:
                 if lane == 0:
                     ptx.mbarrier_arrive_expect_tx(bar, n_kt * stage_tx)
                 cute.arch.sync_warp()  # the expected bytes before any copy can complete
-                for i in cutlass.range(n_kt, unroll=1):
-                    kt = kt0 + i
-                    at = stage + i * sub
+                for q in cutlass.range(n_kt, unroll=1):  # (i counts the items)
+                    kt = kt0 + q
+                    at = stage + q * sub
                     if lane == 0:
                         if cutlass.const_expr(self.b_swizzle):  # each half's first tokens
                             for hb in cutlass.range_constexpr(2):
@@ -344,15 +344,12 @@ class GatedGemm:
     def _item_layout(self, cnt):
         """stage_layout of the width an item of cnt tokens runs at (see _work_item), at run
         time: (K-tiles per stage, K-tile stride, A's offset, B's second half's offset)."""
-        per, sub, a_off, half = (Int32(v) for v in self.stage_layout(self.widths[0]))
-        for w in cutlass.range_constexpr(1, len(self.widths)):
-            if cnt <= self.widths[w]:
-                lay = self.stage_layout(self.widths[w])
-                per = Int32(lay[0])
-                sub = Int32(lay[1])
-                a_off = Int32(lay[2])
-                half = Int32(lay[3])
-        return per, sub, a_off, half
+        lay = [Int32(v) for v in self.stage_layout(self.widths[0])]
+        for w in cutlass.range_constexpr(1, len(self.widths)):  # descending: the last holding cnt
+            narrower = cnt <= self.widths[w]
+            lay = [cutlass.select_(narrower, Int32(v), x)
+                   for v, x in zip(self.stage_layout(self.widths[w]), lay)]
+        return lay[0], lay[1], lay[2], lay[3]
 
     @cute.jit
     def _post_item(self, s_base, lane, i, item, e, p0, p1):
@@ -381,8 +378,8 @@ class GatedGemm:
                 if cutlass.const_expr(per == 1):
                     self._ktile(n_tok, acc, stage, lane, warp_a_off)
                 else:
-                    for i in cutlass.range(cutlass.min(per, k_tiles - j * per), unroll=1):
-                        self._ktile(n_tok, acc, stage + i * sub, lane, warp_a_off)
+                    for q in cutlass.range(cutlass.min(per, k_tiles - j * per), unroll=1):
+                        self._ktile(n_tok, acc, stage + q * sub, lane, warp_a_off)
             # at most `pending` slabs of stage g's last K-tile are in flight: stage g - 1 is done
             if j > 0:
                 self._release(s_base, lane, g - 1)
