@@ -102,6 +102,34 @@ def test_shared_memory_fits_one_cta_per_sm(fmt):
             assert k.stage_bytes % 128 == 0  # bulk-copy and wgmma descriptor alignment of every stage
 
 
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_narrow_items_pack_several_k_tiles_per_stage(fmt):
+    """stage_layout: a full-width item keeps one K-tile per stage ([B | A], A at bn tokens' B
+    bytes); a wide tile's narrow items (width <= 64) pack 4 or 2 K-tiles, each [B | A], inside
+    the stage, with FC1's swizzled B halves 1024-byte aligned and A 16-byte aligned."""
+    from moe_gated.compile_cache import config
+    from moe_gated.kernel import GEOMETRIES, TILE_K, GatedGemm
+
+    for geometry in GEOMETRIES:
+        for phase, act in (("fc1", "silu"), ("fc2", "none")):
+            k = GatedGemm(config(phase, fmt, act, geometry))
+            a_bytes = k.groups * k.a_group_bytes
+            assert k.stage_layout(k.widths[0]) == (1, k.stage_bytes, k.b_bytes, k.b_bytes // 2)
+            for w in k.widths:
+                per, step, a_off, half = k.stage_layout(w)
+                if per == 1:
+                    assert (step, a_off, half) == (k.stage_bytes, k.b_bytes, k.b_bytes // 2)
+                    continue
+                assert a_off >= w * TILE_K * 2 and half == a_off // 2  # B of w tokens, then A
+                assert a_off + a_bytes <= step and per * step <= k.stage_bytes
+                assert a_off % 16 == 0 and step % 16 == 0
+                if k.b_swizzle:
+                    assert half % 1024 == 0 and step % 1024 == 0
+            packed = {w: k.stage_layout(w)[0] for w in k.widths if k.stage_layout(w)[0] > 1}
+            want = {32: 4, 64: 2} if geometry == "wide" else {}
+            assert packed == {w: n for w, n in want.items() if w in k.widths}, (geometry, phase)
+
+
 def test_geometry_choice_and_workspace_sizes():
     """Wide tiles from 256 routed pairs per expert on; and the routing table and tile-blocked
     buffers grow with the pair count whichever geometry a call takes, so a workspace warmed at
