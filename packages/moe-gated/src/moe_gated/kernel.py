@@ -186,7 +186,9 @@ class GatedGemm:
         one K-tile per stage it is bound by the copies' latency (`stages` K-tiles in flight):
         an expert's leftover tile of a few tokens cost ~40% of a full one (BENCHMARKS.md,
         eighteenth session). Its stages therefore hold as many consecutive K-tiles as fit,
-        each [B (width tokens) | A]: 4 at width <= 32, 2 at 64 (wide tiles)."""
+        each [B (width tokens) | A]: 4 at width <= 32, 2 at 64 (wide tiles). Measured 1.6%
+        faster at DeepSeek-V3 and gpt-oss-120b T=8192 (about half their experts have a leftover
+        tile): most of a leftover tile's cost is not the copies' latency."""
         b = width * TILE_K * 2
         if self.b_swizzle:
             b = -(-b // 1024) * 1024  # each K-tile's B starts 1024-byte aligned
