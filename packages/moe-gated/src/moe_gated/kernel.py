@@ -39,11 +39,12 @@ per 16 bytes per thread.
 Pipeline: a ring of `stages` stages with a full mbarrier (the producer's transaction bytes) and
 an empty mbarrier (one arrival per consumer warp) per stage; there is no CTA barrier in the
 mainloop. A stage is one K-tile, or several for an item of few tokens (stage_layout), so that an
-expert's leftover tile does not stream its weights one K-tile per latency. The producer takes tickets itself and hands items to the consumers through a small
-ring, so it loads the next item's K-tiles while the consumers run the epilogue. wgmma runs
-asynchronously: each slab is its own commit group and at most `pending` slabs stay in flight
-across the K-tile boundary; a warp releases K-tile g - 1's stage once K-tile g's wgmmas are
-issued, when none of g - 1's can still be reading it.
+expert's leftover tile does not stream its weights one K-tile per latency. The producer takes
+tickets itself and hands items to the consumers through a small ring, so it loads the next
+item's K-tiles while the consumers run the epilogue. wgmma runs asynchronously: each slab is its
+own commit group and at most `pending` slabs stay in flight across the K-tile boundary; a warp
+releases stage g - 1 once stage g's wgmmas are issued, when none of g - 1's can still be reading
+it.
 """
 from __future__ import annotations
 
