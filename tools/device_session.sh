@@ -4,7 +4,7 @@
 #   source .device/bin/gpu.sh && bash tools/device_session.sh STEP [STEP ...]
 # Steps: gated-quick gated-tests sanitize-gated bench-gated bench-gated-q bench-gated-all
 #        static-quick static-tests generic-tests sanitize-static sanitize-generic
-#        bench-static bench-generic-large profile static-spread; A/B in one run against older
+#        bench-static bench-generic-large profile static-spread routing-shape; A/B in one run against older
 #        trees (AB_DIRS): static-ab, kernel-ab (AB_KERNEL), ncu-static-ab (PROFILE_ARGS);
 #        variants by environment: static-env (STATIC_ENVS)
 set -u
@@ -145,6 +145,9 @@ for s in "$@"; do
         ncu --import "/tmp/$n.ncu-rep" --page source --csv --print-source sass > "/tmp/$n.csv" 2>&1
         step $n-top 100 python3 tools/ncu_sass_top.py "/tmp/$n.csv"
       done ;;
+    routing-shape)  # moe-gated on random against balanced routing (tools/gated_routing_shape.py)
+      step routing-shape-ds 200 python3 tools/gated_routing_shape.py --preset deepseek-v3 --tokens 8192 8704
+      step routing-shape-oss 120 python3 tools/gated_routing_shape.py --preset gpt-oss-120b --tokens 8192 ;;
     static-spread)  # per-warp phase-end timestamps (tools/static_spread.py), Qwen3-30B-A3B-sized T=8:
                     # one routing replayed, then a fresh routing per call
       step static-spread 150 python3 tools/static_spread.py --tokens 8
