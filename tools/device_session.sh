@@ -4,9 +4,9 @@
 #   source .device/bin/gpu.sh && bash tools/device_session.sh STEP [STEP ...]
 # Steps: gated-quick gated-tests sanitize-gated bench-gated bench-gated-q bench-gated-all
 #        static-quick static-tests generic-tests sanitize-static sanitize-generic
-#        bench-static bench-generic-large profile static-spread routing-shape; A/B in one run against older
-#        trees (AB_DIRS): static-ab, kernel-ab (AB_KERNEL), ncu-static-ab (PROFILE_ARGS);
-#        variants by environment: static-env (STATIC_ENVS)
+#        bench-static bench-generic-large profile static-spread routing-shape; A/B in one run
+#        against older trees (AB_DIRS): static-ab, kernel-ab (AB_KERNEL), ncu-static-ab
+#        (PROFILE_ARGS); variants by environment: static-env (STATIC_ENVS)
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"

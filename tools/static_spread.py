@@ -17,7 +17,7 @@ import torch
 from moe_common.testing import random_layer, random_routing
 from moe_common.workspace import Workspace
 from moe_static import compile_cache, fused_moe
-from moe_static.kernel import STAMPS, WARPS
+from moe_static.kernel import STAMP_WORDS, STAMPS, WARPS
 
 
 def _ranks(v: torch.Tensor) -> torch.Tensor:
@@ -49,9 +49,8 @@ def main():
         torch.cuda.synchronize()
         if call == 0:
             continue  # the first call compiles
-        per = len(STAMPS) + 1  # int64 words per warp: the stamps, then %smid
-        m = ws.get("moe-static.meet", (grid * WARPS * 2 * per,), torch.int32, x.device)
-        m = m.view(torch.int64).view(grid * WARPS, per).cpu()
+        m = ws.get("moe-static.meet", (grid * WARPS * 2 * STAMP_WORDS,), torch.int32, x.device)
+        m = m.view(torch.int64).view(grid * WARPS, STAMP_WORDS).cpu()
         t0 = m[:, 0].min()
         at = {name: (m[:, i] - t0).double() / 1000 for i, name in enumerate(STAMPS)}  # us
         fc1 = at["fc1 end"]

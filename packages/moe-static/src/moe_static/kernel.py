@@ -75,6 +75,7 @@ EXPERTS_PER_THREAD = MAX_LOCAL_EXPERTS // THREADS
 MEET_BYTES = 512
 # where the "stamps" variant reads %globaltimer (each warp, in this order)
 STAMPS = ("start", "routed", "fc1 end", "fc2 start", "fc2 end", "reduce start", "end")
+STAMP_WORDS = len(STAMPS) + 1  # 8-byte words per warp in the meet workspace: the stamps, %smid
 REDUCE_BATCH = 8  # top-k routes the final reduce loads at once (k <= 8: one round trip)
 
 
@@ -220,7 +221,7 @@ class StaticMoE:
         self._stamp(stamps)
         if cutlass.const_expr(cfg.variant == "stamps"):
             if tid % 32 == 0:  # the meetings are over: their workspace holds the stamps
-                at = meet + Int64(bid * WARPS + tid // 32) * (8 * len(STAMPS) + 8)
+                at = meet + Int64(bid * WARPS + tid // 32) * (8 * STAMP_WORDS)
                 for i in cutlass.range_constexpr(len(STAMPS)):
                     ptx.st_v2(at + 8 * i, stamps[i][0], stamps[i][1])
                 ptx.st_v2(at + 8 * len(STAMPS), stamps[0][2], 0)
