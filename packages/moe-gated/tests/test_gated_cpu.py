@@ -103,31 +103,33 @@ def test_shared_memory_fits_one_cta_per_sm(fmt):
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
-def test_narrow_items_pack_several_k_tiles_per_stage(fmt):
-    """stage_layout: a full-width item keeps one K-tile per stage ([B | A], A at bn tokens' B
-    bytes); a wide tile's narrow items (width <= 64) pack 4 or 2 K-tiles, each [B | A], inside
-    the stage, with FC1's swizzled B halves 1024-byte aligned and A 16-byte aligned."""
+def test_stage_layouts(fmt):
+    """stage_layout: a K-tile of an item of width w is [B's first half | second half | A], each
+    half w tokens x 128 bytes (1024-byte aligned for FC1's swizzle), as many K-tiles per stage
+    as fit; the wide geometry (288 tokens: 3 whole K-tiles do not fit) splits a K-tile that
+    does not fit a stage over two, [first half | A] and [second half]. Every item fits its
+    stages, and narrow wide items pack several K-tiles."""
     from moe_gated.compile_cache import config
-    from moe_gated.kernel import GEOMETRIES, TILE_K, GatedGemm
+    from moe_gated.kernel import GEOMETRIES, GatedGemm
 
     for geometry in GEOMETRIES:
         for phase, act in (("fc1", "silu"), ("fc2", "none")):
             k = GatedGemm(config(phase, fmt, act, geometry))
-            a_bytes = k.groups * k.a_group_bytes
-            assert k.stage_layout(k.widths[0]) == (1, k.stage_bytes, k.b_bytes, k.b_bytes // 2)
+            assert k.split == (geometry == "wide"), (geometry, k.split)
             for w in k.widths:
                 per, step, a_off, half = k.stage_layout(w)
-                if per == 1:
-                    assert (step, a_off, half) == (k.stage_bytes, k.b_bytes, k.b_bytes // 2)
+                b_half = w * 128
+                assert half % 1024 == 0 and a_off % 1024 == 0 and step % 1024 == 0
+                if per == 0:
+                    assert k.split and (step, half) == (k.stage_bytes, 0)
+                    assert a_off >= b_half and a_off + k.a_bytes <= k.stage_bytes
+                    assert b_half <= k.stage_bytes  # the second half's stage
                     continue
-                assert a_off >= w * TILE_K * 2 and half == a_off // 2  # B of w tokens, then A
-                assert a_off + a_bytes <= step and per * step <= k.stage_bytes
-                assert a_off % 16 == 0 and step % 16 == 0
-                if k.b_swizzle:
-                    assert half % 1024 == 0 and step % 1024 == 0
-            packed = {w: k.stage_layout(w)[0] for w in k.widths if k.stage_layout(w)[0] > 1}
-            want = {32: 4, 64: 2} if geometry == "wide" else {}
-            assert packed == {w: n for w, n in want.items() if w in k.widths}, (geometry, phase)
+                assert half >= b_half and a_off >= 2 * half  # B of w tokens, then A
+                assert a_off + k.a_bytes <= step and per * step <= k.stage_bytes
+            packed = {w: k.stage_layout(w)[0] for w in k.widths if k.stage_layout(w)[0] != 1}
+            want = {288: 0, 256: 0, 32: 2} if geometry == "wide" else {}
+            assert packed == want, (geometry, phase, packed)
 
 
 def test_geometry_choice_and_workspace_sizes():
@@ -175,9 +177,10 @@ def test_w4a4_requantize_of_the_tile_blocked_intermediate_matches_row_quantizati
 
 
 def test_tile_blocked_layout():
-    """Token n, column j of tile t, K-tile kt sits at element ((n // 8) * 16 + j % 128 // 8) * 64
-    + (n % 8) * 8 + j % 8 of block [t, kt] (the layout FC1 writes and FC2's wgmma descriptor
-    reads), and the two conversions are inverse."""
+    """Token n, column j of tile t, K-tile kt sits at element (j % 128 // 64) * bn * 64 +
+    ((n // 8) * 8 + j % 64 // 8) * 64 + (n % 8) * 8 + j % 8 of block [t, kt] (the layout FC1
+    writes and FC2's wgmma descriptor reads: two halves of core matrices), and the two
+    conversions are inverse."""
     import torch
 
     from moe_gated.runner import blocked_to_rows, rows_to_blocked
@@ -186,7 +189,7 @@ def test_tile_blocked_layout():
     rows = torch.arange(tiles * bn * K, dtype=torch.float32).view(tiles * bn, K)
     blocked = rows_to_blocked(rows, tiles, bn)
     for t, n, j in [(0, 0, 0), (0, 9, 5), (1, 15, 200), (1, 3, 127)]:
-        el = ((n // 8) * 16 + j % 128 // 8) * 64 + (n % 8) * 8 + j % 8
+        el = (j % 128 // 64) * bn * 64 + ((n // 8) * 8 + j % 64 // 8) * 64 + (n % 8) * 8 + j % 8
         assert blocked[t, j // 128, el] == rows[t * bn + n, j]
     assert torch.equal(blocked_to_rows(blocked, bn), rows)
 

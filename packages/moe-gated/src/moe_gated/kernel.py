@@ -68,16 +68,23 @@ TILE_K = 128
 # moves half the B bytes per FLOP and gives each warp two independent decode+MMA chains, so it
 # wins where tiles are partly filled (BENCHMARKS.md, seventh session). The runner picks one per
 # call from the routed pairs per expert.
-GEOMETRIES = {"wide": (256, 1), "tall": (128, 2)}
-# MMA widths per tile size: a tile's token count is rounded up to one of these
-WIDTHS = {256: (256, 192, 128, 64, 32), 128: (128, 96, 64, 32)}
+WIDE_BN = int(os.environ.get("MOE_GATED_WIDE_BN", "288"))  # development knob (measuring)
+GEOMETRIES = {"wide": (WIDE_BN, 1), "tall": (128, 2)}
+# MMA widths per tile size: a tile's token count is rounded up to one of these. Widths above
+# 256 issue two wgmmas per slab, 256 + the rest, on one decoded A; beside them, a 192 width
+# made ptxas serialize the wgmmas (C7512) or spill (every width is its own mainloop)
+WIDTHS = {128: (128, 96, 64, 32), 256: (256, 192, 128, 64, 32), 288: (288, 256, 128, 64, 32),
+          320: (320, 256, 128, 64, 32)}
 if os.environ.get("MOE_GATED_WIDE_WIDTHS"):  # development knob (measuring): "256,240,..."
-    WIDTHS[256] = tuple(int(v) for v in os.environ["MOE_GATED_WIDE_WIDTHS"].split(","))
+    WIDTHS[WIDE_BN] = tuple(int(v) for v in os.environ["MOE_GATED_WIDE_WIDTHS"].split(","))
 MAX_STAGES = 4  # (2 stages measured 29-32% slower at T=8192: BENCHMARKS.md, eighth session)
-# B (tokens) in shared memory and in the tile-blocked buffers: K-major core matrices, each
-# 8-token group's 128 K columns contiguous (16 chunks x 8 tokens x 16 bytes), so a tile's first
-# n tokens are its first n x 256 bytes and a partly filled tile copies only its MMA width
-B_GROUP_BYTES = 8 * TILE_K * 2
+# B (tokens) in shared memory and in the tile-blocked buffers: per K-tile two 64-column halves
+# (HALF_BYTES x tokens apart), each 8 tokens x 64 columns = 1024 bytes per 8-token group: FC1's
+# token rows in the 128-byte swizzle (moe_gated.row_scatter), FC2's intermediate as K-major
+# core matrices (8 per group, 128 bytes each). A tile's first n tokens are the first n x 128
+# bytes of each half, so a partly filled tile copies only its MMA width.
+HALF_BYTES = 64 * 2  # bytes per token in a half
+GROUP_BYTES = 8 * HALF_BYTES
 WARPGROUPS = 2  # consumer warpgroups (warps 0-7)
 CONSUMER_WARPS = 4 * WARPGROUPS
 PRODUCER_WARP = CONSUMER_WARPS  # warp 8 fetches work items and issues the bulk copies
@@ -95,6 +102,11 @@ ITEM_SLOTS = 8  # work-item ring from the producer to the consumers (it leads by
 # a ring slot: (item, expert, first pair, end pair), the tile facts the producer has loaded
 # anyway, so a consumer starts an item without a global round trip
 ITEM_BYTES = 16
+
+
+def _align(nbytes: int) -> int:
+    """Shared-memory offsets of B are 1024-byte aligned (the 128-byte swizzle's period)."""
+    return -(-nbytes // 1024) * 1024
 
 
 def _store_fragments(acc, res):
@@ -130,9 +142,10 @@ class GatedConfig:
     activation: str = "silu"  # fc1: silu | gelu_tanh | swigluoai (alpha/beta/limit at run time)
     geometry: str = "wide"  # see GEOMETRIES
     # wgmma slabs left in flight when a K-tile's block returns (None: the geometry's default).
-    # wide: 2, measured 1.2-1.7% faster than 1 at T=8192 (BENCHMARKS.md, 6073ca8). tall: 1;
-    # with two groups per warp, 2 makes ptxas serialize every wgmma (C7512, checked by
-    # tests/test_gated_cpu.py)
+    # wide: 2, measured 1.2-1.7% faster than 1 at T=8192 (BENCHMARKS.md, 6073ca8), except at
+    # MMA widths above 256 (1). tall: 1. Where the accumulators and 3 slabs' A registers do
+    # not fit (two groups per warp; 288 tokens), 2 makes ptxas serialize every wgmma (C7512,
+    # checked by tests/test_gated_cpu.py)
     pending: int | None = None
     # timing-only variants (wrong results): "nodecode" feeds raw codes to the MMA, "nomma" skips
     # it, "nostore" skips the epilogues' global stores
@@ -148,21 +161,24 @@ class GatedGemm:
         self.row_tile = row_tile(cfg.geometry)
         self.widths = WIDTHS[self.bn]
         self.pending = cfg.pending if cfg.pending is not None else (2 if self.gpw == 1 else 1)
-        self.b_bytes = self.bn * TILE_K * 2
-        # FC1's B (token rows, moe_gated.row_scatter.RowScatter) is 128B-swizzled: two 64-column
-        # halves of bn 128-byte rows, read by a swizzled descriptor from 1024-byte aligned
-        # stages; FC2's (the intermediate) is token-group-major core matrices (B_GROUP_BYTES)
+        self.b_bytes = self.bn * TILE_K * 2  # a K-tile's B in the tile-blocked buffers
+        # FC1's B is 128B-swizzled (read by a swizzled descriptor from 1024-byte aligned halves)
         self.b_swizzle = cfg.phase == "fc1"
         self.scale_bytes = 16 * fm.scale_bytes_per_row(cfg.weight_format)  # per group tile
         self.a_group_bytes = fm.group_tile_bytes(cfg.weight_format)
         self.groups = CONSUMER_WARPS * self.gpw  # 16-row weight groups per row tile
-        self.stage_bytes = self.b_bytes + self.groups * self.a_group_bytes
-        if self.b_swizzle:
-            self.stage_bytes = -(-self.stage_bytes // 1024) * 1024
+        self.a_bytes = self.groups * self.a_group_bytes  # a K-tile's A
         ep_bytes = CONSUMER_WARPS * STG_TOKENS * 16 if cfg.phase == "fc1" else 2 * self.bn * 4
         fixed = 8 * ITEM_SLOTS + ITEM_BYTES * ITEM_SLOTS + ep_bytes
-        # as many stages as fit (NVFP4 wide: 3 x 73 KiB; tall: 4 x 50 KiB), one CTA per SM
-        self.stages = min(MAX_STAGES, (SMEM_LIMIT - fixed) // (self.stage_bytes + 16))
+        # A stage is a K-tile [B | A] where 3 of them fit (tall: 4 x 50 KiB), else half a
+        # K-tile (`split`: wide, 288 tokens: 4 x 45 KiB, [B's first half | A], then [B's second
+        # half]); 2 whole-K-tile stages measured 29-32% slower (eighth session). One CTA per SM.
+        self.stage_bytes = _align(self.b_bytes + self.a_bytes)
+        self.split = 3 * (self.stage_bytes + 16) > SMEM_LIMIT - fixed
+        if self.split:
+            self.stage_bytes = _align(self.b_bytes // 2 + self.a_bytes)
+        max_stages = 2 * MAX_STAGES if self.split else MAX_STAGES
+        self.stages = min(max_stages, (SMEM_LIMIT - fixed) // (self.stage_bytes + 16))
         # shared memory: the stages, then 8-byte mbarriers (full[stages], empty[stages],
         # item_full[ITEM_SLOTS]), the work-item ring (ITEM_BYTES per slot), then per phase
         # FC1: each consumer warp's epilogue staging (STG_TOKENS tokens x 16 bytes);
@@ -175,31 +191,30 @@ class GatedGemm:
         self.smem_bytes = self.ep_off + ep_bytes
         assert self.stages >= 3 and self.smem_bytes <= SMEM_LIMIT, (self.stages, self.smem_bytes)
         assert 2 * self.groups <= 32  # one producer lane per copy of a K-tile's weights
-        assert self.bn <= 32 * CONSUMER_WARPS  # one consumer thread per FC2 token-table entry
+        assert self.bn % STG_TOKENS == 0 and self.bn <= 512  # FC1's epilogue blocks; wgmma
         assert self.gpw in (1, 2)  # FC2 stores a token's values with one 8- or 16-byte store
 
     def stage_layout(self, width: int) -> tuple:
-        """How a stage holds the K-tiles of an item of MMA width `width`: (K-tiles per stage,
+        """How the stages hold the K-tiles of an item of MMA width `width`: (K-tiles per stage,
         bytes from one K-tile to the next, A's offset in a K-tile, B's second half's offset).
 
-        A full-width item's stage is one K-tile, [B (bn tokens) | A (the row tile's groups)].
+        A K-tile is [B's first half | B's second half | A], each half the item's first `width`
+        tokens (1024-byte aligned for FC1's swizzle). In a split geometry a K-tile of a width
+        that does not fit a stage spans two: [first half | A], then [second half]; that is
+        K-tiles per stage 0 (and the second half's offset 0: it is its stage's start).
         A narrow item streams the same A bytes per K-tile with a fraction of the MMA, so with
         one K-tile per stage it is bound by the copies' latency (`stages` K-tiles in flight):
         an expert's leftover tile of a few tokens cost ~40% of a full one (BENCHMARKS.md,
-        eighteenth session). Its stages therefore hold as many consecutive K-tiles as fit,
-        each [B (width tokens) | A]: 4 at width <= 32, 2 at 64 (wide tiles). Measured 1.6%
-        faster at DeepSeek-V3 and gpt-oss-120b T=8192 (about half their experts have a leftover
-        tile): most of a leftover tile's cost is not the copies' latency."""
-        b = width * TILE_K * 2
-        if self.b_swizzle:
-            b = -(-b // 1024) * 1024  # each K-tile's B starts 1024-byte aligned
-        sub = b + self.groups * self.a_group_bytes
-        if self.b_swizzle:
-            sub = -(-sub // 1024) * 1024
+        eighteenth session). Its stages therefore hold as many consecutive K-tiles as fit.
+        Measured 1.6% faster at DeepSeek-V3 and gpt-oss-120b T=8192 (about half their experts
+        had a leftover tile): most of a leftover tile's cost is not the copies' latency."""
+        half = _align(width * HALF_BYTES)
+        sub = _align(2 * half + self.a_bytes)
         per = self.stage_bytes // sub
-        if per < 2:
-            return 1, self.stage_bytes, self.b_bytes, self.b_bytes // 2
-        return per, sub, b, b // 2
+        if per == 0:
+            assert self.split and half + self.a_bytes <= self.stage_bytes
+            return 0, self.stage_bytes, half, 0
+        return per, sub, 2 * half, half
 
     # ------------------------------------------------------------------ host entry
     @cute.jit
@@ -282,12 +297,8 @@ class GatedGemm:
             p0 = ptx.ld_u32(tile_start + Int64(tile) * 4)
             p1 = ptx.ld_u32(tile_end + Int64(tile) * 4)
             self._post_item(s_base, lane, i, item, e, p0, p1)
-            cnt = p1 - p0
-            b_copy = Int32(self.b_bytes)  # the first (MMA width) tokens of each K-tile's block
-            per, sub, a_off, half = self._item_layout(cnt)
-            for w in cutlass.range_constexpr(1, len(self.widths)):
-                if cnt <= self.widths[w]:
-                    b_copy = Int32(self.widths[w] * TILE_K * 2)
+            width, per, sub, a_off, half = self._item_layout(p1 - p0)
+            b_copy = width * HALF_BYTES  # each half's first (MMA width) tokens
             # lane l < 2 x groups copies group l // 2 of the row tile: l even its codes, l odd
             # its scales
             cgroup = rt * (self.row_tile // 16) + lane // 2
@@ -305,31 +316,34 @@ class GatedGemm:
             groups_here = row_groups - rt * (self.row_tile // 16)
             if groups_here > self.row_tile // 16:
                 groups_here = Int32(self.row_tile // 16)
-            stage_tx = b_copy + groups_here * self.a_group_bytes
+            a_tx = groups_here * self.a_group_bytes
             b_tile = b_blocked + Int64(tile) * Int64(k_tiles) * self.b_bytes
-            for kt0 in cutlass.range(0, k_tiles, per, unroll=1):
+            for j in cutlass.range(self._item_stages(per, k_tiles), unroll=1):
+                # the stage's K-tiles (kt0, n_kt of them) and halves of B (h0, n_h of them)
+                kt0, n_kt, h0, n_h = j // 2, Int32(1), j % 2, Int32(1)
+                if per > 0:
+                    kt0, h0, n_h = j * per, Int32(0), Int32(2)
+                    n_kt = cutlass.min(per, k_tiles - kt0)
                 s = g % self.stages
                 # the stage's previous use released by every consumer warp (the first use of
                 # each stage passes at once: parity of the phase before a fresh barrier's first)
                 ptx.mbarrier_wait(s_base + self.empty_off + s * 8, ((g // self.stages) % 2) ^ 1)
                 stage = s_base + s * self.stage_bytes
                 bar = s_base + self.full_off + s * 8
-                n_kt = cutlass.min(per, k_tiles - kt0)
+                with_a = h0 == 0  # A comes with B's first half
                 if lane == 0:
-                    ptx.mbarrier_arrive_expect_tx(bar, n_kt * stage_tx)
+                    ptx.mbarrier_arrive_expect_tx(
+                        bar, n_kt * (n_h * b_copy + cutlass.select_(with_a, a_tx, Int32(0))))
                 cute.arch.sync_warp()  # the expected bytes before any copy can complete
                 for q in cutlass.range(n_kt, unroll=1):  # (i counts the items)
                     kt = kt0 + q
                     at = stage + q * sub
                     if lane == 0:
-                        if cutlass.const_expr(self.b_swizzle):  # each half's first tokens
-                            for hb in cutlass.range_constexpr(2):
-                                ptx.bulk_copy_g2s(at + hb * half,
-                                                  b_tile + Int64(kt) * self.b_bytes
-                                                  + hb * (self.b_bytes // 2), b_copy // 2, bar)
-                        else:
-                            ptx.bulk_copy_g2s(at, b_tile + Int64(kt) * self.b_bytes, b_copy, bar)
-                    if copy_ok:
+                        for hb in cutlass.range(n_h, unroll=1):
+                            ptx.bulk_copy_g2s(at + hb * half,
+                                              b_tile + Int64(kt) * self.b_bytes
+                                              + (h0 + hb) * (self.b_bytes // 2), b_copy, bar)
+                    if copy_ok and with_a:
                         ptx.bulk_copy_g2s(at + cdst, csrc + Int64(kt) * cstep, cbytes, bar)
                 g = g + 1
             i = i + 1
@@ -346,14 +360,23 @@ class GatedGemm:
 
     @cute.jit
     def _item_layout(self, cnt):
-        """stage_layout of the width an item of cnt tokens runs at (see _work_item), at run
-        time: (K-tiles per stage, K-tile stride, A's offset, B's second half's offset)."""
-        lay = [Int32(v) for v in self.stage_layout(self.widths[0])]
+        """The MMA width an item of cnt tokens runs at (see _work_item) and its stage_layout,
+        at run time: (width, K-tiles per stage, K-tile stride, A's offset, B's second half's
+        offset)."""
+        lay = [Int32(v) for v in (self.widths[0],) + self.stage_layout(self.widths[0])]
         for w in cutlass.range_constexpr(1, len(self.widths)):  # descending: the last holding cnt
             narrower = cnt <= self.widths[w]
             lay = [cutlass.select_(narrower, Int32(v), x)
-                   for v, x in zip(self.stage_layout(self.widths[w]), lay)]
-        return lay[0], lay[1], lay[2], lay[3]
+                   for v, x in zip((self.widths[w],) + self.stage_layout(self.widths[w]), lay)]
+        return lay[0], lay[1], lay[2], lay[3], lay[4]
+
+    @cute.jit
+    def _item_stages(self, per, k_tiles):
+        """Stages an item with `per` K-tiles per stage (0: two stages per K-tile) takes."""
+        n = 2 * k_tiles
+        if per > 0:
+            n = (k_tiles + per - 1) // per
+        return n
 
     @cute.jit
     def _post_item(self, s_base, lane, i, item, e, p0, p1):
@@ -370,44 +393,70 @@ class GatedGemm:
     def _mainloop(self, n_tok: cutlass.Constexpr, acc, active, g0, s_base, lane, warp_a_off,
                   k_tiles):
         """acc[:, :n_tok / 8] += this warp's weight groups x the first n_tok tokens, over every
-        K-tile of the item (stage_layout(n_tok) of them per stage); each stage is released as
-        soon as this warp's wgmmas on it are done."""
-        per, sub, _, _ = self.stage_layout(n_tok)
-        n_stages = (k_tiles + per - 1) // per
-        for j in cutlass.range(n_stages, unroll=1):
-            g = g0 + j
-            ptx.mbarrier_wait(s_base + self.full_off + (g % self.stages) * 8, (g // self.stages) % 2)
-            if active:
-                stage = s_base + (g % self.stages) * self.stage_bytes
-                if cutlass.const_expr(per == 1):
-                    self._ktile(n_tok, acc, stage, lane, warp_a_off)
-                else:
+        K-tile of the item (stage_layout(n_tok) of them per stage, or each over two stages);
+        each stage is released as soon as this warp's wgmmas on it are done."""
+        per, sub, a_off, _ = self.stage_layout(n_tok)
+        if cutlass.const_expr(per == 0):
+            # a K-tile over stages g (B's first half and A) and g + 1 (the second half): at
+            # most `pending` slabs are in flight after each half, so the half before is done
+            for kt in cutlass.range(k_tiles, unroll=1):
+                g = g0 + 2 * kt
+                at = self._wait_stage(s_base, g)
+                words = self._load_words(at + a_off + warp_a_off, lane)
+                if active:
+                    self._mma(n_tok, acc, words, at, 0, range(4))
+                if kt > 0:
+                    self._release(s_base, lane, g - 1)
+                at = self._wait_stage(s_base, g + 1)
+                if active:
+                    self._mma(n_tok, acc, words, at, 0, range(4, 8))
+                self._release(s_base, lane, g)
+            ptx.wgmma_wait(0)
+            self._release(s_base, lane, g0 + 2 * k_tiles - 1)
+        else:
+            n_stages = (k_tiles + per - 1) // per
+            for j in cutlass.range(n_stages, unroll=1):
+                g = g0 + j
+                stage = self._wait_stage(s_base, g)
+                if active:
                     for q in cutlass.range(cutlass.min(per, k_tiles - j * per), unroll=1):
-                        self._ktile(n_tok, acc, stage + q * sub, lane, warp_a_off)
-            # at most `pending` slabs of stage g's last K-tile are in flight: stage g - 1 is done
-            if j > 0:
-                self._release(s_base, lane, g - 1)
-        ptx.wgmma_wait(0)
-        self._release(s_base, lane, g0 + n_stages - 1)
+                        at = stage + q * sub
+                        words = self._load_words(at + a_off + warp_a_off, lane)
+                        self._mma(n_tok, acc, words, at, self.stage_layout(n_tok)[3], range(8))
+                # at most `pending` slabs of stage g's last K-tile are in flight: g - 1 is done
+                if j > 0:
+                    self._release(s_base, lane, g - 1)
+            ptx.wgmma_wait(0)
+            self._release(s_base, lane, g0 + n_stages - 1)
 
     @cute.jit
-    def _ktile(self, n_tok: cutlass.Constexpr, acc, at, lane, warp_a_off):
-        """acc += this warp's groups of the K-tile at `at` (stage_layout(n_tok)) x its first
-        n_tok tokens, the wgmmas left in flight (`pending`)."""
+    def _wait_stage(self, s_base, g):
+        """Wait until stage g's bytes have landed; its address."""
+        ptx.mbarrier_wait(s_base + self.full_off + (g % self.stages) * 8, (g // self.stages) % 2)
+        return s_base + (g % self.stages) * self.stage_bytes
+
+    @cute.jit
+    def _load_words(self, at, lane):
+        """This lane's code and scale words of the warp's groups of a K-tile's A at `at`."""
+        return [fm.load_group_words(at + gi * self.a_group_bytes, lane, self.cfg.weight_format)
+                for gi in range(self.gpw)]
+
+    @cute.jit
+    def _mma(self, n_tok: cutlass.Constexpr, acc, words, b_at, half: cutlass.Constexpr,
+             slabs: cutlass.Constexpr):
+        """acc += this warp's decoded groups (words) x B at b_at (second half `half` further
+        on, see wgmma_decode_k128) over `slabs`, the wgmmas left in flight (`pending`)."""
         cfg = self.cfg
-        _, _, a_off, half = self.stage_layout(n_tok)
-        words = [fm.load_group_words(at + a_off + warp_a_off + gi * self.a_group_bytes, lane,
-                                     cfg.weight_format) for gi in range(self.gpw)]
         if cutlass.const_expr(cfg.variant == "nomma"):
             for gi in cutlass.range_constexpr(self.gpw):
                 acc[gi, 0, 0] = acc[gi, 0, 0] + Float32(ptx.f32_bits(words[gi][0] ^ words[gi][9]))
         else:
             accs = [[acc[gi, j // 4, j % 4] for j in range(n_tok // 2)] for gi in range(self.gpw)]
             res = wgmma_decode_k128(accs, [w[:8] for w in words], [w[8:] for w in words],
-                                    cfg.weight_format, at, n_tok, pending=self.pending,
-                                    decode=cfg.variant != "nodecode",
-                                    b_lbo=128, b_sbo=B_GROUP_BYTES,
-                                    b_sw128_half=half if self.b_swizzle else 0)
+                                    cfg.weight_format, b_at, n_tok,
+                                    pending=self.pending if n_tok <= 256 else 1,
+                                    decode=cfg.variant != "nodecode", b_half=half,
+                                    b_swizzle=self.b_swizzle, slabs=slabs)
             _store_fragments(acc, res)
 
     @cute.jit
@@ -420,8 +469,7 @@ class GatedGemm:
             self._work_item(item // row_tiles, item % row_tiles, e, p0, p1, i, g, s_base, warp,
                             lane, gscale, bias, order, k_tiles, row_groups, out, out_stride,
                             out_rows, act_alpha, act_beta, act_limit)
-            per = self._item_layout(p1 - p0)[0]
-            g = g + (k_tiles + per - 1) // per  # the stages the item took
+            g = g + self._item_stages(self._item_layout(p1 - p0)[1], k_tiles)
             i = i + 1
             item, e, p0, p1 = self._next_item(s_base, i)
 
@@ -450,16 +498,17 @@ class GatedGemm:
         active = group0 < row_groups
         warp_a_off = warp * self.gpw * self.a_group_bytes  # from A's offset in a K-tile
 
-        # FC2's token table (pair indices): consumer thread c owns token slot c. The index is
-        # loaded now and stored after the mainloop, so its latency hides behind the MMAs. The
-        # router weights are the reduce's (a weight load here depends on the index: it cost an
-        # exposed round trip after the mainloop).
+        # FC2's token table (pair indices): consumer thread c owns token slots c + 256 u. The
+        # index is loaded now and stored after the mainloop, so its latency hides behind the
+        # MMAs. The router weights are the reduce's (a weight load here depends on the index:
+        # it cost an exposed round trip after the mainloop).
         ctid = warp * 32 + lane
         tok = s_base + self.ep_off + (i % 2) * (self.bn * 4)
-        pair_c = Int32(0)
-        if cutlass.const_expr(cfg.phase == "fc2"):
-            if ctid < self.bn and p0 + ctid < p1:
-                pair_c = ptx.ld_u32(order + Int64(p0 + ctid) * 4)
+        slots = [ctid + 32 * CONSUMER_WARPS * u
+                 for u in range(-(-self.bn // (32 * CONSUMER_WARPS)))]
+        pair_c = [Int32(0) for _ in slots]
+        if cutlass.const_expr(cfg.phase == "fc2"):  # (slots past the tile read its last pair)
+            pair_c = [ptx.ld_u32(order + Int64(cutlass.min(p0 + c, p1 - 1)) * 4) for c in slots]
 
         # the epilogue's global scale and biases, loaded now: they arrive during the mainloop
         # instead of after it, when both warpgroups would wait on them with the tensor cores idle
@@ -477,8 +526,9 @@ class GatedGemm:
                 self._mainloop(self.widths[w], acc, active, g0, s_base, lane, warp_a_off, k_tiles)
 
         if cutlass.const_expr(cfg.phase == "fc2"):
-            if ctid < self.bn and p0 + ctid < p1:
-                ptx.st_shared_u32(tok + ctid * 4, pair_c)
+            for u, c in enumerate(slots):
+                if c < self.bn and p0 + c < p1:
+                    ptx.st_shared_u32(tok + c * 4, pair_c[u])
             # every consumer warp has finished item i - 1's epilogue (it ran before this item's
             # mainloop), so the other buffer is free for item i + 1
             ptx.named_barrier(1, 32 * CONSUMER_WARPS)
@@ -511,9 +561,9 @@ class GatedGemm:
     @cute.jit
     def _epilogue_fc1(self, acc, tile, p0, p1, group0, gs, bv, stg, lane, out, out_stride,
                       act_alpha, act_beta, act_limit):
-        """Group g's 8 intermediate columns j = 8g .. 8g + 7 are chunk g % 16 of K-tile g // 16
-        in FC2's tile-blocked B (token n's 16 bytes at (n // 8) * B_GROUP_BYTES + chunk * 128 +
-        (n % 8) * 16). stmatrix.trans turns the fragment (thread: column r, tokens 2q, 2q + 1)
+        """Group g's 8 intermediate columns j = 8g .. 8g + 7 are chunk c = g % 16 of K-tile
+        g // 16 in FC2's tile-blocked B (token n's 16 bytes at (c // 8) * bn * HALF_BYTES +
+        (n // 8) * GROUP_BYTES + (c % 8) * 128 + (n % 8) * 16). stmatrix.trans turns the fragment (thread: column r, tokens 2q, 2q + 1)
         of 32 tokens into token rows in shared memory; the warp then copies them out 16 bytes
         per lane, 128 contiguous bytes per 8 tokens. Token slots past the tile's pairs (in the
         last 32-token block) get act() of whatever their B columns held; FC2 never stores a
@@ -523,7 +573,8 @@ class GatedGemm:
             g = group0 + gi
             b_lo, b_hi = bv[2 * gi], bv[2 * gi + 1]  # gate row r, up row r + 8
             chunk = out + (Int64(tile) * Int64(out_stride) + Int64(g // 16)) * self.b_bytes \
-                + Int64((g % 16) * 128 + (lane // 8) * B_GROUP_BYTES + (lane % 8) * 16)
+                + Int64((g % 16) // 8 * (self.bn * HALF_BYTES) + (g % 8) * 128
+                        + (lane // 8) * GROUP_BYTES + (lane % 8) * 16)
             for m in cutlass.range_constexpr(self.bn // STG_TOKENS):
                 if p0 + m * STG_TOKENS < p1:
                     regs = []
@@ -537,7 +588,7 @@ class GatedGemm:
                     cute.arch.sync_warp()
                     v = ptx.ld_shared_v4(stg + lane * 16)
                     if cutlass.const_expr(cfg.variant != "nostore"):
-                        ptx.st_v4(chunk + m * (STG_TOKENS // 8) * B_GROUP_BYTES, v[0], v[1], v[2], v[3])
+                        ptx.st_v4(chunk + m * (STG_TOKENS // 8) * GROUP_BYTES, v[0], v[1], v[2], v[3])
                     cute.arch.sync_warp()  # the staging buffer is rewritten by the next block
 
     @cute.jit

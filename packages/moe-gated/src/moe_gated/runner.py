@@ -149,17 +149,18 @@ def swizzled_to_rows(blocked, bn: int):
 
 
 def blocked_to_rows(blocked, bn: int):
-    """FC2's B layout [tiles, K-tiles, bn / 8 token groups x 16 chunks x 8 tokens x 8] (the
-    intermediate FC1 writes) as rows [tiles * bn, K-tiles * 128] (a copy)."""
+    """FC2's B layout [tiles, K-tiles, 2 halves x bn / 8 token groups x 8 chunks x 8 tokens x 8]
+    (the intermediate FC1 writes, moe_gated.kernel.HALF_BYTES) as rows [tiles * bn,
+    K-tiles * 128] (a copy)."""
     cap, kt, _ = blocked.shape
-    return (blocked.view(cap, kt, bn // 8, TILE_K // 8, 8, 8).permute(0, 2, 4, 1, 3, 5)
+    return (blocked.view(cap, kt, 2, bn // 8, 8, 8, 8).permute(0, 3, 5, 1, 2, 4, 6)
             .reshape(cap * bn, kt * TILE_K))
 
 
 def rows_to_blocked(rows, tiles: int, bn: int):
     """Inverse of blocked_to_rows: [tiles * bn, K] rows -> [tiles, K / 128, bn * 128]."""
     kt = rows.shape[1] // TILE_K
-    return (rows.reshape(tiles, bn // 8, 8, kt, TILE_K // 8, 8).permute(0, 3, 1, 4, 2, 5)
+    return (rows.reshape(tiles, bn // 8, 8, kt, 2, 8, 8).permute(0, 3, 4, 1, 5, 2, 6)
             .reshape(tiles, kt, bn * TILE_K))
 
 

@@ -55,8 +55,8 @@ def _slab_ptx(g: int, s: int, code: str, s_r: str, s_r8: str, half: int) -> list
 
 @dsl_user_op
 def wgmma_decode_k128(accs, codes, scales, weight_format: str, b_smem, n: int, pending=None,
-                      decode: bool = True, b_lbo=None, b_sbo: int = 128, b_sw128_half: int = 0,
-                      *, loc=None, ip=None):
+                      decode: bool = True, b_lbo=None, b_sbo: int = 128, b_half=None,
+                      b_swizzle: bool = False, slabs=range(8), *, loc=None, ip=None):
     """accs[g] (64 x n fp32) += decode(codes[g], scales[g]) (64 x 128) @ B (128 x n).
 
     pending=None: one commit group for the tile and a wait for all of it before returning.
@@ -69,9 +69,16 @@ def wgmma_decode_k128(accs, codes, scales, weight_format: str, b_smem, n: int, p
     b_sbo = 128); b_lbo = 16 x (a wider tile's tokens) lets an n-token MMA read the first n
     tokens of that tile, and (128, 16 x 128) is token-group-major (each 8-token group's 128 K
     columns contiguous, so a tile's first n tokens are its first 256 n bytes).
-    b_sw128_half > 0: B is two 64-column halves that many bytes apart, each a token per 128-byte
-    row with 16-byte chunk c of token t at chunk c ^ (t % 8) (the 128-byte swizzle; b_smem
-    1024-byte aligned); b_lbo / b_sbo are then unused.
+    b_half (bytes, not None): B is two 64-column halves that many bytes apart, each 8-token group
+    1024 bytes (b_sbo), so b_lbo = 128 (plain core matrices) or, with b_swizzle, a token per
+    128-byte row with 16-byte chunk c of token t at chunk c ^ (t % 8) (the 128-byte swizzle;
+    b_smem 1024-byte aligned; b_lbo unused).
+    slabs: the k16 slabs to run (default all 8). With b_half=0 and slabs 4..7, b_smem is the
+    second half itself: a caller whose halves live in different pipeline stages runs a K-tile
+    as two calls (the slabs left in flight by the first count toward `pending` as usual).
+    n > 256 (wgmma's widest): each slab issues a second wgmma for tokens 256..n - 1, sharing
+    the decoded A registers (the decode is paid once for the n tokens); its B starts 32 groups
+    (32 b_sbo bytes) further on.
     decode=False feeds the raw code words as A (wrong results: for timing the decode's cost only).
 
     codes[g]: the 8 fragment-ordered code words of this lane (one per k16 slab); scales[g]: the
@@ -81,12 +88,16 @@ def wgmma_decode_k128(accs, codes, scales, weight_format: str, b_smem, n: int, p
     h = n // 2
     b_lbo = 16 * n if b_lbo is None else b_lbo
     layout = 0  # descriptor bits 62-63: 0 no swizzle, 1 the 128-byte swizzle
-    if b_sw128_half:
-        # K-major 128B swizzle: 8-token groups 1024 bytes apart (SBO), LBO unused (1); a k16
-        # slab is 32 bytes further along the 128-byte row
-        b_lbo, b_sbo, layout = 16, 1024, 1
-        assert b_sw128_half % 1024 == 0
+    if b_half is not None:
+        b_sbo = 1024
+        # K-major 128B swizzle: LBO unused (1); a k16 slab is 32 bytes further along the
+        # 128-byte row, as for plain core matrices 128 bytes apart in K
+        b_lbo, layout = (16, 1) if b_swizzle else (128, 0)
+        assert b_half % 1024 == 0
     assert b_lbo % 16 == 0 and b_sbo % 16 == 0 and b_lbo < (1 << 18) and b_sbo < (1 << 18)
+    assert n % 8 == 0 and 8 <= n <= 512 and (n <= 256 or n % 16 == 0)
+    # the wgmmas of one slab: (accumulator offset, width, descriptor offset >> 4)
+    parts = [(0, min(n, 256), 0)] + ([(128, n - 256, 32 * b_sbo >> 4)] if n > 256 else [])
     G = len(accs)
     nsw = 4 if weight_format == "nvfp4" else 2
     ops = [Float32(x).ir_value(loc=loc, ip=ip) for acc in accs for x in acc]
@@ -98,16 +109,16 @@ def wgmma_decode_k128(accs, codes, scales, weight_format: str, b_smem, n: int, p
     addr, one = base + G * per_g, base + G * per_g + 1
     regs, halves = [], []
     for g in range(G):
-        for s in range(8):
+        for s in slabs:
             t = f"{g}_{s}"
             regs += [f"{r}{t}" for r in _SLAB_REGS] + [f"a{t}{j}" for j in range(4)]
             halves += [f"{r}{t}" for r in _SLAB_HALVES]
-    lines = ["{", ".reg .pred p;", ".reg .b64 d0, ds;",
+    lines = ["{", ".reg .pred p;", ".reg .b64 d0, ds, d1;",
              f".reg .b32 {', '.join(regs)};", f".reg .b16 {', '.join(halves)};",
              f"setp.ne.b32 p, ${one}, 0;",
              f"cvt.u64.u32 d0, ${addr};", "shr.u64 d0, d0, 4;", "and.b64 d0, d0, 16383;",
              f"or.b64 d0, d0, {((b_lbo >> 4) << 16) | ((b_sbo >> 4) << 32) | (layout << 62)};"]
-    for s in range(8):
+    for s in slabs:
         for g in range(G):
             w0 = base + g * per_g
             code = f"${w0 + s}"
@@ -120,15 +131,21 @@ def wgmma_decode_k128(accs, codes, scales, weight_format: str, b_smem, n: int, p
                 lines += _slab_ptx(g, s, code, s_r, s_r8, half)
             else:
                 lines += [f"mov.b32 a{g}_{s}{j}, {code};" for j in range(4)]
-        if b_sw128_half:
-            lines.append(f"add.s64 ds, d0, {(s % 4) * 2 + (s // 4) * (b_sw128_half >> 4)};")
+        if b_half is not None:  # slab s: 32 bytes into its half's rows (2 core matrices)
+            kb = (s % 4) * 2 * (b_lbo >> 4) if not b_swizzle else (s % 4) * 2
+            lines.append(f"add.s64 ds, d0, {kb + (s // 4) * (b_half >> 4)};")
         else:
             lines.append(f"add.s64 ds, d0, {s * 2 * (b_lbo >> 4)};")  # slab s: K-chunks 2s, 2s + 1
         lines.append("wgmma.fence.sync.aligned;")  # A registers were just written
         for g in range(G):
-            d = ", ".join(f"${g * h + i}" for i in range(h))
             av = ", ".join(f"a{g}_{s}{j}" for j in range(4))
-            lines.append(f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 {{{d}}}, {{{av}}}, ds, p, 1, 1, 0;")
+            for a0, w, doff in parts:
+                d = ", ".join(f"${g * h + a0 + i}" for i in range(w // 2))
+                desc = "ds"
+                if doff:
+                    lines.append(f"add.s64 d1, ds, {doff};")
+                    desc = "d1"
+                lines.append(f"wgmma.mma_async.sync.aligned.m64n{w}k16.f32.bf16.bf16 {{{d}}}, {{{av}}}, {desc}, p, 1, 1, 0;")
         if pending is not None:
             lines += ["wgmma.commit_group.sync.aligned;", f"wgmma.wait_group.sync.aligned {int(pending)};"]
     if pending is None:
