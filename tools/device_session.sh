@@ -43,7 +43,7 @@ for s in "$@"; do
   case $s in
     static-quick) step static-quick 150 python3 tools/gpu_check.py --kernel static --sanitize ;;
     gated-quick) step gated-quick 200 python3 tools/gpu_check.py --kernel gated --sanitize ;;
-    gated-tests) step gated-tests 400 python3 -m pytest packages/moe-gated -m gpu -q -x ;;
+    gated-tests) step gated-tests 200 python3 -m pytest packages/moe-gated -m gpu -q -x ;;
     all-tests) step all-tests 400 python3 -m pytest packages tests dispatcher/tests -m gpu -q ;;
     sanitize-gated) step sanitize-gated 200 compute-sanitizer --tool memcheck --report-api-errors no python3 tools/gpu_check.py --kernel gated --sanitize ;;
     bench-gated) step bench-gated 500 "${BENCH[@]}" --preset deepseek-v3 qwen3-30b-a3b gpt-oss-120b --tokens 2048 8192 --kernels moe-gated moe-generic --no-check --json "$OUT/bench-gated.json" ;;
