@@ -136,7 +136,11 @@ def test_geometry_choice_and_workspace_sizes():
     """Wide tiles from 256 routed pairs per expert on; and the routing table and tile-blocked
     buffers grow with the pair count whichever geometry a call takes, so a workspace warmed at
     the largest T serves every smaller T (FusedMoE freezes it after warm-up)."""
+    from moe_gated.kernel import GEOMETRIES
     from moe_gated.runner import _token_slots, geometry_for, tiles_capacity
+
+    bns = [bn for bn, _ in GEOMETRIES.values()]
+    assert bns == [288, 128]
 
     assert geometry_for(256 * 128, 128) == "wide"
     assert geometry_for(256 * 128 - 1, 128) == "tall"
@@ -146,9 +150,9 @@ def test_geometry_choice_and_workspace_sizes():
                 if P2 < 1:
                     continue
                 assert _token_slots(P2, E) <= _token_slots(P, E)
-                assert max(tiles_capacity(P2, E, b) for b in (128, 256)) <= \
-                    max(tiles_capacity(P, E, b) for b in (128, 256))
-            for bn in (128, 256):
+                assert max(tiles_capacity(P2, E, b) for b in bns) <= \
+                    max(tiles_capacity(P, E, b) for b in bns)
+            for bn in bns:
                 assert _token_slots(P, E) >= tiles_capacity(P, E, bn) * bn
 
 

@@ -21,15 +21,16 @@ Per CTA: a producer warp (in a third warpgroup, see THREADS) and 2 consumer warp
 warp w owns gpw weight groups (16 rows each) of the row tile. Per 128-deep K-tile each consumer
 warpgroup issues, per k16 slab, gpw wgmma m64nNk16 with A (the weights, decoded e2m1 -> bf16 and
 scaled in registers) from registers and B (the tokens) from shared memory; N is the tile's token
-count rounded up to one of WIDTHS. The decode (9 integer instructions and 4 bf16x2 multiplies
-per 8 weights) is paid once per weight tile and token tile, so the wider the token tile, the
-less decode per FLOP: GEOMETRIES has the two tile shapes, 128 rows x 256 tokens ("wide") and
+count rounded up to one of WIDTHS (past wgmma's 256, a second wgmma per slab for the rest, on
+the same A registers). The decode (9 integer instructions and 4 bf16x2 multiplies per 8
+weights) is paid once per weight tile and token tile, so the wider the token tile, the less
+decode per FLOP: GEOMETRIES has the two tile shapes, 128 rows x 288 tokens ("wide") and
 256 x 128 ("tall").
 
 Operands arrive by bulk copy (cp.async.bulk, the TMA engine's 1-D copy): B is copied per
-K-tile, as many tokens as the MMA is wide, from a tile-blocked buffer already in the order the
-wgmma descriptor reads (FC1: two copies of token rows that row_scatter.RowScatter placed in the
-128-byte swizzle; FC2: one copy of the intermediate, which FC1's epilogue writes as
+K-tile as two 64-column halves, as many tokens as the MMA is wide, from a tile-blocked buffer
+already in the order the wgmma descriptor reads (FC1: token rows that row_scatter.RowScatter
+placed in the 128-byte swizzle; FC2: the intermediate, which FC1's epilogue writes as
 token-group-major core matrices), and each 16-row weight group's codes and scales are two
 contiguous copies. A CTA-wide per-thread cp.async ring measured 21.1 ms at DeepSeek-V3 T=8192
 with its issue stalled on the load/store unit (ncu: 21% of warp samples on one LDGSTS address
@@ -38,8 +39,8 @@ per 16 bytes per thread.
 
 Pipeline: a ring of `stages` stages with a full mbarrier (the producer's transaction bytes) and
 an empty mbarrier (one arrival per consumer warp) per stage; there is no CTA barrier in the
-mainloop. A stage is one K-tile, or several for an item of few tokens (stage_layout), so that an
-expert's leftover tile does not stream its weights one K-tile per latency. The producer takes
+mainloop. A stage is one K-tile, several for an item of few tokens, or on wide tiles half of
+one (stage_layout): a 288-token K-tile is 81 KiB, and 3 stages of it do not fit. The producer takes
 tickets itself and hands items to the consumers through a small ring, so it loads the next
 item's K-tiles while the consumers run the epilogue. wgmma runs asynchronously: each slab is its
 own commit group and at most `pending` slabs stay in flight across the K-tile boundary; a warp
@@ -62,19 +63,21 @@ from moe_common.cute import ptx
 from moe_common.cute.wgmma_decode import wgmma_decode_k128
 
 TILE_K = 128
-# Tile geometries, (tokens per tile, 16-row weight groups per consumer warp): "wide" (256 x 1:
-# 128 weight rows) pays the decode once per 256 tokens and is the faster one when experts get
-# whole 256-token tiles; "tall" (128 x 2: 256 weight rows) does twice the decode per FLOP but
-# moves half the B bytes per FLOP and gives each warp two independent decode+MMA chains, so it
-# wins where tiles are partly filled (BENCHMARKS.md, seventh session). The runner picks one per
-# call from the routed pairs per expert.
-WIDE_BN = int(os.environ.get("MOE_GATED_WIDE_BN", "288"))  # development knob (measuring)
+# Tile geometries, (tokens per tile, 16-row weight groups per consumer warp): "wide" (288 x 1:
+# 128 weight rows) pays the decode once per up to 288 tokens and is the faster one when experts
+# get whole tiles; "tall" (128 x 2: 256 weight rows) does twice the decode per FLOP but moves
+# half the B bytes per FLOP and gives each warp two independent decode+MMA chains, so it wins
+# where tiles are partly filled (BENCHMARKS.md, seventh session). The runner picks one per call
+# from the routed pairs per expert. Wide was 256 tokens until the nineteenth session: at 256
+# +- 16 routed pairs per expert (DeepSeek-V3, gpt-oss-120b at T=8192) half the experts then
+# had a leftover tile of a few tokens costing ~40% of a full one; 288 takes them in one pass,
+# 7.8-8.0% faster there (BENCHMARKS.md). 320 makes ptxas serialize the wgmmas (C7512).
+WIDE_BN = int(os.environ.get("MOE_GATED_WIDE_BN", "288"))  # development knob: 256 (measuring)
 GEOMETRIES = {"wide": (WIDE_BN, 1), "tall": (128, 2)}
 # MMA widths per tile size: a tile's token count is rounded up to one of these. Widths above
 # 256 issue two wgmmas per slab, 256 + the rest, on one decoded A; beside them, a 192 width
 # made ptxas serialize the wgmmas (C7512) or spill (every width is its own mainloop)
-WIDTHS = {128: (128, 96, 64, 32), 256: (256, 192, 128, 64, 32), 288: (288, 256, 128, 64, 32),
-          320: (320, 256, 128, 64, 32)}
+WIDTHS = {128: (128, 96, 64, 32), 256: (256, 192, 128, 64, 32), 288: (288, 256, 128, 64, 32)}
 if os.environ.get("MOE_GATED_WIDE_WIDTHS"):  # development knob (measuring): "256,240,..."
     WIDTHS[WIDE_BN] = tuple(int(v) for v in os.environ["MOE_GATED_WIDE_WIDTHS"].split(","))
 MAX_STAGES = 4  # (2 stages measured 29-32% slower at T=8192: BENCHMARKS.md, eighth session)
