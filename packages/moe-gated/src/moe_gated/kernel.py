@@ -81,6 +81,9 @@ WIDTHS = {128: (128, 96, 64, 32), 256: (256, 192, 128, 64, 32), 288: (288, 256, 
 if os.environ.get("MOE_GATED_WIDE_WIDTHS"):  # development knob (measuring): "256,240,..."
     WIDTHS[WIDE_BN] = tuple(int(v) for v in os.environ["MOE_GATED_WIDE_WIDTHS"].split(","))
 MAX_STAGES = 4  # (2 stages measured 29-32% slower at T=8192: BENCHMARKS.md, eighth session)
+# development knobs (measuring): a cap on the stage count; "1" splits every wide K-tile's stage
+STAGES_CAP = int(os.environ.get("MOE_GATED_STAGES", "8"))
+FORCE_SPLIT = os.environ.get("MOE_GATED_SPLIT") == "1"
 # B (tokens) in shared memory and in the tile-blocked buffers: per K-tile two 64-column halves
 # (HALF_BYTES x tokens apart), each 8 tokens x 64 columns = 1024 bytes per 8-token group: FC1's
 # token rows in the 128-byte swizzle (moe_gated.row_scatter), FC2's intermediate as K-major
@@ -177,10 +180,11 @@ class GatedGemm:
         # K-tile (`split`: wide, 288 tokens: 4 x 45 KiB, [B's first half | A], then [B's second
         # half]); 2 whole-K-tile stages measured 29-32% slower (eighth session). One CTA per SM.
         self.stage_bytes = _align(self.b_bytes + self.a_bytes)
-        self.split = 3 * (self.stage_bytes + 16) > SMEM_LIMIT - fixed
+        self.split = 3 * (self.stage_bytes + 16) > SMEM_LIMIT - fixed or \
+            (FORCE_SPLIT and self.gpw == 1)
         if self.split:
             self.stage_bytes = _align(self.b_bytes // 2 + self.a_bytes)
-        max_stages = 2 * MAX_STAGES if self.split else MAX_STAGES
+        max_stages = min(STAGES_CAP, 2 * MAX_STAGES if self.split else MAX_STAGES)
         self.stages = min(max_stages, (SMEM_LIMIT - fixed) // (self.stage_bytes + 16))
         # shared memory: the stages, then 8-byte mbarriers (full[stages], empty[stages],
         # item_full[ITEM_SLOTS]), the work-item ring (ITEM_BYTES per slot), then per phase
