@@ -325,34 +325,16 @@ class GatedGemm:
                 groups_here = Int32(self.row_tile // 16)
             a_tx = groups_here * self.a_group_bytes
             b_tile = b_blocked + Int64(tile) * Int64(k_tiles) * self.b_bytes
-            for j in cutlass.range(self._item_stages(per, k_tiles), unroll=1):
-                # the stage's K-tiles (kt0, n_kt of them) and halves of B (h0, n_h of them)
-                kt0, n_kt, h0, n_h = j // 2, Int32(1), j % 2, Int32(1)
-                if per > 0:
-                    kt0, h0, n_h = j * per, Int32(0), Int32(2)
-                    n_kt = cutlass.min(per, k_tiles - kt0)
-                s = g % self.stages
-                # the stage's previous use released by every consumer warp (the first use of
-                # each stage passes at once: parity of the phase before a fresh barrier's first)
-                ptx.mbarrier_wait(s_base + self.empty_off + s * 8, ((g // self.stages) % 2) ^ 1)
-                stage = s_base + s * self.stage_bytes
-                bar = s_base + self.full_off + s * 8
-                with_a = h0 == 0  # A comes with B's first half
-                if lane == 0:
-                    ptx.mbarrier_arrive_expect_tx(
-                        bar, n_kt * (n_h * b_copy + cutlass.select_(with_a, a_tx, Int32(0))))
-                cute.arch.sync_warp()  # the expected bytes before any copy can complete
-                for q in cutlass.range(n_kt, unroll=1):  # (i counts the items)
-                    kt = kt0 + q
-                    at = stage + q * sub
-                    if lane == 0:
-                        for hb in cutlass.range(n_h, unroll=1):
-                            ptx.bulk_copy_g2s(at + hb * half,
-                                              b_tile + Int64(kt) * self.b_bytes
-                                              + (h0 + hb) * (self.b_bytes // 2), b_copy, bar)
-                    if copy_ok and with_a:
-                        ptx.bulk_copy_g2s(at + cdst, csrc + Int64(kt) * cstep, cbytes, bar)
-                g = g + 1
+            src = (b_tile, b_copy, half, sub, csrc, cstep, cdst, cbytes, copy_ok, a_tx)
+            if per > 0:
+                for kt0 in cutlass.range(0, k_tiles, per, unroll=1):
+                    self._produce(s_base, lane, g, kt0, cutlass.min(per, k_tiles - kt0), 0, src)
+                    g = g + 1
+            else:  # a K-tile over two stages: [B's first half | A], [B's second half]
+                for kt in cutlass.range(k_tiles, unroll=1):
+                    for h in cutlass.range_constexpr(2):
+                        self._produce(s_base, lane, g, kt, 1, h + 1, src)
+                        g = g + 1
             i = i + 1
             if lane == 0:
                 item = ptx.atom_add_global(queue, 1)
@@ -364,6 +346,36 @@ class GatedGemm:
             if ptx.atom_add_global(queue + 4, 1) == grid - 1:
                 ptx.st_u32(queue, 0)
                 ptx.st_u32(queue + 4, 0)
+
+    @cute.jit
+    def _produce(self, s_base, lane, g, kt0, n_kt, halves: cutlass.Constexpr, src):
+        """Copy K-tiles kt0 .. kt0 + n_kt - 1 into stage g once its previous use is released:
+        both halves of B and A (halves 0), or B's first half and A (1), or its second half (2).
+        src: the item's (B tile, bytes per B half, the second half's offset, K-tile stride, A
+        source, A source stride per K-tile, A destination, A bytes, this lane copies A, A's
+        transaction bytes)."""
+        b_tile, b_copy, half, sub, csrc, cstep, cdst, cbytes, copy_ok, a_tx = src
+        hbs = [0, 1] if halves == 0 else [halves - 1]
+        s = g % self.stages
+        # the stage's previous use released by every consumer warp (the first use of each
+        # stage passes at once: parity of the phase before a fresh barrier's first)
+        ptx.mbarrier_wait(s_base + self.empty_off + s * 8, ((g // self.stages) % 2) ^ 1)
+        stage = s_base + s * self.stage_bytes
+        bar = s_base + self.full_off + s * 8
+        with_a = halves < 2  # A comes with B's first half
+        if lane == 0:
+            ptx.mbarrier_arrive_expect_tx(bar, n_kt * (len(hbs) * b_copy + (a_tx if with_a else 0)))
+        cute.arch.sync_warp()  # the expected bytes before any copy can complete
+        for q in cutlass.range(n_kt, unroll=1):
+            kt = kt0 + q
+            at = stage + q * sub
+            if lane == 0:
+                for n, hb in enumerate(hbs):
+                    ptx.bulk_copy_g2s(at + n * half, b_tile + Int64(kt) * self.b_bytes
+                                      + hb * (self.b_bytes // 2), b_copy, bar)
+            if cutlass.const_expr(with_a):
+                if copy_ok:
+                    ptx.bulk_copy_g2s(at + cdst, csrc + Int64(kt) * cstep, cbytes, bar)
 
     @cute.jit
     def _item_layout(self, cnt):
@@ -426,15 +438,23 @@ class GatedGemm:
                 g = g0 + j
                 stage = self._wait_stage(s_base, g)
                 if active:
-                    for q in cutlass.range(cutlass.min(per, k_tiles - j * per), unroll=1):
-                        at = stage + q * sub
-                        words = self._load_words(at + a_off + warp_a_off, lane)
-                        self._mma(n_tok, acc, words, at, self.stage_layout(n_tok)[3], range(8))
+                    if cutlass.const_expr(per == 1):
+                        self._ktile(n_tok, acc, stage, lane, warp_a_off)
+                    else:
+                        for q in cutlass.range(cutlass.min(per, k_tiles - j * per), unroll=1):
+                            self._ktile(n_tok, acc, stage + q * sub, lane, warp_a_off)
                 # at most `pending` slabs of stage g's last K-tile are in flight: g - 1 is done
                 if j > 0:
                     self._release(s_base, lane, g - 1)
             ptx.wgmma_wait(0)
             self._release(s_base, lane, g0 + n_stages - 1)
+
+    @cute.jit
+    def _ktile(self, n_tok: cutlass.Constexpr, acc, at, lane, warp_a_off):
+        """acc += this warp's groups x the first n_tok tokens of the whole K-tile at `at`."""
+        _, _, a_off, half = self.stage_layout(n_tok)
+        words = self._load_words(at + a_off + warp_a_off, lane)
+        self._mma(n_tok, acc, words, at, half, range(8))
 
     @cute.jit
     def _wait_stage(self, s_base, g):
