@@ -40,9 +40,9 @@ per 16 bytes per thread.
 Pipeline: a ring of `stages` stages with a full mbarrier (the producer's transaction bytes) and
 an empty mbarrier (one arrival per consumer warp) per stage; there is no CTA barrier in the
 mainloop. A stage is one K-tile, several for an item of few tokens, or on wide tiles half of
-one (stage_layout): a 288-token K-tile is 81 KiB, and 3 stages of it do not fit. The producer takes
-tickets itself and hands items to the consumers through a small ring, so it loads the next
-item's K-tiles while the consumers run the epilogue. wgmma runs asynchronously: each slab is its
+one (stage_layout): a 288-token K-tile is 81 KiB, and 3 stages of it do not fit. The producer
+takes tickets itself and hands items to the consumers through a small ring, so it loads the
+next item's K-tiles while the consumers run the epilogue. wgmma runs asynchronously: each slab is its
 own commit group and at most `pending` slabs stay in flight across the K-tile boundary; a warp
 releases stage g - 1 once stage g's wgmmas are issued, when none of g - 1's can still be reading
 it.
@@ -590,11 +590,11 @@ class GatedGemm:
                       act_alpha, act_beta, act_limit):
         """Group g's 8 intermediate columns j = 8g .. 8g + 7 are chunk c = g % 16 of K-tile
         g // 16 in FC2's tile-blocked B (token n's 16 bytes at (c // 8) * bn * HALF_BYTES +
-        (n // 8) * GROUP_BYTES + (c % 8) * 128 + (n % 8) * 16). stmatrix.trans turns the fragment (thread: column r, tokens 2q, 2q + 1)
-        of 32 tokens into token rows in shared memory; the warp then copies them out 16 bytes
-        per lane, 128 contiguous bytes per 8 tokens. Token slots past the tile's pairs (in the
-        last 32-token block) get act() of whatever their B columns held; FC2 never stores a
-        result from those columns."""
+        (n // 8) * GROUP_BYTES + (c % 8) * 128 + (n % 8) * 16). stmatrix.trans turns the
+        fragment (thread: column r, tokens 2q, 2q + 1) of 32 tokens into token rows in shared
+        memory; the warp then copies them out 16 bytes per lane, 128 contiguous bytes per 8
+        tokens. Token slots past the tile's pairs (in the last 32-token block) get act() of
+        whatever their B columns held; FC2 never stores a result from those columns."""
         cfg = self.cfg
         for gi in cutlass.range_constexpr(self.gpw):
             g = group0 + gi

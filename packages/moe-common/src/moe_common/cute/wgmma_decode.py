@@ -145,7 +145,8 @@ def wgmma_decode_k128(accs, codes, scales, weight_format: str, b_smem, n: int, p
                 if doff:
                     lines.append(f"add.s64 d1, ds, {doff};")
                     desc = "d1"
-                lines.append(f"wgmma.mma_async.sync.aligned.m64n{w}k16.f32.bf16.bf16 {{{d}}}, {{{av}}}, {desc}, p, 1, 1, 0;")
+                lines.append(f"wgmma.mma_async.sync.aligned.m64n{w}k16.f32.bf16.bf16 "
+                             f"{{{d}}}, {{{av}}}, {desc}, p, 1, 1, 0;")
         if pending is not None:
             lines += ["wgmma.commit_group.sync.aligned;", f"wgmma.wait_group.sync.aligned {int(pending)};"]
     if pending is None:
