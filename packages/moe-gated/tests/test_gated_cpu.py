@@ -35,6 +35,24 @@ def test_wgmma_runs_asynchronously(index, tmp_path):
     tensor cores idled during each slab's decode. Assemble the kernel and check it does not."""
     report = ptxas_report(_PTX_PROBE, [index], "*GatedGemm*.ptx", tmp_path)
     assert "C7512" not in report, report
+    if index == 0:
+        _check_second_wgmma(next(tmp_path.rglob("*GatedGemm*.ptx")).read_text())
+
+
+def _check_second_wgmma(ptx: str):
+    """A 288-token wide item decodes each slab once for both of its wgmmas: every m64n256k16
+    of that width is followed by an m64n32k16 on the same A registers, its B 32 token groups
+    (32 x 1024 bytes) further on; 8 slabs a K-tile (two asm blocks of 4)."""
+    import re
+
+    lines = [ln.strip() for ln in ptx.splitlines()]
+    pairs = 0
+    for i, ln in enumerate(lines):
+        if "m64n256k16" in ln and lines[i + 1] == "add.s64 d1, ds, 2048;":
+            a_regs = re.search(r"\}, (\{a[^}]*\}), ds,", ln).group(1)
+            assert "m64n32k16" in lines[i + 2] and f"{a_regs}, d1," in lines[i + 2], lines[i + 2]
+            pairs += 1
+    assert pairs == 8, pairs
 
 
 @pytest.mark.parametrize("kw,act,needle", [
