@@ -177,7 +177,7 @@ class GatedGemm:
         ep_bytes = CONSUMER_WARPS * STG_TOKENS * 16 if cfg.phase == "fc1" else 2 * self.bn * 4
         fixed = 8 * ITEM_SLOTS + ITEM_BYTES * ITEM_SLOTS + ep_bytes
         # A stage is a K-tile [B | A] where 3 of them fit (tall: 4 x 50 KiB), else half a
-        # K-tile (`split`: wide, 288 tokens: 4 x 45 KiB, [B's first half | A], then [B's second
+        # K-tile (`split`: wide, 288 tokens: 4 x 46 KiB, [B's first half | A], then [B's second
         # half]); 2 whole-K-tile stages measured 29-32% slower (eighth session). One CTA per SM.
         self.stage_bytes = _align(self.b_bytes + self.a_bytes)
         self.split = 3 * (self.stage_bytes + 16) > SMEM_LIMIT - fixed or \

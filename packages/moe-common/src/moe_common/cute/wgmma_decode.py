@@ -8,7 +8,8 @@ wait in one asm statement gives every slab its own PTX registers and leaves the 
 ptxas, which tracks wgmma register lifetimes itself.
 
 B: K-major core matrices (8 tokens x 16 bytes) in shared memory, without swizzle (their strides
-are the descriptor's `b_lbo`, `b_sbo`), or with wgmma's 128-byte swizzle (`b_sw128_half`).
+are the descriptor's `b_lbo`, `b_sbo`), or in two 64-column halves (`b_half`), plain or with
+wgmma's 128-byte swizzle (`b_swizzle`).
 """
 from __future__ import annotations
 
@@ -131,11 +132,10 @@ def wgmma_decode_k128(accs, codes, scales, weight_format: str, b_smem, n: int, p
                 lines += _slab_ptx(g, s, code, s_r, s_r8, half)
             else:
                 lines += [f"mov.b32 a{g}_{s}{j}, {code};" for j in range(4)]
-        if b_half is not None:  # slab s: 32 bytes into its half's rows (2 core matrices)
-            kb = (s % 4) * 2 * (b_lbo >> 4) if not b_swizzle else (s % 4) * 2
-            lines.append(f"add.s64 ds, d0, {kb + (s // 4) * (b_half >> 4)};")
-        else:
-            lines.append(f"add.s64 ds, d0, {s * 2 * (b_lbo >> 4)};")  # slab s: K-chunks 2s, 2s + 1
+        # slab s: K-chunks 2s, 2s + 1 (in halves: chunks 2 (s % 4), + 1 of half s // 4; the
+        # swizzled LBO of 16 bytes makes that 32 bytes along the row)
+        ks, hoff = (s % 4, (s // 4) * (b_half >> 4)) if b_half is not None else (s, 0)
+        lines.append(f"add.s64 ds, d0, {ks * 2 * (b_lbo >> 4) + hoff};")
         lines.append("wgmma.fence.sync.aligned;")  # A registers were just written
         for g in range(G):
             av = ", ".join(f"a{g}_{s}{j}" for j in range(4))
