@@ -23,6 +23,9 @@ FORCED_TEAMS = (tuple(int(v) for v in os.environ["MOE_STATIC_TEAMS"].split(","))
 SKIP = frozenset(v for v in os.environ.get("MOE_STATIC_SKIP", "").split(",") if v)
 # MOE_STATIC_VARIANT=nodecode|nob|nomma drops one stage of the stream (timing only, see kernel)
 VARIANT = os.environ.get("MOE_STATIC_VARIANT", "")
+# MOE_STATIC_EVEN_GAIN=p: split a GEMM in even shares when that shortens the busiest warp's
+# stream by at least p percent (default 10, see StaticMoE._even_share)
+EVEN_GAIN = int(os.environ.get("MOE_STATIC_EVEN_GAIN", "10"))
 
 
 def config(weight_format: str, activation: str, ids_bytes: int = 4,
@@ -30,7 +33,7 @@ def config(weight_format: str, activation: str, ids_bytes: int = 4,
     teams = FORCED_TEAMS or teams
     return StaticConfig(weight_format=weight_format, activation=activation, ids_bytes=ids_bytes,
                         team_fc1=teams[0], team_fc2=teams[1],
-                        skip=SKIP, variant=VARIANT)
+                        skip=SKIP, variant=VARIANT, even_gain=EVEN_GAIN)
 
 
 def compile_config(cfg: StaticConfig):

@@ -97,6 +97,9 @@ class StaticConfig:
     # "stamps" (right results) leaves each warp's %globaltimer at each of STAMPS and its %smid
     # in the meet workspace at the end (tools/static_spread.py)
     variant: str = ""
+    # the least gain, in percent of the busiest warp's K-tiles, for which a GEMM is split in
+    # even shares (_even_share)
+    even_gain: int = 10
 
     @property
     def gated(self) -> bool:
@@ -370,7 +373,7 @@ class StaticMoE:
         else:
             share = cutlass.max((n_units * k_tiles + w - 1) // w, k_tiles)
         whole = (n_units + w - 1) // w * k_tiles
-        if 10 * share > 9 * whole:
+        if 100 * share > (100 - self.cfg.even_gain) * whole:
             share = Int32(0)
         return share
 
@@ -471,14 +474,18 @@ class StaticMoE:
 
     @cute.jit
     def _b_source(self, fc1: cutlass.Constexpr, src, src_stride, top_k, s_ord, pos0, nch, lane):
-        """Lane n < nch copies token row n of the chunk: its address at K-tile 0."""
-        n = lane
-        if n >= nch:
-            n = Int32(0)
-        pair = ptx.ld_shared_u16(s_ord + (pos0 + n) * 2)
-        if cutlass.const_expr(fc1):
-            return src + Int64(pair // top_k) * Int64(src_stride) * 2
-        return src + Int64(pair) * Int64(src_stride) * 2
+        """The chunk's token rows at K-tile 0: (this lane's row n = lane, or row 0 past the
+        chunk; row 0, the same in every lane). Row 0 goes out with the weights' copies from one
+        elected lane (_fill), lanes 1..nch-1 copy theirs."""
+        rows = []
+        for n in (lane, Int32(0)):
+            if n >= nch:
+                n = Int32(0)
+            pair = ptx.ld_shared_u16(s_ord + (pos0 + n) * 2)
+            if cutlass.const_expr(fc1):
+                pair = pair // top_k
+            rows.append(src + Int64(pair) * Int64(src_stride) * 2)
+        return tuple(rows)
 
     @cute.jit
     def _stream(self, fc1: cutlass.Constexpr, acc, w_unit, s_unit, ka, kb, k_tiles, b_src, nch,
@@ -552,14 +559,16 @@ class StaticMoE:
         row_bytes = n * (TILE_K * 2)
         if cutlass.const_expr(fc1):
             row_bytes = cutlass.min(hidden - kt * TILE_K, n * TILE_K) * 2
-        if lane == 0:
-            ptx.mbarrier_arrive_expect_tx(mb, n * (1024 + scale_bytes) + nch * row_bytes)
-            ptx.bulk_copy_g2s(slot, w_unit + Int64(kt) * 1024, n * 1024, mb)
-            ptx.bulk_copy_g2s(slot + SCALE_OFF, s_unit + Int64(kt) * scale_bytes,
-                              n * scale_bytes, mb)
+        b_lane, b_row0 = b_src
+        b_kt = Int64(kt) * (TILE_K * 2)
+        ptx.bulk_copies_g2s_elected(
+            mb, n * (1024 + scale_bytes) + nch * row_bytes,
+            ((slot, w_unit + Int64(kt) * 1024, n * 1024),
+             (slot + SCALE_OFF, s_unit + Int64(kt) * scale_bytes, n * scale_bytes),
+             (slot + B_OFF, b_row0 + b_kt, row_bytes)))
         if lane < nch:
-            ptx.bulk_copy_g2s(slot + B_OFF + lane * B_ROW_BYTES, b_src + Int64(kt) * (TILE_K * 2),
-                              row_bytes, mb)
+            if lane > 0:
+                ptx.bulk_copy_g2s(slot + B_OFF + lane * B_ROW_BYTES, b_lane + b_kt, row_bytes, mb)
 
     @cute.jit
     def _tile_mma(self, acc, slot, i, b_off, lane, masked: cutlass.Constexpr, valid):

@@ -508,6 +508,25 @@ def bulk_copy_g2s(smem_addr, gmem_addr, nbytes, mbar, *, loc=None, ip=None):
 
 
 
+@dsl_user_op
+def bulk_copies_g2s_elected(mbar, tx_bytes, copies, *, loc=None, ip=None):
+    """One lane of a converged warp, chosen by elect.sync, arrives on the mbarrier expecting
+    tx_bytes and starts the bulk copies (global -> shared) `copies`, (dst, src, nbytes) each,
+    that complete on it. Every lane passes the same operands. Under elect.sync ptxas issues
+    each copy once from uniform registers; under `if lane == 0` it wraps each in a loop over
+    the active lanes' values (~25 SASS instructions a copy, moe-static's _fill)."""
+    ops = [Int32(mbar).ir_value(loc=loc, ip=ip), _i32(tx_bytes, loc, ip)]
+    text = ["{", ".reg .pred p;", ".reg .b64 st;", "elect.sync _|p, 0xffffffff;",
+            "@p mbarrier.arrive.expect_tx.shared::cta.b64 st, [$0], $1;"]
+    for dst, src, n in copies:
+        k = len(ops)
+        ops += [Int32(dst).ir_value(loc=loc, ip=ip), Int64(src).ir_value(loc=loc, ip=ip),
+                _i32(n, loc, ip)]
+        text.append(f"@p cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes "
+                    f"[${k}], [${k + 1}], ${k + 2}, [$0];")
+    _stmt(ops, "\n".join(text + ["}"]), ",".join(["r", "r"] + ["r", "l", "r"] * len(copies)))
+
+
 # ---------------------------------------------------------------- per-warp streams (moe-static)
 @dsl_user_op
 def named_barrier(barrier_id, threads, *, loc=None, ip=None):
