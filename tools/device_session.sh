@@ -32,11 +32,12 @@ tree_path() {  # tree dir (or "new"), packages: PYTHONPATH with those packages' 
   echo "$pp"
 }
 ab() {  # log prefix, limit_s, kernel, presets, tokens, packages: one bench per tree in $AB_DIRS
-        # (those packages' sources first on PYTHONPATH; log <prefix>-<dir name>), then this tree's
+        # (those packages' sources first on PYTHONPATH; log <prefix>-<dir name>), then this tree's;
+        # AB_SEED fixes the bench's seed (the same routing and data in every tree's run)
   local prefix=$1 limit=$2 kernel=$3 presets=$4 tokens=$5 pkgs=$6 d pp
   for d in $AB_DIRS new; do
     pp=$(tree_path $d $pkgs)
-    step "$prefix-$(basename $d)" $limit env PYTHONPATH="$pp" "${BENCH[@]}" --preset $presets --tokens $tokens --kernels $kernel --no-check
+    step "$prefix-$(basename $d)" $limit env PYTHONPATH="$pp" "${BENCH[@]}" --preset $presets --tokens $tokens --kernels $kernel --no-check ${AB_SEED:+--seed $AB_SEED}
   done
 }
 for s in "$@"; do
@@ -100,7 +101,7 @@ for s in "$@"; do
                  # the static-ab bench each (log static-env-<setting>)
       for v in ${STATIC_ENVS:-"MOE_STATIC_VARIANT="}; do
         step "static-envcheck-${v//[=,]/-}" 200 env ${v//,/ } python3 tools/gpu_check.py --kernel static
-        step "static-env-${v//[=,]/-}" 300 env ${v//,/ } "${BENCH[@]}" --preset $STATIC_PRESETS --tokens $STATIC_TOKENS --kernels moe-static --no-check
+        step "static-env-${v//[=,]/-}" 300 env ${v//,/ } "${BENCH[@]}" --preset $STATIC_PRESETS --tokens $STATIC_TOKENS --kernels moe-static --no-check ${AB_SEED:+--seed $AB_SEED}
       done ;;
     static-tests) step static-tests 300 python3 -m pytest packages/moe-static -m gpu -q -x ;;
     generic-tests) step generic-tests 400 python3 -m pytest packages/moe-generic tests dispatcher/tests -m gpu -q ;;

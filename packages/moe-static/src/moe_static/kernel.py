@@ -718,7 +718,13 @@ class StaticMoE:
         per batch instead of two per route. Routes past k load no y (at k = 4, batches of 8 that
         loaded 4 surplus rows measured ~1% slower than batches of 4 on gpt-oss-120b, T = 1..8)."""
         quads = hidden // 4
-        for it in cutlass.range(bid * THREADS + tid, tokens * quads, grid * THREADS, unroll=1):
+        # CTA b takes quads [b * per, (b + 1) * per): every SM's load path shares the reduce (dealt
+        # CTA-major, T=1 put all 512 quads of H = 2048 on CTA 0, whose last warp then ended
+        # ~0.9 us after every other CTA's, BENCHMARKS.md eighteenth session)
+        total = tokens * quads
+        per = (total + grid - 1) // grid
+        end = cutlass.min(bid * per + per, total)
+        for it in cutlass.range(bid * per + tid, end, THREADS, unroll=1):
             t = it // quads
             h0 = (it - t * quads) * 4
             acc = cute.make_rmem_tensor(cute.make_layout(4), Float32)
