@@ -71,22 +71,6 @@ def test_fc1_units_cut_in_two():
     _run((6, 64, 2880, 768, 8), "silu", "nvfp4", False)
 
 
-def test_fc1_units_cut_among_several_warps():
-    # FC1 by teams of one in shares below a unit (on an H200: 1088 units of 32 K-tiles, 9 per
-    # CTA, 18 K-tiles per warp): a unit's pieces on up to three warps of its CTA meet before
-    # the activation, in one fixed order, so repeated calls agree bit for bit
-    from moe_static import fused_moe
-
-    for fmt in FORMATS:
-        _run((1, 16, 4096, 1088, 8), "silu", fmt, True)
-    w = random_layer(16, 4096, 1088, bias=True)
-    x = torch.randn(2, 4096, device="cuda").bfloat16()
-    tw, ti = random_routing(2, 16, 8)
-    first = fused_moe(x, w, tw, ti)
-    for _ in range(3):
-        assert torch.equal(fused_moe(x, w, tw, ti), first)
-
-
 @pytest.mark.parametrize("shape,act,teams", [
     ((1, 16, 1024, 1088, 8), "silu", (1, 2)),  # FC1 8 x 136 units, FC2 8 x 64 units
     ((2, 32, 2880, 256, 4), "relu2", (2, 1)),  # FC1 8 x 16 units, FC2 8 x 180 units

@@ -26,10 +26,9 @@ the stream over every warp of the GPU.
 
 With teams of one, where whole units dealt round-robin would leave warps idle (DeepSeek-V3
 T=1: 3584 FC2 units for 2112 warps), a GEMM's units are laid end to end in K-tiles and each warp
-takes an even share. An FC2 unit is then cut at most once, and its two pieces add into y; an
-FC1 unit may be cut among several warps of its CTA, whose pieces meet there before the
-activation (see _meet_take). Either way one fixed summation order keeps the layer bitwise
-deterministic.
+takes an even share; a unit is then cut at most once, and its two pieces add into y (FC2) or
+meet in their CTA before the activation (FC1, see _meet_leave). Either way a + b in one fixed
+pairing keeps the layer bitwise deterministic.
 
 An expert with more than BN tokens is done in chunks of BN (its weights re-read from L2).
 Units of 16 rows keep every warp of the GPU on the stream even at T=1 (Qwen3-30B-A3B: 8 experts
@@ -319,16 +318,14 @@ class StaticMoE:
                 share = self._even_share(n_units, k_tiles, grid)
         if share > 0:
             # Teams of one where whole units per warp leave warps idle: each warp takes `share`
-            # K-tiles of units laid end to end. FC2: warp w of the grid takes [w * share,
-            # (w + 1) * share) of all units (share >= k_tiles, so a unit is cut at most once),
-            # and the two pieces of a cut unit add into zeroed y (see _zero_y). FC1: the CTA's
-            # units (_even_share with per_cta) are split among its warps, shares below a unit
-            # too, so all pieces of a cut unit are in one CTA and meet through shared memory
-            # before the activation (see _meet_take).
-            cta0 = Int32(0)  # FC1: the CTA's first K-tile in the units laid end to end
+            # K-tiles of units laid end to end (share >= k_tiles, so a unit is cut at most once).
+            # FC2: warp w of the grid takes [w * share, (w + 1) * share) of all units, and the
+            # two pieces of a cut unit add into zeroed y (see _zero_y). FC1: the CTA's units
+            # (_even_share with per_cta) are split among its warps, so both pieces of a cut unit
+            # are in one CTA and meet through shared memory before the activation (see
+            # _meet_leave).
             if cutlass.const_expr(fc1):
-                cta0 = bid * n_units // grid * k_tiles
-                start = cta0 + warp * share
+                start = bid * n_units // grid * k_tiles + warp * share
                 end = cutlass.min(start + share, (bid + 1) * n_units // grid * k_tiles)
             else:
                 start = (bid * WARPS + warp) * share
@@ -338,18 +335,15 @@ class StaticMoE:
             for u in cutlass.range(start // k_tiles, (end + k_tiles - 1) // k_tiles, unroll=1):
                 k0 = cutlass.max(start - u * k_tiles, 0)
                 k1 = cutlass.min(end - u * k_tiles, k_tiles)
-                # FC1: a later piece (k0 > 0) is its warp's first and leaves its sum in the
-                # warp's meeting slot; the piece from K-tile 0 takes the slots of warps
-                # [warp + 1, meet_to), those holding the unit's later pieces
-                meet_to = warp
-                if cutlass.const_expr(fc1):
-                    if k0 == 0:
-                        meet_to = ((u + 1) * k_tiles - 1 - cta0) // share + 1
+                # FC1: a piece from K-tile 0 ends at the CTA's cut warp + 1, a later one starts
+                # at cut warp
+                cut = warp
+                if k0 == 0:
+                    cut = warp + 1
                 self._unit(fc1, acc, u, k0, k1 - k0, n_groups, blob_groups, k_tiles, w, s, alpha,
                            bias, src, src_stride, hidden, inter, inter_stride, y, route_w, top_k,
                            act_alpha, act_beta, act_limit, s_base, s_cnt, s_off, s_act, s_ord,
-                           steps, my_team, member, team, ring, mbar, lane, meet_cta, s_flag,
-                           meet_to)
+                           steps, my_team, member, team, ring, mbar, lane, meet_cta, s_flag, cut)
         else:
             # Unit u goes to team u // grid of CTA u % grid: with fewer units than teams every
             # SM still gets a share (Qwen3-30B-A3B T=1: 768 FC1 units on 5-6 teams of each of
@@ -374,9 +368,8 @@ class StaticMoE:
         K-tiles, so the share is that of the CTA with the most units; the same for every CTA."""
         w = grid * WARPS
         if cutlass.const_expr(per_cta):
-            # (below a unit: its pieces meet in the CTA, see _meet_take)
             most = (n_units + grid - 1) // grid
-            share = (most * k_tiles + WARPS - 1) // WARPS
+            share = cutlass.max((most * k_tiles + WARPS - 1) // WARPS, k_tiles)
         else:
             share = cutlass.max((n_units * k_tiles + w - 1) // w, k_tiles)
         whole = (n_units + w - 1) // w * k_tiles
@@ -398,7 +391,7 @@ class StaticMoE:
     def _unit(self, fc1: cutlass.Constexpr, acc, u, k0, k_count, n_groups, blob_groups, k_tiles,
               w, s, alpha, bias, src, src_stride, hidden, inter, inter_stride, y, route_w, top_k,
               act_alpha, act_beta, act_limit, s_base, s_cnt, s_off, s_act, s_ord, steps,
-              my_team, member, team, ring, mbar, lane, meet, s_flag, meet_to):
+              my_team, member, team, ring, mbar, lane, meet, s_flag, cut):
         """K-tiles [k0, k0 + k_count) of unit u (active expert a, 16-row group g), every chunk
         of BN of the expert's tokens; member 0 of the team writes the results (of an FC1 unit
         cut in two: the piece from K-tile 0, see _meet_take)."""
@@ -440,10 +433,10 @@ class StaticMoE:
             if cutlass.const_expr(fc1 and team == 1):
                 if k_count < k_tiles:  # a piece of a cut unit (one chunk: see _phase)
                     if k0 > 0:
-                        self._meet_leave(acc, meet, s_flag, my_team, lane)
+                        self._meet_leave(acc, meet, s_flag, cut, lane)
                         last = Int32(0)
                     else:
-                        self._meet_take(acc, meet, s_flag, my_team, meet_to, lane)
+                        self._meet_take(acc, meet, s_flag, cut, lane)
             if member == 0:
                 if last != 0:
                     if cutlass.const_expr(fc1):
@@ -454,31 +447,30 @@ class StaticMoE:
                                            k_count < k_tiles)
 
     @cute.jit
-    def _meet_leave(self, acc, meet_cta, s_flag, warp, lane):
-        """A later piece of an FC1 unit cut among the CTA's warps (its K-tiles from some k0 > 0;
-        a warp's first piece, so it ends early) leaves its fragment in this warp's slot and sets
-        this warp's flag. All pieces are in one CTA (_even_share with per_cta) and order the
-        pair ids alike, so the fragments line up lane by lane, and the flag is a CTA-scope
-        release in shared memory: no device-scope fence and no atomic round trip to L2 (the
-        grid-wide meeting this replaces, a fence and an atomic per piece, took ~6.6% of the warp
-        samples at Qwen3-30B-A3B T=8, BENCHMARKS.md, thirteenth session)."""
-        ptx.st_v4_f32(meet_cta + warp * MEET_BYTES + lane * 16, acc[0], acc[1], acc[2], acc[3])
+    def _meet_leave(self, acc, meet_cta, s_flag, cut, lane):
+        """The later piece of an FC1 unit cut at the CTA's `cut` (its K-tiles from the cut; a
+        warp's first piece, so it ends early) leaves its fragment in the cut's slot and sets the
+        cut's flag. Both pieces are in one CTA (_even_share with per_cta) and order the pair ids
+        alike, so the fragments line up lane by lane, and the flag is a CTA-scope release in
+        shared memory: no device-scope fence and no atomic round trip to L2 (the grid-wide
+        meeting this replaces, a fence and an atomic per piece, took ~6.6% of the warp samples
+        at Qwen3-30B-A3B T=8, BENCHMARKS.md, thirteenth session)."""
+        ptx.st_v4_f32(meet_cta + cut * MEET_BYTES + lane * 16, acc[0], acc[1], acc[2], acc[3])
         ptx.sync_warp()
         if lane == 0:
-            ptx.flag_set_release_cta(s_flag + warp * 4)
+            ptx.flag_set_release_cta(s_flag + cut * 4)
 
     @cute.jit
-    def _meet_take(self, acc, meet_cta, s_flag, warp, meet_to, lane):
-        """The piece from K-tile 0 (a warp's last piece) adds the fragments the unit's later
-        pieces left on warps [warp + 1, meet_to) (see _meet_leave), in that order, and then runs
-        the epilogue: one fixed summation order, so the result is bitwise deterministic. Each
-        later piece was its warp's first, so its flag is normally set long before."""
-        for mw in cutlass.range(warp + 1, meet_to, unroll=1):
-            ptx.flag_wait_acquire_cta(s_flag + mw * 4)
-            # a plain load: the writer is a warp of this CTA, and the acquire orders this after it
-            v = ptx.ld_v4(meet_cta + mw * MEET_BYTES + lane * 16)
-            for c in cutlass.range_constexpr(4):
-                acc[c] = acc[c] + ptx.f32_bits(v[c])
+    def _meet_take(self, acc, meet_cta, s_flag, cut, lane):
+        """The piece from K-tile 0 (a warp's last piece) adds the later piece's fragment (see
+        _meet_leave) and runs the epilogue: acc + other is the same in either order, so the
+        result is bitwise deterministic. The other piece was its warp's first, so the flag is
+        normally set long before."""
+        ptx.flag_wait_acquire_cta(s_flag + cut * 4)
+        # a plain load: the writer is a warp of this CTA, and the acquire orders this after it
+        v = ptx.ld_v4(meet_cta + cut * MEET_BYTES + lane * 16)
+        for c in cutlass.range_constexpr(4):
+            acc[c] = acc[c] + ptx.f32_bits(v[c])
 
     @cute.jit
     def _b_source(self, fc1: cutlass.Constexpr, src, src_stride, top_k, s_ord, pos0, nch, lane):
