@@ -549,8 +549,10 @@ class StaticMoE:
     def _fill(self, fc1: cutlass.Constexpr, t, kt, kb, w_unit, s_unit, b_src, nch, hidden, ring,
               mbar, lane):
         """Start filling ring slot t % DEPTH (the warp's t-th step) with the unit's K-tiles
-        [kt, min(kt + STEP, kb)) by bulk copies: lane 0 the codes and the scales, lane n < nch
-        token row n (FC1: only the columns below H)."""
+        [kt, min(kt + STEP, kb)) by bulk copies: one elected lane the codes, the scales and
+        token row 0 (ptx.bulk_copies_g2s_elected: issued from uniform registers, FC1 loop 357 ->
+        338 SASS, BENCHMARKS.md twentieth session), lane n in 1..nch-1 token row n (FC1: only
+        the columns below H)."""
         sl = t & (DEPTH - 1)
         slot = ring + sl * SLOT_BYTES
         mb = mbar + sl * 8
