@@ -98,7 +98,8 @@ for s in "$@"; do
         "${AB_PRESETS:-deepseek-v3 qwen3-30b-a3b gpt-oss-120b}" "${AB_TOKENS:-2048 8192}" \
         "$(cd packages && echo *)" ;;
     static-env)  # STATIC_ENVS: env settings (commas between variables), a correctness check and
-                 # the static-ab bench each (log static-env-<setting>)
+                 # the static-ab bench each (log static-env-<setting>); a value cannot hold a
+                 # comma (MOE_STATIC_TEAMS=1,2 becomes two words: run such a variant directly)
       for v in ${STATIC_ENVS:-"MOE_STATIC_VARIANT="}; do
         step "static-envcheck-${v//[=,]/-}" 200 env ${v//,/ } python3 tools/gpu_check.py --kernel static
         step "static-env-${v//[=,]/-}" 300 env ${v//,/ } "${BENCH[@]}" --preset $STATIC_PRESETS --tokens $STATIC_TOKENS --kernels moe-static --no-check ${AB_SEED:+--seed $AB_SEED}

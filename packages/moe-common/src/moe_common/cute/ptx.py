@@ -507,7 +507,6 @@ def bulk_copy_g2s(smem_addr, gmem_addr, nbytes, mbar, *, loc=None, ip=None):
           "r,l,r,r")
 
 
-
 @dsl_user_op
 def bulk_copies_g2s_elected(mbar, tx_bytes, copies, *, loc=None, ip=None):
     """One lane of a converged warp, chosen by elect.sync, arrives on the mbarrier expecting
