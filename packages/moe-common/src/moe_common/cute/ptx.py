@@ -497,13 +497,17 @@ def mbarrier_wait(addr, parity, *, loc=None, ip=None):
           "@!p bra WAIT_${:uid};\n}", "r,r")
 
 
+# a bulk copy global -> shared that completes its bytes on an mbarrier
+_BULK_G2S = "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
+
+
 @dsl_user_op
 def bulk_copy_g2s(smem_addr, gmem_addr, nbytes, mbar, *, loc=None, ip=None):
     """cp.async.bulk global -> shared (16-byte aligned, nbytes a multiple of 16), completing
     nbytes of transactions on the mbarrier."""
     _stmt([Int32(smem_addr).ir_value(loc=loc, ip=ip), Int64(gmem_addr).ir_value(loc=loc, ip=ip),
            _i32(nbytes, loc, ip), Int32(mbar).ir_value(loc=loc, ip=ip)],
-          "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$0], [$1], $2, [$3];",
+          f"{_BULK_G2S} [$0], [$1], $2, [$3];",
           "r,l,r,r")
 
 
@@ -521,8 +525,7 @@ def bulk_copies_g2s_elected(mbar, tx_bytes, copies, *, loc=None, ip=None):
         k = len(ops)
         ops += [Int32(dst).ir_value(loc=loc, ip=ip), Int64(src).ir_value(loc=loc, ip=ip),
                 _i32(n, loc, ip)]
-        text.append(f"@p cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes "
-                    f"[${k}], [${k + 1}], ${k + 2}, [$0];")
+        text.append(f"@p {_BULK_G2S} [${k}], [${k + 1}], ${k + 2}, [$0];")
     _stmt(ops, "\n".join(text + ["}"]), ",".join(["r", "r"] + ["r", "l", "r"] * len(copies)))
 
 
