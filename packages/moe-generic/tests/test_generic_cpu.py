@@ -116,3 +116,22 @@ def test_workspace_sizes_never_shrink_with_more_tokens():
             assert cap >= max_tiles_bound(P, E, pick_bn(P, E))
             assert cap >= prev
             prev = cap
+
+
+def test_tile_width_rule():
+    """The width with the least expected cost: one tile per expert wherever a wider tile is
+    cheaper than the second tiles it saves (measured costs in runner.TILE_COST)."""
+    from moe_generic.runner import expected_tiles, pick_bn
+
+    assert abs(expected_tiles(4.0, 8) - 1.0) < 0.01  # Poisson(4) rarely exceeds 8
+    assert 1.4 < expected_tiles(16.0, 16) < 1.5  # ~40% of experts need a second tile
+    assert abs(expected_tiles(0.0, 8)) < 1e-12
+    # (T x top_k pairs, experts) -> width, the five presets' band points
+    assert pick_bn(128 * 8, 256) == 8  # DeepSeek-V3 T=128: 4 rows per expert
+    assert pick_bn(512 * 8, 256) == 32  # DeepSeek-V3 T=512: 16 rows
+    assert pick_bn(1024 * 8, 256) == 64  # DeepSeek-V3 T=1024: 32 rows
+    assert pick_bn(256 * 8, 128) == 32  # Qwen3-30B-A3B T=256: 16 rows
+    assert pick_bn(1, 256) == 8 and pick_bn(65536 * 8, 8) == 64
+    for pairs in (1, 7, 100, 1000, 5000, 40000):
+        for experts in (1, 8, 128, 256, 1024):
+            assert pick_bn(pairs, experts) in (8, 16, 32, 64)

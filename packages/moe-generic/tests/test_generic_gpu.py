@@ -140,3 +140,30 @@ def test_wgmma_mainloop_matches_reference(case, monkeypatch):
 
     monkeypatch.setattr(compile_cache, "USE_WGMMA", True)
     _run_case(*case)
+
+
+@pytest.mark.parametrize("bn", [8, 16, 32, 64])
+@pytest.mark.parametrize("case", [
+    # (T, E, H, I, top_k), activation, format, mode, bias, skew: widths the width rule picks
+    # for other shapes, here on skewed routing (hot experts over several tiles, partly filled
+    # last tiles, experts without tokens) with dropped routes
+    ((96, 32, 512, 256, 8), "silu", "nvfp4", "w4a16", False, 1.5),
+    ((700, 64, 1024, 768, 6), "relu2", "nvfp4", "w4a4", True, 1.0),
+    ((333, 16, 2880, 704, 4), "swigluoai", "mxfp4", "w4a16", True, 2.0),
+    ((200, 24, 768, 512, 8), "gelu_tanh", "mxfp4", "w4a4", False, 0.5),
+])
+def test_every_tile_width_matches_reference(bn, case, monkeypatch):
+    from moe_generic import fused_moe, runner
+
+    (T, E, H, I, k), act, fmt, mode, bias, skew = case
+    monkeypatch.setattr(runner, "pick_bn", lambda pairs, experts: bn)
+    w = random_layer(E, H, I, weight_format=fmt, gated=act != "relu2", bias=bias,
+                     w4a4=mode == "w4a4")
+    x = torch.randn(T, H, device="cuda").bfloat16()
+    tw, ti = random_routing(T, E, k, skew=skew)
+    ti[::7, 0] = -1  # dropped routes
+    a = Activation(act, 1.702, 1.0, 7.0)
+    out = torch.full((T, H), float("nan"), device="cuda", dtype=torch.bfloat16)
+    fused_moe(x, w, tw, ti, activation=a, quant_mode=mode, out=out)
+    ref = reference_moe(x, w, tw, ti, activation=a, quant_mode=mode)
+    assert_close(out, ref, f"bn={bn} {case}")

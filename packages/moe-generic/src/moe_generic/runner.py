@@ -9,7 +9,9 @@ be captured in a CUDA graph once its kernels are compiled and its workspace allo
 """
 from __future__ import annotations
 
+import functools
 import math
+
 import torch
 
 from moe_common.cute import jit
@@ -23,13 +25,37 @@ from . import compile_cache
 from .compile_cache import BN_CHOICES
 from .limits import KERNEL_NAME
 
+# Cost of one tile of each width, relative to width 8, when every expert fits in one tile: a
+# wider tile copies (zero-fills) more token rows and, below 32, runs its MMAs over its whole
+# width. Measured on the H200 at T=128 of deepseek-v3, qwen3.5-35b and gpt-oss-120b (4 routed
+# rows per expert; `tools/band_probe.py --bn 8 16 32 64`, BENCHMARKS.md "moe-generic's tile
+# width"): 1.10-1.14 at 16, 1.10-1.14 at 32, 1.29-1.36 at 64.
+TILE_COST = {8: 1.0, 16: 1.12, 32: 1.12, 64: 1.31}
+
+
+def expected_tiles(mean: float, bn: int) -> float:
+    """E[ceil(X / bn)] for X ~ Poisson(mean): the tiles of one expert under uniform routing."""
+    p, total, x = math.exp(-mean), 0.0, 0
+    while x <= mean + 12 * math.sqrt(mean) + 16:
+        total += p * -(-x // bn)
+        x += 1
+        p *= mean / x
+    return total
+
+
+@functools.lru_cache(maxsize=4096)
 def pick_bn(pairs: int, local_experts: int) -> int:
-    """Tokens per tile from the mean routed rows per expert (decode: 8, prefill: 64)."""
+    """Tokens per tile: the width with the least expected cost, tiles x cost per tile.
+
+    Every tile streams its expert's whole weights, so a width at the mean rows per expert leaves
+    about 40% of the experts with a second tile (DeepSeek-V3 T=512, 16 rows per expert: 1.42
+    tiles per expert at width 16); the wider tile costs 12% more once. Measured: DeepSeek-V3
+    T=512 3295 -> 2685 us (16 -> 32), Qwen3-30B-A3B T=256 201 -> 172 us (16 -> 32).
+    """
     mean = pairs / max(1, min(local_experts, pairs))
-    for bn in BN_CHOICES[:-1]:
-        if mean <= bn:
-            return bn
-    return BN_CHOICES[-1]
+    if mean >= BN_CHOICES[-1]:
+        return BN_CHOICES[-1]
+    return min(BN_CHOICES, key=lambda bn: expected_tiles(mean, bn) * TILE_COST[bn])
 
 
 def max_tiles_bound(pairs: int, local_experts: int, bn: int) -> int:

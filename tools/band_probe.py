@@ -1,0 +1,82 @@
+"""moe-generic's token-tile width against the layer time (development tool).
+
+    python tools/band_probe.py --preset deepseek-v3 --tokens 256 512 --bn 8 16 32 64 --json out.json
+    python tools/band_probe.py --preset qwen3-30b-a3b --tokens 256 --config 32:8,1,4 32:4,2,3
+
+For each forced tile width (runner.pick_bn replaced in this process), times the layer with the
+bench's protocol (dispatcher.bench.bench_preset: CUDA-graph replay, data rotated past the L2)
+with moe-generic forced; `--kernels` adds other kernels' rows (once, at their own choices).
+`--config BN:WARPS,MW,STAGES` times moe-generic at its own widths with the BN-token tiles'
+configuration replaced (the 16-warp tall tiles excepted).
+A tile is (expert, at most bn routed rows), and each tile streams its expert's weights, so a
+width below an expert's routed rows reads that expert's weights once per tile.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+
+import moe_generic.compile_cache as generic_cache
+import moe_generic.runner as generic_runner
+from dispatcher.bench import bench_preset, format_row
+from dispatcher.presets import PRESETS
+
+
+def config_rows(p, tokens, variant: str, seed: int) -> list:
+    """moe-generic rows with the BN-token tiles' (warps, mw, stages) replaced."""
+    bn, rest = variant.split(":")
+    warps, mw, stages = (int(v) for v in rest.split(","))
+    default_config = generic_cache.config
+
+    def config(*a, **kw):
+        cfg = default_config(*a, **kw)
+        if cfg.bn == int(bn) and cfg.warps <= 8:
+            cfg = dataclasses.replace(cfg, warps=warps, mw=mw, stages=stages)
+        return cfg
+
+    generic_cache.config = config
+    try:
+        rows = bench_preset(p, tokens, kernels=["moe-generic"], seed=seed, check=False,
+                            log=lambda s: None)
+    finally:
+        generic_cache.config = default_config
+    for r in rows:
+        r["kernel"] = f"moe-generic {variant}"
+        print(format_row(r), flush=True)
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--preset", nargs="+", default=["deepseek-v3"], choices=sorted(PRESETS))
+    ap.add_argument("--tokens", nargs="+", type=int, default=[256, 512, 1024, 2048])
+    ap.add_argument("--bn", nargs="*", type=int, default=[8, 16, 32, 64])
+    ap.add_argument("--kernels", nargs="*", default=[])
+    ap.add_argument("--config", nargs="*", default=[])
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    rows = []
+    default_pick = generic_runner.pick_bn
+    for name in args.preset:
+        p = PRESETS[name]
+        if args.kernels:
+            generic_runner.pick_bn = default_pick
+            rows += bench_preset(p, args.tokens, kernels=args.kernels, seed=args.seed, check=False)
+        for bn in args.bn:
+            generic_runner.pick_bn = lambda pairs, experts, bn=bn: bn
+            for r in bench_preset(p, args.tokens, kernels=["moe-generic"], seed=args.seed,
+                                  check=False, log=lambda s: None):
+                r["kernel"] = f"moe-generic bn={bn}"
+                print(format_row(r), flush=True)
+                rows.append(r)
+        for variant in args.config:
+            rows += config_rows(p, args.tokens, variant, args.seed)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
