@@ -39,11 +39,6 @@ def config(phase: str, weight_format: str, activation: str, bn: int, rows: int =
         warps = 8
     mw = 1 if bn <= 16 else max(1, 8 // warps)
     stages = STAGES64 if warps > 8 else 4
-    if bn == 32 and mw == 2:
-        # 3 stages: 57 KiB instead of 76 KiB a CTA, 4 CTAs per SM instead of 3. Measured on the
-        # H200 (tools/band_probe.py --config 32:4,2,3): 0.6-2.8% faster at the 32-token points of
-        # DeepSeek-V3, Qwen3-30B-A3B and gpt-oss-120b (T = 256, 512)
-        stages = 3
     return GemmConfig(phase=phase, weight_format=weight_format,
                       activation=activation if phase == "fc1" else "none", bn=bn,
                       mw=mw, wgmma=USE_WGMMA, warps=warps, stages=stages)
