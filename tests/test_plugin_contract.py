@@ -55,3 +55,9 @@ def test_reference_always_offers_lowest():
         ref = ex.answer("reference")
         assert ref.offered
         assert all(o.priority > ref.priority for o in ex.offers if o.kernel != "reference")
+
+
+@pytest.mark.parametrize("kernel", ["moe-generic", "moe-gated", "moe-static"])
+def test_each_kernel_package_is_discovered_through_its_entry_point(kernel):
+    m = dispatcher.get_manager()
+    assert kernel in m.names, [str(f) for f in m.failures]
