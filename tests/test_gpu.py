@@ -1,6 +1,6 @@
 """Cross-package tests on an sm_90 GPU (skipped elsewhere by the root conftest).
 
-DESIGN section 5's bar everywhere: fresh random data, output poisoned with NaN first,
+docs/DESIGN.md section 5's bar everywhere: fresh random data, output poisoned with NaN first,
 relative L2 <= 1e-2 and cosine >= 0.9999 against the fp32 torch reference, no NaN.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""moe-static on the H200: the DESIGN section 5 bar at decode sizes for every activation and
+"""moe-static on the H200: the docs/DESIGN.md section 5 bar at decode sizes for every activation and
 format, biases, expert parallelism, out-of-range ids, skewed routing (experts with more tokens
 than one chunk), CUDA-graph replay and bitwise determinism."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Helpers for the kernels' tests: random layers and routing, and the DESIGN section 5 bar.
+"""Helpers for the kernels' tests: random layers and routing, and the docs/DESIGN.md section 5 bar.
 
 Every call draws fresh random data (seeded from the clock unless a seed is given), so a test
 that passes checks the kernel on data it has never seen.
