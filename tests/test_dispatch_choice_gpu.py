@@ -14,14 +14,6 @@ from moe_static.limits import CUTOVER_TOKENS
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture(autouse=True)
-def _fresh(monkeypatch):
-    monkeypatch.delenv("FUSED_MOE_KERNEL", raising=False)
-    dispatcher.reload()
-    yield
-    dispatcher.reload()
-
-
 def test_dispatcher_picks_gated_for_large_gated_batches():
     w = random_layer(16, 512, 256)
     x = torch.randn(2048, 512, device="cuda").bfloat16()

@@ -29,14 +29,6 @@ def layer(p: Preset, tokens: int, device, seed: int):
     return (w, *random_inputs(p, tokens, device=device, gen=gen))
 
 
-@pytest.fixture(autouse=True)
-def _fresh(monkeypatch):
-    monkeypatch.delenv("FUSED_MOE_KERNEL", raising=False)
-    dispatcher.reload()
-    yield
-    dispatcher.reload()
-
-
 @pytest.mark.parametrize("act,fmt,bias", [("silu", "nvfp4", False), ("relu2", "nvfp4", False),
                                           ("swigluoai", "mxfp4", True)])
 def test_reference_cuda_matches_cpu(act, fmt, bias):

@@ -26,14 +26,6 @@ def shapes(cap):
                        device_capability=cap), Activation(act)
 
 
-@pytest.fixture(autouse=True)
-def _fresh(monkeypatch):
-    monkeypatch.delenv("FUSED_MOE_KERNEL", raising=False)
-    dispatcher.reload()
-    yield
-    dispatcher.reload()
-
-
 @pytest.mark.parametrize("cap", [None, (9, 0), (8, 0)], ids=["cpu", "sm90", "sm80"])
 def test_answers_are_well_formed(cap):
     for shape, act in shapes(cap):
