@@ -1,6 +1,6 @@
 """Cross-package tests on an sm_90 GPU (skipped elsewhere by the root conftest).
 
-DESIGN section 5's bar everywhere: fresh random data, output poisoned with NaN first,
+docs/DESIGN.md section 5's bar everywhere: fresh random data, output poisoned with NaN first,
 relative L2 <= 1e-2 and cosine >= 0.9999 against the fp32 torch reference, no NaN.
 """
 from __future__ import annotations
@@ -27,14 +27,6 @@ def layer(p: Preset, tokens: int, device, seed: int):
     w = random_weights(p, device=device, seed=seed)
     gen = torch.Generator(device=device).manual_seed(seed + 1)
     return (w, *random_inputs(p, tokens, device=device, gen=gen))
-
-
-@pytest.fixture(autouse=True)
-def _fresh(monkeypatch):
-    monkeypatch.delenv("FUSED_MOE_KERNEL", raising=False)
-    dispatcher.reload()
-    yield
-    dispatcher.reload()
 
 
 @pytest.mark.parametrize("act,fmt,bias", [("silu", "nvfp4", False), ("relu2", "nvfp4", False),

@@ -26,14 +26,6 @@ def shapes(cap):
                        device_capability=cap), Activation(act)
 
 
-@pytest.fixture(autouse=True)
-def _fresh(monkeypatch):
-    monkeypatch.delenv("FUSED_MOE_KERNEL", raising=False)
-    dispatcher.reload()
-    yield
-    dispatcher.reload()
-
-
 @pytest.mark.parametrize("cap", [None, (9, 0), (8, 0)], ids=["cpu", "sm90", "sm80"])
 def test_answers_are_well_formed(cap):
     for shape, act in shapes(cap):
@@ -55,3 +47,9 @@ def test_reference_always_offers_lowest():
         ref = ex.answer("reference")
         assert ref.offered
         assert all(o.priority > ref.priority for o in ex.offers if o.kernel != "reference")
+
+
+@pytest.mark.parametrize("kernel", ["moe-generic", "moe-gated", "moe-static"])
+def test_each_kernel_package_is_discovered_through_its_entry_point(kernel):
+    m = dispatcher.get_manager()
+    assert kernel in m.names, [str(f) for f in m.failures]

@@ -1,70 +1,112 @@
-"""moe-common installed alone, from its wheel, is discovered through its entry point.
+"""The README's single-package install works as written.
 
-Builds moe-common's wheel with hatchling (no network), installs it by unpacking it into a
-temporary directory (a pure-Python wheel's install is its unpacked contents), and in a
-subprocess whose sys.path has that directory first, the dispatcher's source and the
-environment's site-packages (for torch and pluggy) but not the workspace's editable install
-of moe-common, checks that importlib metadata sees the "reference" entry point of group
-"fused_moe.kernels" from the wheel and that the dispatcher's manager loads it from there.
+Steps:
+1. Read the shell block under the README's "Install one kernel package alone" heading.
+2. Replace its three scratch paths (/tmp/moe-wheels, /tmp/moe-static-env and the exported
+   requirements file) with this test's temporary directory; nothing else of the text changes.
+3. Run each line with bash from the repository root: build every member's wheel, export the
+   locked requirements of moe-static, make a fresh venv, install moe-common's and moe-static's
+   wheels into it (uv resolves torch and the DSL from its cache or the index).
+4. In the fresh venv's Python, check: moe-common and moe-static import from that venv's
+   site-packages (not the clone), moe-common was installed from its wheel (direct_url.json
+   names the wheel file, no editable flag), the entry points `reference` and `moe-static` of
+   group `fused_moe.kernels` are visible, moe-static's plugin declines a CPU call with a reason,
+   and neither the dispatcher nor another kernel package is installed.
+5. Install moe-static's locked test dependencies into that venv and run its CPU tests there
+   against the installed wheels (all but the compile-every-config test, which the workspace
+   run covers), from the package's directory with the current directory off sys.path.
 """
 from __future__ import annotations
 
 import json
+import os
+import re
+import shutil
 import subprocess
-import sys
-import sysconfig
-import zipfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
+HEADING = "## Install one kernel package alone"
+SCRATCH = {"/tmp/moe-wheels": "wheels", "/tmp/moe-static-locked.txt": "locked.txt",
+           "/tmp/moe-static-env": "env"}
 
 PROBE = r"""
-import json, sys
-target, dispatcher_src, purelib = sys.argv[1:4]
-sys.path[:0] = [target, dispatcher_src]
-sys.path.append(purelib)
-import importlib_metadata as md
-eps = [ep for ep in md.entry_points(group="fused_moe.kernels") if ep.name == "reference"]
-import moe_common
-import dispatcher
-m = dispatcher.reload()
-ex = dispatcher.explain(__import__("moe_common").types.MoEShape(
-    tokens=1, hidden=64, intermediate=64, num_experts=4, num_local_experts=4, local_expert_offset=0,
-    top_k=2, weight_format="nvfp4", quant_mode="w4a16", has_bias=False, device_capability=None))
+import importlib.metadata as md, json, sys
+import torch
+import moe_common, moe_static
+from moe_common.types import Activation, MoEShape
+eps = {ep.name: ep.value for ep in md.entry_points(group="fused_moe.kernels")}
+plugin = [ep for ep in md.entry_points(group="fused_moe.kernels") if ep.name == "moe-static"][0].load()
+shape = MoEShape(tokens=1, hidden=64, intermediate=64, num_experts=4, num_local_experts=4,
+                 local_expert_offset=0, top_k=2, weight_format="nvfp4", quant_mode="w4a16",
+                 has_bias=False, device_capability=None, dtype=torch.bfloat16)
+answer = plugin.can_handle(shape=shape, activation=Activation("silu"))
 print(json.dumps({
-    "eps": [[ep.value, str(ep.dist._path) if ep.dist is not None else None] for ep in eps],
-    "moe_common_file": moe_common.__file__,
-    "plugin_file": m.plugins["reference"].__file__ if "reference" in m.plugins else None,
-    "choice": ex.choice.kernel if ex.choice else None,
-    "failures": [str(f) for f in m.failures],
+    "eps": eps,
+    "files": [moe_common.__file__, moe_static.__file__],
+    "prefix": sys.prefix,
+    "direct_url": json.loads(md.distribution("moe-common").read_text("direct_url.json")),
+    "dists": sorted(d.metadata["Name"] for d in md.distributions()),
+    "answer": getattr(answer, "reason", None),
 }))
 """
 
 
-def build_wheel(pkg: Path, out: Path) -> Path:
-    r = subprocess.run([sys.executable, "-m", "hatchling", "build", "-t", "wheel", "-d", str(out)], cwd=pkg,
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr
-    wheels = list(out.glob("*.whl"))
-    assert len(wheels) == 1, wheels
-    return wheels[0]
+def readme_commands() -> list[str]:
+    """The lines of the first ```sh block after HEADING in README.md."""
+    text = (ROOT / "README.md").read_text()
+    assert HEADING in text, f"README.md has no section {HEADING!r}"
+    block = re.search(r"```sh\n(.*?)```", text.split(HEADING, 1)[1], re.S)
+    assert block, f"no ```sh block under {HEADING!r}"
+    return [line for line in block.group(1).splitlines() if line.strip()]
 
 
-def test_moe_common_wheel_alone_is_discovered(tmp_path):
-    wheel = build_wheel(ROOT / "packages" / "moe-common", tmp_path / "dist")
-    target = tmp_path / "target"
-    with zipfile.ZipFile(wheel) as z:
-        z.extractall(target)
-    eps_txt = next(target.glob("moe_common-*.dist-info")) / "entry_points.txt"
-    assert "[fused_moe.kernels]" in eps_txt.read_text()
-    r = subprocess.run(
-        [sys.executable, "-S", "-c", PROBE, str(target), str(ROOT / "dispatcher" / "src"),
-         sysconfig.get_paths()["purelib"]],
-        capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stdout + r.stderr
+def run(args, **kw):
+    r = subprocess.run(args, capture_output=True, text=True, **kw)
+    assert r.returncode == 0, f"{args}\n{r.stdout}\n{r.stderr}"
+    return r
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Path:
+    """The README's lines run into a temporary directory; returns that directory."""
+    if shutil.which("uv") is None:
+        pytest.skip("uv is not on PATH")
+    tmp = tmp_path_factory.mktemp("standalone")
+    for line in readme_commands():
+        for scratch, name in SCRATCH.items():
+            line = line.replace(scratch, str(tmp / name))
+        assert "/tmp/" not in line.replace(str(tmp), ""), f"unexpected scratch path: {line}"
+        run(["bash", "-c", line], cwd=ROOT, timeout=900)
+    return tmp
+
+
+def test_readme_single_package_install(installed):
+    r = run([str(installed / "env" / "bin" / "python"), "-c", PROBE], timeout=600)
     got = json.loads(r.stdout.strip().splitlines()[-1])
-    assert got["eps"] and got["eps"][0][0] == "moe_common.reference_plugin"
-    assert got["eps"][0][1].startswith(str(target)), got
-    assert got["moe_common_file"].startswith(str(target)), got
-    assert got["plugin_file"].startswith(str(target)), got
-    assert got["choice"] == "reference"
+
+    assert got["eps"] == {"reference": "moe_common.reference_plugin",
+                          "moe-static": "moe_static.plugin"}, got["eps"]
+    for f in got["files"]:
+        assert f.startswith(got["prefix"]) and not f.startswith(str(ROOT)), got
+    url = got["direct_url"]
+    assert not url.get("dir_info", {}).get("editable"), url
+    assert url["url"].startswith("file://") and url["url"].endswith(".whl"), url
+    assert not {"moe-dispatcher", "moe-generic", "moe-gated"} & set(got["dists"]), got["dists"]
+    assert "needs a CUDA device" in got["answer"]
+
+
+def test_kernel_cpu_tests_pass_against_the_installed_wheels(installed):
+    dev = installed / "dev.txt"
+    run(["uv", "export", "--package", "moe-static", "--only-group", "dev", "--no-emit-workspace",
+         "--no-hashes", "--output-file", str(dev)], cwd=ROOT, timeout=300)
+    run(["uv", "pip", "install", "--python", str(installed / "env"), "-r", str(dev)], timeout=900)
+    env = dict(os.environ, PYTHONSAFEPATH="1")
+    env.pop("VIRTUAL_ENV", None)
+    r = run([str(installed / "env" / "bin" / "python"), "-m", "pytest", "-q", "-p",
+             "no:cacheprovider", "tests/test_static_cpu.py", "-k",
+             "not every_dispatchable_config"], cwd=ROOT / "packages" / "moe-static", env=env,
+            timeout=1200)
+    assert " passed" in r.stdout and " failed" not in r.stdout, r.stdout

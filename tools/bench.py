@@ -2,7 +2,7 @@
 """Thin wrapper: `uv run tools/bench.py ARGS` == `uv run fused-moe bench ARGS`.
 
 The benchmark itself lives in dispatcher/src/dispatcher/bench.py (so the installed `fused-moe`
-command has it); this file exists so that tools/ holds the benchmark entry DESIGN.md names.
+command has it); this file keeps the benchmark entry in tools/ (docs/DESIGN.md section 7).
 """
 import sys
 

@@ -1,6 +1,7 @@
 #!/bin/bash
-# One GPU-machine session's battery (development tool): each step has its own time limit and
-# its own log under $OUT, so a hang or failure in one step leaves the others' results.
+# The GPU machine's battery of checks and benches (development tool): each step has its own
+# time limit and its own log under $OUT, so a hang or failure in one step leaves the others'
+# results.
 #   source .device/bin/gpu.sh && bash tools/device_session.sh STEP [STEP ...]
 # Steps: gated-quick gated-tests sanitize-gated bench-gated bench-gated-q bench-gated-all
 #        static-quick static-tests generic-tests sanitize-static sanitize-generic
@@ -11,7 +12,7 @@ set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 # the run's commit label: pass FUSED_MOE_COMMIT=<sha> from the checkout. The device copy's git
-# metadata can be an older commit's (seventeenth session: it said 18cbdd1 for 8b71d15), so
+# metadata can be an older commit's (once it said 18cbdd1 for 8b71d15), so
 # without it the bench asks git itself, which marks such a tree "-dirty"
 # the moe-static A/B and variant steps' layer presets and token counts
 STATIC_PRESETS=${STATIC_PRESETS:-qwen3-30b-a3b deepseek-v3}

@@ -2,7 +2,7 @@
 
     python tools/gpu_check.py [--quick]
 
-Fresh random data each run, output poisoned with NaN, metrics per DESIGN section 5.
+Fresh random data each run, output poisoned with NaN, metrics per docs/DESIGN.md section 5.
 """
 from __future__ import annotations
 

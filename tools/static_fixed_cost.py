@@ -4,7 +4,7 @@ Times one layer call (CUDA-graph replay, 20 calls per graph) with parts of the k
 (StaticConfig.skip): the launch alone, + routing, + the two grid barriers, + the reduce, and
 the whole kernel, at a Qwen3-30B-A3B-sized layer. The layer is called through FusedMoE with its
 workspace, as `fused-moe bench` does (a direct call allocates and zeroes its buffers per call:
-two fill kernels, 2.4 us, in the graph; the ninth session's table included them). One routing
+two fill kernels, 2.4 us, in the graph; the table measured at 24a91be included them). One routing
 is replayed, so the hit experts' weights stay in L2: the whole-kernel time is not the bench's
 cold stream.
 

@@ -1,4 +1,5 @@
-"""Fixtures for the dispatcher's tests: tiny layers and fake plugin distributions."""
+"""Fixtures for the dispatcher's tests: tiny layers and fake plugin distributions; tests marked
+`gpu` run only on an sm_90 (Hopper) CUDA GPU, also when pytest runs from dispatcher/."""
 from __future__ import annotations
 
 import shutil
@@ -9,6 +10,7 @@ import pytest
 import torch
 
 import dispatcher
+from moe_common.testing import skip_gpu_test_without_hopper as pytest_runtest_setup  # noqa: F401
 
 PLUGINS = Path(__file__).parent / "fixtures" / "plugins"
 

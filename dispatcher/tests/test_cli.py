@@ -96,7 +96,7 @@ def test_presets_match_the_design():
         assert (p.experts, p.hidden, p.intermediate, p.top_k, p.weight_format, p.activation, p.bias) == v
     q = PRESETS["qwen3-30b-a3b"]
     assert q.flops(1) == 6 * 8 * 2048 * 768
-    # DESIGN section 7: Qwen3-30B-A3B at T=1 hits 8 experts, about 21 MB of 4-bit weights.
+    # docs/DESIGN.md section 7: Qwen3-30B-A3B at T=1 hits 8 experts, about 21 MB of 4-bit weights.
     assert 20e6 < 8 * q.expert_bytes() < 22e6
     assert resolve("qwen3-30b-a3b", top_k=4).name == "qwen3-30b-a3b*"
     assert resolve("qwen3-30b-a3b", top_k=8).name == "qwen3-30b-a3b"

@@ -22,9 +22,7 @@ SILU = Activation("silu")
 
 def test_real_entry_points_are_discovered(clean_env):
     m = dispatcher.get_manager()
-    assert "reference" in m.names
-    # moe-generic is a real entry point too; whether it imports here depends on its package.
-    assert "moe-generic" in m.names or any(f.name == "moe-generic" for f in m.failures)
+    assert "reference" in m.names  # moe-common's entry point; the kernels' are checked in tests/
     ep_names = {a.plugin for a in m.answers(shape(), SILU)}
     assert "reference" in ep_names
 

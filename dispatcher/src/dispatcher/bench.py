@@ -1,4 +1,4 @@
-"""``fused-moe bench``: the one benchmark every quoted number comes from (DESIGN.md section 7).
+"""``fused-moe bench``: the one benchmark every quoted number comes from (docs/DESIGN.md section 7).
 
 Per (shape, T, kernel) it times the whole layer as a user calls it (``FusedMoE``, routing
 preparation included) under CUDA-graph replay: one graph holds N calls that rotate among N
@@ -104,7 +104,8 @@ def git_commit() -> Optional[str]:
 # numerics
 # ----------------------------------------------------------------------------------------------
 def compare(out: torch.Tensor, ref: torch.Tensor, *, max_rel_l2: float = 1e-2, min_cosine: float = 0.9999) -> dict:
-    """DESIGN section 5 metrics of ``out`` vs ``ref``: relative L2 error, cosine, NaN count."""
+    """docs/DESIGN.md section 5 metrics of ``out`` vs ``ref``: relative L2 error, cosine, NaN
+    count."""
     o, r = out.double().flatten(), ref.double().flatten()
     nan = int((~torch.isfinite(o)).sum())
     rn = float(r.norm())

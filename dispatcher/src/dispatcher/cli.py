@@ -169,7 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="experts of the smaller layer used on the CPU (default 16)")
     p.set_defaults(func=cmd_demo)
 
-    p = sub.add_parser("bench", help="time kernels and torch baselines (DESIGN section 7); needs sm_90")
+    p = sub.add_parser("bench", help="time kernels and torch baselines (method: docs/DESIGN.md "
+                       "section 7); needs sm_90")
     _shape_args(p, multi_preset=True)
     p.add_argument("--tokens", type=int, nargs="+", default=list(_bench.DEFAULT_TOKENS),
                    help="T values (default 1 8 32 128 512 2048 8192)")

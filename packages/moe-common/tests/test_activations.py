@@ -1,4 +1,4 @@
-"""apply_activation vs independently written formulas (DESIGN.md section 5)."""
+"""apply_activation vs independently written formulas (docs/DESIGN.md section 5)."""
 import math
 
 import pytest

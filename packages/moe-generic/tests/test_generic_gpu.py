@@ -1,4 +1,4 @@
-"""moe-generic on the H200: the DESIGN section 5 bar over decode and prefill shapes, every
+"""moe-generic on the H200: the docs/DESIGN.md section 5 bar over decode and prefill shapes, every
 activation, format and mode, biases and expert parallelism; CUDA-graph replay; determinism."""
 from __future__ import annotations
 

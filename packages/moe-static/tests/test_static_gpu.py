@@ -1,4 +1,4 @@
-"""moe-static on the H200: the DESIGN section 5 bar at decode sizes for every activation and
+"""moe-static on the H200: the docs/DESIGN.md section 5 bar at decode sizes for every activation and
 format, biases, expert parallelism, out-of-range ids, skewed routing (experts with more tokens
 than one chunk), CUDA-graph replay and bitwise determinism."""
 from __future__ import annotations
@@ -127,24 +127,3 @@ def test_cuda_graph_replay_matches_eager():
     from moe_static import fused_moe
 
     assert_graph_replay_matches_eager(fused_moe, tokens=24)
-
-
-def test_dispatcher_offers_static_and_runs_it_when_forced():
-    import dispatcher
-
-    from moe_static.limits import CUTOVER_TOKENS
-
-    w = random_layer(16, 256, 128)
-    T = CUTOVER_TOKENS + 1
-    x = torch.randn(T, 256, device="cuda").bfloat16()
-    tw, ti = random_routing(T, 16, 2)
-    ex = dispatcher.explain(x, w, tw, ti)
-    assert "moe-static" in [a.kernel for a in ex.answers if hasattr(a, "priority")]
-    assert ex.choice.kernel != "moe-static"  # past the cutover
-    out = dispatcher.fused_moe(x, w, tw, ti, kernel="moe-static")
-    assert_close(out, reference_moe(x, w, tw, ti), "forced moe-static")
-    # up to the cutover moe-static bids highest and runs unforced
-    for t in (1, CUTOVER_TOKENS):
-        assert dispatcher.explain(x[:t], w, tw[:t], ti[:t]).choice.kernel == "moe-static"
-        out_t = dispatcher.fused_moe(x[:t], w, tw[:t], ti[:t])
-        assert_close(out_t, reference_moe(x[:t], w, tw[:t], ti[:t]), f"moe-static chosen at T={t}")

@@ -1,4 +1,4 @@
-"""The MoE activations in fp32, exactly as DESIGN.md section 5 defines them.
+"""The MoE activations in fp32, exactly as docs/DESIGN.md section 5 defines them.
 
 Every kernel's epilogue must reproduce these formulas; the reference uses this module.
 """

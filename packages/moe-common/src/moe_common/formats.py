@@ -1,4 +1,4 @@
-"""The 4-bit weight/activation formats, in torch, exactly as DESIGN.md section 5 defines them.
+"""The 4-bit weight/activation formats, in torch, exactly as docs/DESIGN.md section 5 defines them.
 
 Everything here computes in fp32 and works on CPU and CUDA tensors without reading tensor values
 on the host (no .item(), no data-dependent shapes), so quantize/dequantize can run inside a CUDA

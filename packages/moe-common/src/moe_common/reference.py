@@ -1,4 +1,4 @@
-"""The fp32 torch reference of the fused MoE layer (DESIGN.md section 5).
+"""The fp32 torch reference of the fused MoE layer (docs/DESIGN.md section 5).
 
 This is the ground truth every kernel is tested against, and the dispatcher's last resort on
 machines without a supported GPU. Per routed pair (t, j) with local expert

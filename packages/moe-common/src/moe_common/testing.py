@@ -1,4 +1,4 @@
-"""Helpers for the kernels' tests: random layers and routing, and the DESIGN section 5 bar.
+"""Helpers for the kernels' tests: random layers and routing, and the docs/DESIGN.md section 5 bar.
 
 Every call draws fresh random data (seeded from the clock unless a seed is given), so a test
 that passes checks the kernel on data it has never seen.
@@ -167,6 +167,30 @@ def probe_wheel_alone(root, tmp_path, dist: str) -> dict:
     got = json.loads(r.stdout.strip().splitlines()[-1])
     got["target"] = str(target)
     return got
+
+
+def hopper_unavailable_reason() -> Optional[str]:
+    """Why this machine cannot run tests marked `gpu` (None on an sm_90 CUDA device)."""
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    cap = tuple(torch.cuda.get_device_capability())
+    if cap != (9, 0):
+        return f"needs an sm_90 (Hopper) GPU; found sm_{cap[0]}{cap[1]}"
+    return None
+
+
+def skip_gpu_test_without_hopper(item) -> None:
+    """A pytest_runtest_setup hook for the members' conftest.py files: a test marked `gpu`
+    is skipped, with the reason, where no sm_90 GPU is present. Every member's conftest
+    imports this one function, so a package's tests skip the same way whether pytest runs
+    from the repository root or from the package's own directory."""
+    if item.get_closest_marker("gpu") is None:
+        return
+    reason = hopper_unavailable_reason()
+    if reason is not None:
+        import pytest
+
+        pytest.skip(f"gpu test: {reason}")
 
 
 def ptxas() -> Optional[str]:

@@ -23,7 +23,7 @@ H and I must be multiples of the format's block size (16 / 32).
 
 Ways in and out (every conversion moves bytes and never requantizes, so it is exact):
 
-  MoEWeights.quantize(w13, w2, ...)     from bf16/fp32 weights (ModelOpt's rules, DESIGN section 5)
+  MoEWeights.quantize(w13, w2, ...)     from bf16/fp32 (ModelOpt's rules: docs/DESIGN.md section 5)
   MoEWeights.from_modelopt(...)         ModelOpt NVFP4 per-expert tensors; inverse: to_modelopt()
   MoEWeights.from_b12x(...)             FlashInfer SM12x ("b12x") MoE tensors; inverse: to_b12x()
   MoEWeights.from_gpt_oss(...)          gpt-oss MXFP4 checkpoint tensors; inverse: to_gpt_oss()

@@ -15,9 +15,9 @@ Source-major: a warp takes one source row (a token, or in w4a4 a routed pair's q
 row), loads it once and stores it to each routed copy's slot (the routing's slots table). The
 tile-major gather it replaced (one CTA per (tile, K-tile) block into token-group-major core
 matrices) read each pair's 256 bytes of a K-tile from L2 in 64-byte pieces; it took 118.5 us
-at Qwen3-30B-A3B T=8192 against this kernel's 93.9 (DeepSeek-V3: 486.3 against 350.7;
-BENCHMARKS.md, seventeenth session). This one reads 1/k of the bytes; its stores, whole 128-byte
-lines scattered over the blocks, write at ~2.9 TB/s.
+at Qwen3-30B-A3B T=8192 against this kernel's 93.9 (DeepSeek-V3: 486.3 against 350.7; both
+run on one routing at 9de5e42 for d02a8c7, benchmarks/HISTORY.md). This one reads 1/k of the
+bytes; its stores, whole 128-byte lines scattered over the blocks, write at ~2.9 TB/s.
 """
 from __future__ import annotations
 

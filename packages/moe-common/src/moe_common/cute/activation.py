@@ -1,4 +1,4 @@
-"""Activations of the FC1 epilogue, in fp32, the formulas of DESIGN section 5 (device side).
+"""Activations of the FC1 epilogue, in fp32, the formulas of docs/DESIGN.md section 5 (device side).
 
 Gated activations take gate g and up u of the same intermediate column; the kernels' weight
 layout (moe_common.fragments.gated_row_order) puts them in the same lane. Trace-time helpers:
