@@ -246,7 +246,9 @@ class MoEWeights:
     local_expert_offset: int = 0
     num_experts: Optional[int] = None
     # Kernel-private derived data (repacked weights, compiled handles), keyed by kernel name.
-    kernel_cache: dict = field(default_factory=dict, repr=False)
+    # Not an __init__ argument, so dataclasses.replace() gives the copy an empty cache: a copy
+    # with one tensor replaced (replace(w, w2_bias=b)) never sees the original's repack.
+    kernel_cache: dict = field(default_factory=dict, repr=False, init=False)
 
     def __post_init__(self):
         if self.num_experts is None:
@@ -407,7 +409,7 @@ class MoEWeights:
             for f in dataclasses.fields(self)
             if isinstance(getattr(self, f.name), torch.Tensor)
         }
-        return dataclasses.replace(self, **moved, kernel_cache={})
+        return dataclasses.replace(self, **moved)
 
     # ---- activation calibration ------------------------------------------------------------
 
@@ -447,7 +449,7 @@ class MoEWeights:
         ):
             _fail(f"topk_ids: got {_shape(topk_ids)}; allowed: None or [T, k] with T = {x.shape[0]}")
         if self.weight_format == "mxfp4":
-            return dataclasses.replace(self, kernel_cache={})
+            return dataclasses.replace(self)
 
         xf = x.to(self.device, torch.float32)
         fmt = get_format(self.weight_format)
@@ -472,7 +474,7 @@ class MoEWeights:
             return torch.where(amax > 0, amax / (E2M1_MAX * E4M3_MAX), torch.ones_like(amax))
 
         return dataclasses.replace(
-            self, input_scale=scale(in_amax), fc2_input_scale=scale(out_amax), kernel_cache={}
+            self, input_scale=scale(in_amax), fc2_input_scale=scale(out_amax)
         )
 
     # ---- ModelOpt NVFP4 --------------------------------------------------------------------
