@@ -180,7 +180,7 @@ class FusedMoE:
         c = self._choices[tokens]
         if c is None:
             shape = self.shape(tokens)
-            c = get_manager().select(shape, self.activation, self.kernel, use_env=False)
+            c = get_manager().select(shape, self.activation, self.kernel, use_env=False, cache=False)
             _note_reference_on_gpu(c, shape)
             self._choices[tokens] = c
         return c
@@ -229,12 +229,13 @@ class FusedMoE:
         if topk_ids.dim() == 2 and topk_ids.shape[1] != self.top_k:
             raise ValueError(f"topk_ids: got top_k = {topk_ids.shape[1]}; allowed: {self.top_k} "
                              "(the top_k this FusedMoE was built for)")
-        if t == 0:
-            return self.out[:0]
-        out = self.out[:t]
-        # Host-only checks (no value reads, no sync): safe under capture.
+        out = self.out[:max(t, 0)]
+        # Host-only checks (no value reads, no sync): safe under capture. An empty batch gets
+        # every check too, then an empty result.
         validate_inputs(x, self.weights, topk_weights, topk_ids, activation=self.activation,
-                        quant_mode=self.quant_mode, out=out)
+                        quant_mode=self.quant_mode, out=out, min_tokens=0)
+        if t == 0:
+            return out
         self.choice(t).run(x, self.weights, topk_weights, topk_ids, activation=self.activation,
                            quant_mode=self.quant_mode, out=out, workspace=self.workspace,
                            deterministic=self.deterministic)

@@ -64,8 +64,12 @@ def validate_inputs(
     activation: Activation,
     quant_mode: str,
     out: Optional[torch.Tensor] = None,
+    min_tokens: int = 1,
 ) -> MoEShape:
-    """Check one fused-MoE call and describe it as a MoEShape (no host sync, no value reads)."""
+    """Check one fused-MoE call and describe it as a MoEShape (no host sync, no value reads).
+
+    `min_tokens=0` accepts an empty batch (FusedMoE returns an empty view for it) with every
+    other rule applied as usual."""
     # --- weights --------------------------------------------------------------------------
     if not isinstance(weights, _weights.MoEWeights):
         _fail(f"weights: got {type(weights).__name__}; allowed: moe_common.MoEWeights")
@@ -110,8 +114,8 @@ def validate_inputs(
     if x.dtype != torch.bfloat16:
         _fail(f"x: got dtype {x.dtype}; allowed: torch.bfloat16")
     tokens = x.shape[0]
-    if tokens < 1:
-        _fail(f"x: got T = {tokens} tokens; allowed: T >= 1")
+    if tokens < min_tokens:
+        _fail(f"x: got T = {tokens} tokens; allowed: T >= {min_tokens}")
     if x.shape[1] != hidden:
         _fail(f"x: got hidden size {x.shape[1]} (shape {tuple(x.shape)}); allowed: H = {hidden} (weights.hidden)")
     if x.device != dev:
