@@ -1,5 +1,6 @@
 """What a long-running serving process relies on (issue 31): FusedMoE validates an empty batch
-(item 6), the selection cache is bounded and FusedMoE's planning leaves it alone (item 8)."""
+(item 6), the selection cache is bounded and FusedMoE's planning leaves it alone (item 8),
+weights the kernels cannot hold are declined (item 4)."""
 from __future__ import annotations
 
 import pytest
@@ -7,7 +8,10 @@ import torch
 
 import dispatcher
 from dispatcher import FusedMoE, fused_moe
-from dispatcher import manager as manager_mod
+from dispatcher import explain, manager as manager_mod
+from moe_common.reference import reference_moe
+from moe_common.validation import describe
+from moe_common.weights import MoEWeights
 
 
 @pytest.mark.parametrize("bad,match", [
@@ -45,3 +49,17 @@ def test_fused_moe_layer_plan_leaves_the_manager_cache_alone(clean_env, tiny):
     before = len(m._choices)
     FusedMoE(w, max_tokens=300, top_k=p.top_k).plan()
     assert len(m._choices) == before
+
+
+def test_explain_shows_kernels_declining_unpackable_weights_and_the_reference_runs(clean_env):
+    """Item 4: MXFP4 scales outside the packed layout's range: every kernel declines."""
+    g = torch.Generator().manual_seed(0)
+    w = MoEWeights.quantize(torch.randn(2, 128, 64, generator=g) * 1e-20,
+                            torch.randn(2, 64, 64, generator=g) * 1e-20, weight_format="mxfp4")
+    shape = describe(w, 4, 2, "w4a16", (9, 0), torch.bfloat16)
+    ex = explain(shape)
+    assert ex.choice.kernel == "reference"
+    assert all("exact range" in a.reason for a in ex.declines)
+    x = torch.randn(4, 64).bfloat16()
+    tw, ids = torch.full((4, 2), 0.5), torch.tensor([[0, 1]] * 4, dtype=torch.int32)
+    assert torch.equal(fused_moe(x, w, tw, ids), reference_moe(x, w, tw, ids))

@@ -7,7 +7,7 @@ from typing import Iterable, Optional, Sequence, Union
 import torch
 
 from moe_common.types import Activation, MoEShape, Offer
-from moe_common.validation import check_quant_mode, validate_inputs
+from moe_common.validation import check_quant_mode, describe, validate_inputs
 from moe_common.weights import MoEWeights
 from moe_common.workspace import Workspace
 
@@ -167,13 +167,8 @@ class FusedMoE:
 
     # -- selection (host only) --------------------------------------------------------------
     def shape(self, tokens: int) -> MoEShape:
-        w = self.weights
-        return MoEShape(
-            tokens=int(tokens), hidden=w.hidden, intermediate=w.intermediate,
-            num_experts=w.num_experts, num_local_experts=w.num_local_experts,
-            local_expert_offset=w.local_expert_offset, top_k=self.top_k,
-            weight_format=w.weight_format, quant_mode=self.quant_mode, has_bias=w.has_bias,
-            device_capability=self.capability, dtype=torch.bfloat16)
+        return describe(self.weights, int(tokens), self.top_k, self.quant_mode, self.capability,
+                        torch.bfloat16)
 
     def choice(self, tokens: int) -> Offer:
         """The kernel that runs at T = tokens (cached; raises ValueError if a forced one declines)."""

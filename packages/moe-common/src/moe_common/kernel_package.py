@@ -15,7 +15,8 @@ from .validation import validate_inputs
 
 
 def hopper_reason(shape) -> Optional[str]:
-    """The checks every sm_90a kernel makes first: a CUDA sm_90 device, the DSL, bf16 tokens."""
+    """The checks every sm_90a kernel makes first: a CUDA sm_90 device, the DSL, bf16 tokens,
+    weights the packed layout can hold."""
     if shape.device_capability is None:
         return "needs a CUDA device (sm_90); inputs are on the CPU"
     if shape.device_capability[0] != 9:
@@ -25,7 +26,7 @@ def hopper_reason(shape) -> Optional[str]:
         return "nvidia-cutlass-dsl is not installed"
     if shape.dtype != torch.bfloat16:
         return f"needs bf16 activations; got {shape.dtype}"
-    return None
+    return shape.weights_reason
 
 
 def dims_reason(shape, multiple: int) -> Optional[str]:

@@ -29,6 +29,7 @@ from .fragments import (
 from .weights import MoEWeights
 
 CACHE_KEY = "packed-fragments"
+REASON_KEY = "packed-fragments-reason"
 # Every MoEWeights field that pack() reads values from.
 SOURCE_FIELDS = ("w13", "w13_scale", "w13_scale_2", "w2", "w2_scale", "w2_scale_2", "w13_bias",
                  "w2_bias", "input_scale", "fc2_input_scale")
@@ -108,14 +109,30 @@ def pack(weights: MoEWeights) -> Packed:
     return cached(weights, CACHE_KEY, _pack)
 
 
+def unpackable_reason(weights: MoEWeights):
+    """None when pack() can hold these weights exactly, else why not (MXFP4 block scales
+    outside the packed scales' exact range on nonzero blocks). Read once per weights version
+    (a host sync for MXFP4 weights, none for NVFP4); validate_inputs puts it in the MoEShape,
+    so every kernel declines such weights and the reference runs them."""
+    if weights.weight_format != "mxfp4":
+        return None
+    return cached(weights, REASON_KEY, _unpackable_reason)
+
+
+def _unpackable_reason(weights: MoEWeights):
+    for name, codes, scales in (("w13", weights.w13, weights.w13_scale),
+                                ("w2", weights.w2, weights.w2_scale)):
+        reason = mxfp4_scale_range_reason(scales, codes)
+        if reason is not None:
+            return f"weights.{name}: {reason}"
+    return None
+
+
 def _pack(weights: MoEWeights) -> Packed:
     fmt = get_format(weights.weight_format)
-    if weights.weight_format == "mxfp4":
-        for name, codes, scales in (("w13", weights.w13, weights.w13_scale),
-                                    ("w2", weights.w2, weights.w2_scale)):
-            reason = mxfp4_scale_range_reason(scales, codes)
-            if reason is not None:
-                raise ValueError(f"weights.{name}: {reason}; use the torch reference for this layer")
+    reason = unpackable_reason(weights)
+    if reason is not None:
+        raise ValueError(f"{reason}; use the torch reference for this layer")
     E, H, I = weights.num_local_experts, weights.hidden, weights.intermediate
     Hp, Ip = _round_up(H, TILE_K), _round_up(I, TILE_K)
     dev = weights.device

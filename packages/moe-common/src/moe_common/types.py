@@ -64,6 +64,9 @@ class MoEShape:
     has_bias: bool
     device_capability: Optional[tuple]  # (major, minor) of x's CUDA device; None on CPU
     dtype: torch.dtype = torch.bfloat16
+    # Why the kernels' packed layout cannot hold these weights (moe_common.packed.
+    # unpackable_reason), None when it can: every kernel declines with it, the reference runs.
+    weights_reason: Optional[str] = None
 
     @property
     def routed_rows(self) -> int:

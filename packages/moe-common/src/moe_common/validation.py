@@ -178,10 +178,18 @@ def validate_inputs(
             )
 
     capability = torch.cuda.get_device_capability(x.device) if x.is_cuda else None
+    return describe(weights, tokens, top_k, quant_mode,
+                    tuple(capability) if capability is not None else None, x.dtype)
+
+
+def describe(weights, tokens: int, top_k: int, quant_mode: str, capability, dtype) -> MoEShape:
+    """The MoEShape of a call on `weights` (weights_reason read once per weights version)."""
+    from .packed import unpackable_reason  # packed imports weights, which imports this module
+
     return MoEShape(
         tokens=tokens,
-        hidden=hidden,
-        intermediate=inter,
+        hidden=weights.hidden,
+        intermediate=weights.intermediate,
         num_experts=weights.num_experts,
         num_local_experts=weights.num_local_experts,
         local_expert_offset=weights.local_expert_offset,
@@ -189,6 +197,7 @@ def validate_inputs(
         weight_format=weights.weight_format,
         quant_mode=quant_mode,
         has_bias=weights.has_bias,
-        device_capability=tuple(capability) if capability is not None else None,
-        dtype=x.dtype,
+        device_capability=capability,
+        dtype=dtype,
+        weights_reason=unpackable_reason(weights) if capability is not None else None,
     )
