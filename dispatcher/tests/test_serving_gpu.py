@@ -19,16 +19,8 @@ from dispatcher.bench import compare
 from moe_common.reference import reference_moe
 from moe_common.testing import random_layer, random_routing
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("clean_env")]
 INT64_MIN = -(2**63)
-
-
-@pytest.fixture(autouse=True)
-def _fresh(monkeypatch):
-    monkeypatch.delenv("FUSED_MOE_KERNEL", raising=False)
-    dispatcher.reload()
-    yield
-    dispatcher.reload()
 
 
 def _layer(experts=16, hidden=512, inter=256, fmt="nvfp4", bias=False, seed=0):
