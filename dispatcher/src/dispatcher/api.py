@@ -319,10 +319,10 @@ class FusedMoE:
         inputs = self._warmup_inputs(gen)
         runs = self.plan(tokens)
         for t in runs:
-            self._run(t, *(v[:t] for v in inputs))
+            self(*(v[:t] for v in inputs))
         extra = self.variant_tokens(inputs, covered=runs)
         for t in extra:
-            self._run(t, *(v[:t] for v in inputs))
+            self(*(v[:t] for v in inputs))
         st = self._state()
         st.workspace.get(IDS_BUFFER, (self.max_tokens * self.top_k,), torch.int32, self.device)
         if self.device.type == "cuda":
@@ -330,9 +330,6 @@ class FusedMoE:
         st.workspace.freeze()
         st.warmed_tokens = tuple(sorted(set(runs) | set(extra)))
         return self
-
-    def _run(self, t, x, tw, ids):
-        self(x.contiguous(), tw.contiguous(), ids.contiguous())
 
     # -- the call -----------------------------------------------------------------------------
     def __call__(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
