@@ -50,6 +50,8 @@ def test_fused_moe_layer_graph_capture_replays_like_eager(kernel):
     seed = fresh_seed()
     w, x, tw, ids = layer(p, 16, "cuda", seed)
     lay = FusedMoE(w, max_tokens=16, top_k=2, kernel=kernel).warmup([4, 16])
+    ran = lay.choice(16).kernel
+    assert ran == "reference" if kernel == "reference" else ran != "reference", ran
     eager = lay(x, tw, ids).clone()
     sx, stw, sids = x.clone(), tw.clone(), ids.clone()
     g = torch.cuda.CUDAGraph()
@@ -88,6 +90,9 @@ def test_every_offered_kernel_matches_reference(act, fmt, bias, mode, tokens):
         w = w.calibrate(x, ids, activation=act)
     ref = reference_moe(x, w, tw, ids, activation=act, quant_mode=mode)
     ex = dispatcher.explain(x, w, tw, ids, activation=act, quant_mode=mode)
+    kernels = [o.kernel for o in ex.offers if o.kernel != "reference"]
+    assert kernels, f"no kernel offered on sm_90 (the test would check nothing):\n{ex}"
+    assert "moe-generic" in kernels  # it runs every case here
     for offer in ex.offers:
         if offer.kernel == "reference":
             continue

@@ -80,7 +80,9 @@ def test_fused_moe_layer_picks_per_tokens(fake_plugins, tiny):
     assert layer.plan([2]) == [8, 4, 2]
     picky.CALLS.clear()
     layer.warmup([2])
-    assert picky.CALLS == [4, 2]
+    # the planned runs first, then the variant probes (a runner's host logic with launches
+    # stubbed; a torch-only fake like this one runs whole), never past picky's own range
+    assert picky.CALLS[:2] == [4, 2] and set(picky.CALLS) <= {1, 2, 3, 4}
     picky.CALLS.clear()
     out = layer(x[:3].contiguous(), tw[:3].contiguous(), ids[:3].contiguous())
     assert picky.CALLS == [3]

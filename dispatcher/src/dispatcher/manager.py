@@ -9,7 +9,10 @@ Selection asks every plugin's ``can_handle(shape, activation)`` hook *individual
 plugin that raises is reported as a decline instead of aborting the call, and picks the offer
 with the highest priority; ties are broken by kernel name (ascending), so the choice never
 depends on installation or import order. Answers are pure host logic: the manager caches the
-choice per (shape, activation, forced kernel), so repeated calls cost one dict lookup.
+choice per (shape, activation, forced kernel), so repeated calls cost one dict lookup. The cache
+holds at most MAX_CACHED_CHOICES entries (the oldest goes first), so a process that sees many
+shapes (every T of a server's batches) keeps a bounded map; FusedMoE keeps its own per-T list and
+selects without this cache.
 """
 from __future__ import annotations
 
@@ -27,6 +30,9 @@ from . import hookspecs
 from .hookspecs import ENTRY_POINT_GROUP, PROJECT
 
 ENV_KERNEL = "FUSED_MOE_KERNEL"
+# Cached choices kept by a manager: a served model's calls vary in T (up to a few thousand
+# distinct values per layer shape); an entry is a few hundred bytes.
+MAX_CACHED_CHOICES = 4096
 
 
 def _metadata():
@@ -229,21 +235,25 @@ class KernelManager:
                            forced=forced, forced_from=source, error=error)
 
     def select(self, shape: MoEShape, activation: Activation, kernel: Optional[str] = None,
-               *, use_env: bool = True) -> Offer:
+               *, use_env: bool = True, cache: bool = True) -> Offer:
         """The Offer that runs this call; raises ValueError if a forced kernel cannot.
 
-        Cached per (shape, activation, forced kernel): pure host logic, no device work.
+        Cached per (shape, activation, forced kernel) unless `cache` is False (callers that
+        keep their own): pure host logic, no device work.
         """
         forced, source = resolve_forced(kernel, use_env=use_env)
         key = (shape, activation, forced)
-        choice = self._choices.get(key)
+        choice = self._choices.get(key) if cache else None
         if choice is not None:
             return choice
         choice, error = self._decide(self.answers(shape, activation), forced, source)
         if choice is None:
             raise ValueError(error)
-        with self._lock:
-            self._choices[key] = choice
+        if cache:
+            with self._lock:
+                while len(self._choices) >= MAX_CACHED_CHOICES:
+                    del self._choices[next(iter(self._choices))]  # the oldest entry
+                self._choices[key] = choice
         return choice
 
     def _decide(self, answers: list, forced: Optional[str], source: Optional[str]):

@@ -11,7 +11,7 @@ from moe_common.reference import reference_moe
 from moe_common.types import PRIORITY_REFERENCE, Activation, Offer
 from moe_common.weights import MoEWeights
 
-T, H, I, E, K = 5, 64, 32, 4, 2
+T, H, I, E, K = 7, 64, 32, 4, 2
 OFFSET, NUM_EXPERTS = 3, 10  # this layer holds global experts 3..6 of 10
 
 ACTIVATIONS = [
@@ -105,6 +105,9 @@ def make_inputs(seed=1, x_scale=3.0):
     ids[2, 0] = OFFSET - 1  # another rank's expert, just below the local range
     ids[3, 0] = OFFSET + E  # another rank's expert, just above
     ids[4, :] = torch.tensor([0, NUM_EXPERTS + 5], dtype=torch.int32)  # row with no local expert
+    # rows whose both routes are local, distinct experts: every path must sum over experts
+    ids[5, :] = torch.tensor([OFFSET, OFFSET + 1], dtype=torch.int32)
+    ids[6, :] = torch.tensor([OFFSET + 3, OFFSET + 2], dtype=torch.int32)
     return x, tw, ids
 
 
@@ -196,7 +199,7 @@ def test_unrouted_token_with_inf_stays_zero(capturable):
     x[4, ::2] = float("-inf")
     got = reference_moe(x, weights, tw, ids, capturable=capturable)
     assert (got[4] == 0).all()
-    assert torch.isfinite(got[:4]).all()
+    assert torch.isfinite(got[:4]).all() and torch.isfinite(got[5:]).all()
 
 
 @pytest.mark.parametrize("capturable", [False, True], ids=["gather", "dense"])

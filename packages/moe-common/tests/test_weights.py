@@ -391,6 +391,9 @@ def test_b12x_scale_semantics():
     assert torch.equal(rec["fc2_input_scale"], 1.0 / w.fc2_input_scale)
     r = MoEWeights.from_b12x(**rec, input_scales_are_reciprocal=True)
     assert torch.allclose(r.input_scale, w.input_scale, rtol=2**-22, atol=0)
+    # both activation scales are inverted back, and FC2's alpha still factors as before
+    assert torch.allclose(r.fc2_input_scale, w.fc2_input_scale, rtol=2**-22, atol=0)
+    assert torch.allclose(r.w2_scale_2, w.w2_scale_2, rtol=2**-21, atol=0)
     # one value for every expert is broadcast, as FlashInfer does
     one = dict(d, fc2_input_scale=d["fc2_input_scale"][:1], w2_alpha=d["fc2_input_scale"][:1] * w.w2_scale_2)
     assert torch.all(MoEWeights.from_b12x(**one).fc2_input_scale == d["fc2_input_scale"][0])

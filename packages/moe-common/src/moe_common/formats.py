@@ -29,6 +29,7 @@ import torch
 E2M1_MAX = 6.0
 E4M3_MAX = 448.0
 E8M0_BIAS = 127
+E8M0_NAN = 255  # the e8m0 NaN encoding (no Inf exists)
 
 # Magnitudes of e2m1 codes 0..7; code c | 8 is -E2M1_VALUES[c].
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
@@ -117,7 +118,7 @@ def e8m0_to_float(b: torch.Tensor) -> torch.Tensor:
     """e8m0 bytes (uint8) -> fp32 2^(b - 127), built from bits so it is exact (b = 255 is NaN)."""
     bits = b.to(torch.int32) << 23  # the byte is exactly an fp32 exponent field
     bits = torch.where(b == 0, torch.full_like(bits, 0x00400000), bits)  # 2^-127 is subnormal
-    bits = torch.where(b == 255, torch.full_like(bits, 0x7FC00000), bits)
+    bits = torch.where(b == E8M0_NAN, torch.full_like(bits, 0x7FC00000), bits)
     return bits.view(torch.float32)
 
 
@@ -271,7 +272,10 @@ class MXFP4:
                 "global scale; its e8m0 block scales carry the range)"
             )
         blocks = _blocks(v.float(), cls.block_size, "v")
-        b = e8m0_from_amax(blocks.abs().amax(dim=-1))
+        amax = blocks.abs().amax(dim=-1)
+        # A block holding NaN or Inf gets the NaN scale byte (OCP MX: X = NaN), so it decodes
+        # to NaN instead of finite codes under a clamped scale.
+        b = torch.where(torch.isfinite(amax), e8m0_from_amax(amax), E8M0_NAN)
         q = e2m1_quantize(blocks / e8m0_to_float(b).unsqueeze(-1))  # / 2^e is exact
         return pack_e2m1(q.reshape(v.shape)), b
 

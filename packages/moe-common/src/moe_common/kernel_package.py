@@ -15,7 +15,8 @@ from .validation import validate_inputs
 
 
 def hopper_reason(shape) -> Optional[str]:
-    """The checks every sm_90a kernel makes first: a CUDA sm_90 device, the DSL, bf16 tokens."""
+    """The checks every sm_90a kernel makes first: a CUDA sm_90 device, the DSL, bf16 tokens,
+    weights the packed layout can hold."""
     if shape.device_capability is None:
         return "needs a CUDA device (sm_90); inputs are on the CPU"
     if shape.device_capability[0] != 9:
@@ -25,7 +26,7 @@ def hopper_reason(shape) -> Optional[str]:
         return "nvidia-cutlass-dsl is not installed"
     if shape.dtype != torch.bfloat16:
         return f"needs bf16 activations; got {shape.dtype}"
-    return None
+    return shape.weights_reason
 
 
 def dims_reason(shape, multiple: int) -> Optional[str]:
@@ -44,6 +45,22 @@ def size_reason(shape, *, max_top_k: int, max_local_experts: int, max_tokens: in
     if shape.tokens > max_tokens:
         return f"tokens={shape.tokens} exceeds the supported maximum {max_tokens}"
     return None
+
+
+def int32_ids(topk_ids: torch.Tensor, weights, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """topk_ids as the kernels read them: int32, every id outside this layer's local experts
+    [offset, offset + E_local) moved to offset - 1 or offset + E_local (both still outside, both
+    int32), so an int64 id such as 2^32 + e or INT64_MIN is dropped as the reference drops it
+    instead of being truncated to expert e or 0. int32 ids pass through untouched. Two
+    elementwise ops on the current stream (clamp, narrowing copy), no host sync; `out`: an int32
+    buffer of topk_ids' shape (FusedMoE passes its workspace's)."""
+    if topk_ids.dtype == torch.int32:
+        return topk_ids
+    lo = weights.local_expert_offset
+    hi = lo + weights.num_local_experts
+    if out is None:
+        out = torch.empty(topk_ids.shape, dtype=torch.int32, device=topk_ids.device)
+    return out.copy_(topk_ids.clamp(lo - 1, hi))
 
 
 class Buffers:
@@ -144,8 +161,8 @@ def direct_call(kernel_name: str, unsupported_reason: Callable, runner_module: s
         if reason is not None:
             raise ValueError(f"{kernel_name} cannot run this call: {reason}")
         run = importlib.import_module(runner_module).run
-        return run(x, weights, topk_weights, topk_ids, activation=act, quant_mode=quant_mode,
-                   out=out, workspace=workspace, deterministic=deterministic)
+        return run(x, weights, topk_weights, int32_ids(topk_ids, weights), activation=act,
+                   quant_mode=quant_mode, out=out, workspace=workspace, deterministic=deterministic)
 
     fused_moe.__doc__ = f"Run the layer with {kernel_name}; ValueError (with the reason) when it cannot."
     return fused_moe

@@ -4,6 +4,16 @@ Every moe-* kernel decodes the same layout (moe_common.fragments, moe_common.cut
 so the repack is done once per layer and cached in `MoEWeights.kernel_cache` under one key that
 all kernels share: a layer served by moe-static at decode and moe-generic at prefill holds one
 copy of its packed weights, not two.
+
+Staleness. The cache entry remembers what it was packed from (`Sources`): the tensor objects
+themselves (held, so their ids and storage cannot be reused while the entry lives) and torch's
+`_version` counter of each, which every in-place edit bumps (also through a view: views share
+their base's counter). `pack` repacks when any weight field now holds another tensor, or a held
+tensor was edited in place; the check costs one identity and one counter read per field (about
+1 us a call, no device work). A copy made with `dataclasses.replace` starts with an empty cache
+(MoEWeights.kernel_cache is not an __init__ argument), so two objects that differ in one tensor
+never share a repack. Not seen: writes through `tensor.data` or through another library's raw
+pointer, which bypass the version counter; call `weights.kernel_cache.clear()` after those.
 """
 from __future__ import annotations
 
@@ -19,6 +29,10 @@ from .fragments import (
 from .weights import MoEWeights
 
 CACHE_KEY = "packed-fragments"
+REASON_KEY = "packed-fragments-reason"
+# Every MoEWeights field that pack() reads values from.
+SOURCE_FIELDS = ("w13", "w13_scale", "w13_scale_2", "w2", "w2_scale", "w2_scale_2", "w13_bias",
+                 "w2_bias", "input_scale", "fc2_input_scale")
 
 # Weight rows are padded to 128: moe-generic's largest CTA row tile (4 warps x 2 groups x 16);
 # moe-static's slices (128 intermediate columns) and row stages predicate on the real count.
@@ -60,17 +74,65 @@ class Packed:
         return self.w2.shape[1] * 16
 
 
+class Sources:
+    """What a cache entry was computed from: each field's tensor (or None) and its `_version`."""
+
+    __slots__ = ("tensors", "versions")
+
+    def __init__(self, weights: MoEWeights):
+        self.tensors = tuple(getattr(weights, n) for n in SOURCE_FIELDS)
+        self.versions = tuple(None if t is None else t._version for t in self.tensors)
+
+    def current(self, weights: MoEWeights) -> bool:
+        """True while every field holds the same tensor, unedited since the entry was made."""
+        for name, t, v in zip(SOURCE_FIELDS, self.tensors, self.versions):
+            now = getattr(weights, name)
+            if now is not t or (t is not None and t._version != v):
+                return False
+        return True
+
+
+def cached(weights: MoEWeights, key: str, build):
+    """weights.kernel_cache[key]'s value while its sources are current, else build(weights)
+    (stored with the sources it was built from)."""
+    entry = weights.kernel_cache.get(key)
+    if entry is not None and entry[0].current(weights):
+        return entry[1]
+    sources = Sources(weights)  # before building: an edit during the build is seen next call
+    value = build(weights)
+    weights.kernel_cache[key] = (sources, value)
+    return value
+
+
 def pack(weights: MoEWeights) -> Packed:
-    cached = weights.kernel_cache.get(CACHE_KEY)
-    if cached is not None:
-        return cached
+    """The layer's packed weights, repacked whenever a weight tensor was replaced or edited."""
+    return cached(weights, CACHE_KEY, _pack)
+
+
+def unpackable_reason(weights: MoEWeights):
+    """None when pack() can hold these weights exactly, else why not (MXFP4 block scales
+    outside the packed scales' exact range on nonzero blocks). Read once per weights version
+    (a host sync for MXFP4 weights, none for NVFP4); validate_inputs puts it in the MoEShape,
+    so every kernel declines such weights and the reference runs them."""
+    if weights.weight_format != "mxfp4":
+        return None
+    return cached(weights, REASON_KEY, _unpackable_reason)
+
+
+def _unpackable_reason(weights: MoEWeights):
+    for name, codes, scales in (("w13", weights.w13, weights.w13_scale),
+                                ("w2", weights.w2, weights.w2_scale)):
+        reason = mxfp4_scale_range_reason(scales, codes)
+        if reason is not None:
+            return f"weights.{name}: {reason}"
+    return None
+
+
+def _pack(weights: MoEWeights) -> Packed:
     fmt = get_format(weights.weight_format)
-    if weights.weight_format == "mxfp4":
-        for name, codes, scales in (("w13", weights.w13, weights.w13_scale),
-                                    ("w2", weights.w2, weights.w2_scale)):
-            reason = mxfp4_scale_range_reason(scales, codes)
-            if reason is not None:
-                raise ValueError(f"weights.{name}: {reason}; use the torch reference for this layer")
+    reason = unpackable_reason(weights)
+    if reason is not None:
+        raise ValueError(f"{reason}; use the torch reference for this layer")
     E, H, I = weights.num_local_experts, weights.hidden, weights.intermediate
     Hp, Ip = _round_up(H, TILE_K), _round_up(I, TILE_K)
     dev = weights.device
@@ -105,5 +167,4 @@ def pack(weights: MoEWeights) -> Packed:
         fc1_alpha={"w4a16": s2_13.contiguous(), "w4a4": (s2_13 * in_s).contiguous()},
         fc2_alpha={"w4a16": s2_2.contiguous(), "w4a4": (s2_2 * fc2_s).contiguous()},
     )
-    weights.kernel_cache[CACHE_KEY] = prep
     return prep

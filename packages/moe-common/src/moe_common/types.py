@@ -4,6 +4,7 @@ These are the only types that cross the plugin boundary, so they stay small and 
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -19,7 +20,9 @@ WEIGHT_FORMATS = ("nvfp4", "mxfp4")
 class Activation:
     """An activation and its parameters (alpha/beta/limit are used by swigluoai only).
 
-    `limit=None` disables the swigluoai clamp, in the reference and in every kernel.
+    `limit=None` disables the swigluoai clamp, in the reference and in every kernel. alpha and
+    beta must be finite and limit positive and finite (or None): a NaN parameter would make every
+    output NaN and a limit <= 0 every output 0, silently.
     """
 
     name: str = "silu"
@@ -30,6 +33,15 @@ class Activation:
     def __post_init__(self):
         if self.name not in ACTIVATIONS:
             raise ValueError(f"activation: got {self.name!r}; allowed: {', '.join(ACTIVATIONS)}")
+        for name in ("alpha", "beta"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise ValueError(f"swiglu_{name}: got {v!r}; allowed: a finite number")
+        lim = self.limit
+        if lim is not None and (isinstance(lim, bool) or not isinstance(lim, (int, float))
+                                or not math.isfinite(lim) or lim <= 0):
+            raise ValueError(f"swiglu_limit: got {lim!r}; allowed: a positive finite number, or "
+                             "None for no clamp")
 
     @property
     def gated(self) -> bool:
@@ -52,6 +64,9 @@ class MoEShape:
     has_bias: bool
     device_capability: Optional[tuple]  # (major, minor) of x's CUDA device; None on CPU
     dtype: torch.dtype = torch.bfloat16
+    # Why the kernels' packed layout cannot hold these weights (moe_common.packed.
+    # unpackable_reason), None when it can: every kernel declines with it, the reference runs.
+    weights_reason: Optional[str] = None
 
     @property
     def routed_rows(self) -> int:

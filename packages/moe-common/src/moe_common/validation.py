@@ -64,8 +64,12 @@ def validate_inputs(
     activation: Activation,
     quant_mode: str,
     out: Optional[torch.Tensor] = None,
+    min_tokens: int = 1,
 ) -> MoEShape:
-    """Check one fused-MoE call and describe it as a MoEShape (no host sync, no value reads)."""
+    """Check one fused-MoE call and describe it as a MoEShape (no host sync, no value reads).
+
+    `min_tokens=0` accepts an empty batch (FusedMoE returns an empty view for it) with every
+    other rule applied as usual."""
     # --- weights --------------------------------------------------------------------------
     if not isinstance(weights, _weights.MoEWeights):
         _fail(f"weights: got {type(weights).__name__}; allowed: moe_common.MoEWeights")
@@ -110,8 +114,8 @@ def validate_inputs(
     if x.dtype != torch.bfloat16:
         _fail(f"x: got dtype {x.dtype}; allowed: torch.bfloat16")
     tokens = x.shape[0]
-    if tokens < 1:
-        _fail(f"x: got T = {tokens} tokens; allowed: T >= 1")
+    if tokens < min_tokens:
+        _fail(f"x: got T = {tokens} tokens; allowed: T >= {min_tokens}")
     if x.shape[1] != hidden:
         _fail(f"x: got hidden size {x.shape[1]} (shape {tuple(x.shape)}); allowed: H = {hidden} (weights.hidden)")
     if x.device != dev:
@@ -174,10 +178,18 @@ def validate_inputs(
             )
 
     capability = torch.cuda.get_device_capability(x.device) if x.is_cuda else None
+    return describe(weights, tokens, top_k, quant_mode,
+                    tuple(capability) if capability is not None else None, x.dtype)
+
+
+def describe(weights, tokens: int, top_k: int, quant_mode: str, capability, dtype) -> MoEShape:
+    """The MoEShape of a call on `weights` (weights_reason read once per weights version)."""
+    from .packed import unpackable_reason  # packed imports weights, which imports this module
+
     return MoEShape(
         tokens=tokens,
-        hidden=hidden,
-        intermediate=inter,
+        hidden=weights.hidden,
+        intermediate=weights.intermediate,
         num_experts=weights.num_experts,
         num_local_experts=weights.num_local_experts,
         local_expert_offset=weights.local_expert_offset,
@@ -185,6 +197,7 @@ def validate_inputs(
         weight_format=weights.weight_format,
         quant_mode=quant_mode,
         has_bias=weights.has_bias,
-        device_capability=tuple(capability) if capability is not None else None,
-        dtype=x.dtype,
+        device_capability=capability,
+        dtype=dtype,
+        weights_reason=unpackable_reason(weights) if capability is not None else None,
     )

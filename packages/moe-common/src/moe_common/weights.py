@@ -46,6 +46,7 @@ import torch
 
 from .formats import (
     E2M1_MAX,
+    E8M0_NAN,
     E4M3_MAX,
     MXFP4,
     NVFP4,
@@ -72,20 +73,30 @@ def _desc(t) -> str:
 
 
 def _per_expert(value: Scale, name: str, num: int, device) -> Optional[torch.Tensor]:
-    """None | python number | [E] tensor -> fp32 [E] on `device` (positive and finite)."""
+    """None | python number | one-value tensor (shape () as ModelOpt stores it, or [1]) | [E]
+    tensor -> fp32 [E] on `device` (positive and finite)."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float, torch.Tensor)):
         _fail(f"{name}: got {type(value).__name__}; allowed: None, a float, or a tensor [E] = [{num}]")
     if isinstance(value, torch.Tensor):
-        if tuple(value.shape) != (num,):
-            _fail(f"{name}: got shape {tuple(value.shape)}; allowed: None, a float, or [E] = [{num}]")
-        t = value.to(device=device, dtype=torch.float32)
+        if tuple(value.shape) not in ((), (1,), (num,)) or not value.is_floating_point():
+            _fail(f"{name}: got shape {tuple(value.shape)} {value.dtype}; allowed: None, a float, "
+                  f"a one-value floating tensor (shape () or [1]) or [E] = [{num}]")
+        t = value.to(device=device, dtype=torch.float32).reshape(-1).expand(num).contiguous()
     else:
         t = torch.full((num,), float(value), dtype=torch.float32, device=device)
     if not bool(torch.all(torch.isfinite(t) & (t > 0))):
         _fail(f"{name}: got {t.tolist()[:8]}...; allowed: positive finite scales")
     return t
+
+
+def _first_bad(name: str, bad: torch.Tensor, allowed: str) -> None:
+    """ValueError naming `name`'s first expert with a bad entry (bad: bool, experts first)."""
+    hit = bad.reshape(bad.shape[0], -1).any(dim=1).nonzero()
+    if hit.numel():
+        e = int(hit[0])
+        _fail(f"{name}: got {int(bad.sum())} bad values, first in expert {e}; allowed: {allowed}")
 
 
 def _bias(value, name: str, shape: tuple, device) -> Optional[torch.Tensor]:
@@ -113,7 +124,7 @@ def _deinterleave_rows(t: torch.Tensor) -> torch.Tensor:
     return torch.cat([t[:, 0::2], t[:, 1::2]], dim=1)
 
 
-def _quantize_experts(fmt, w: torch.Tensor):
+def _quantize_experts(fmt, w: torch.Tensor, name: str):
     """[E, N, K] floating -> (packed [E, N, K/2], block scales, scale_2 fp32 [E]), one expert at a
     time so the fp32 temporaries stay one expert large (a whole layer in fp32 can be tens of GB)."""
     e, n, k = w.shape
@@ -121,6 +132,11 @@ def _quantize_experts(fmt, w: torch.Tensor):
     scales = torch.empty(e, n, k // fmt.block_size, dtype=fmt.scale_dtype, device=w.device)
     scale_2 = torch.ones(e, dtype=torch.float32, device=w.device)
     for x in range(e):
+        bad = (~torch.isfinite(w[x])).nonzero()
+        if bad.numel():
+            _fail(f"{name}: got {bad.shape[0]} non-finite values (NaN/Inf) in expert {x}, first "
+                  f"at (row, column) {tuple(bad[0].tolist())}; "
+                  "allowed: finite values (4-bit formats cannot represent NaN or Inf)")
         if fmt is NVFP4:
             scale_2[x] = weight_global_scale(w[x])  # ModelOpt: amax(|w_e|) / (6 * 448), 1 if zero
             packed[x], scales[x] = NVFP4.quantize(w[x], scale_2[x])
@@ -246,7 +262,9 @@ class MoEWeights:
     local_expert_offset: int = 0
     num_experts: Optional[int] = None
     # Kernel-private derived data (repacked weights, compiled handles), keyed by kernel name.
-    kernel_cache: dict = field(default_factory=dict, repr=False)
+    # Not an __init__ argument, so dataclasses.replace() gives the copy an empty cache: a copy
+    # with one tensor replaced (replace(w, w2_bias=b)) never sees the original's repack.
+    kernel_cache: dict = field(default_factory=dict, repr=False, init=False)
 
     def __post_init__(self):
         if self.num_experts is None:
@@ -284,10 +302,11 @@ class MoEWeights:
     # ---- consistency -----------------------------------------------------------------------
 
     def validate(self) -> "MoEWeights":
-        """Check the canonical layout (shapes, dtypes, devices, EP range); returns self.
+        """Check the canonical layout (shapes, dtypes, devices, EP range) and the scale and
+        bias values (see _check_values); returns self.
 
-        Reads no tensor values. Every constructor here calls it; call it after building a
-        MoEWeights by hand.
+        Every constructor here calls it; call it after building a MoEWeights by hand. The value
+        checks read the scales and biases (one host sync on a GPU), never the codes.
         """
         fmt = get_format(self.weight_format)
         bs = fmt.block_size
@@ -327,7 +346,26 @@ class MoEWeights:
                 f"local_expert_offset/num_experts: got {self.local_expert_offset}/{self.num_experts} "
                 f"for {e} local experts; allowed: 0 <= offset and offset + E_local <= num_experts"
             )
+        self._check_values()
         return self
+
+    def _check_values(self) -> None:
+        """Scales and biases hold values every path computes with: block scales not NaN (e4m3
+        0x7F/0xFF, e8m0 0xFF), global and activation scales positive and finite, biases finite.
+        Each bad field is named with its first bad expert."""
+        fmt = get_format(self.weight_format)
+        for name in ("w13_scale", "w2_scale"):
+            t = getattr(self, name)
+            nan = (t == E8M0_NAN) if fmt is MXFP4 else torch.isnan(t.float())
+            _first_bad(name, nan, f"no NaN block scales ({'byte 255' if fmt is MXFP4 else 'e4m3 NaN'})")
+        for name in ("w13_scale_2", "w2_scale_2", "input_scale", "fc2_input_scale"):
+            t = getattr(self, name)
+            if t is not None:
+                _first_bad(name, ~(torch.isfinite(t) & (t > 0)), "positive finite scales")
+        for name in ("w13_bias", "w2_bias"):
+            t = getattr(self, name)
+            if t is not None:
+                _first_bad(name, ~torch.isfinite(t), "finite values")
 
     # ---- from bf16 -------------------------------------------------------------------------
 
@@ -379,8 +417,8 @@ class MoEWeights:
             for name, v in (("input_scale", input_scale), ("fc2_input_scale", fc2_input_scale)):
                 if v is not None:
                     _fail(f"{name}: got {_shape(v)}; allowed: None for mxfp4 (MXFP4 activations carry e8m0 block scales only)")
-        q13, sc13, s13 = _quantize_experts(fmt, w13)
-        q2, sc2, s2 = _quantize_experts(fmt, w2)
+        q13, sc13, s13 = _quantize_experts(fmt, w13, "w13")
+        q2, sc2, s2 = _quantize_experts(fmt, w2, "w2")
         return cls(
             weight_format=fmt.name,
             w13=q13, w13_scale=sc13, w13_scale_2=s13,
@@ -407,7 +445,7 @@ class MoEWeights:
             for f in dataclasses.fields(self)
             if isinstance(getattr(self, f.name), torch.Tensor)
         }
-        return dataclasses.replace(self, **moved, kernel_cache={})
+        return dataclasses.replace(self, **moved)
 
     # ---- activation calibration ------------------------------------------------------------
 
@@ -447,7 +485,7 @@ class MoEWeights:
         ):
             _fail(f"topk_ids: got {_shape(topk_ids)}; allowed: None or [T, k] with T = {x.shape[0]}")
         if self.weight_format == "mxfp4":
-            return dataclasses.replace(self, kernel_cache={})
+            return dataclasses.replace(self)
 
         xf = x.to(self.device, torch.float32)
         fmt = get_format(self.weight_format)
@@ -472,7 +510,7 @@ class MoEWeights:
             return torch.where(amax > 0, amax / (E2M1_MAX * E4M3_MAX), torch.ones_like(amax))
 
         return dataclasses.replace(
-            self, input_scale=scale(in_amax), fc2_input_scale=scale(out_amax), kernel_cache={}
+            self, input_scale=scale(in_amax), fc2_input_scale=scale(out_amax)
         )
 
     # ---- ModelOpt NVFP4 --------------------------------------------------------------------

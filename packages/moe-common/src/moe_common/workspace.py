@@ -4,6 +4,10 @@ A runner asks for buffers by name; the first (warm-up) call allocates them at th
 needs. Once `freeze()` is called (FusedMoE does so after its warm-up at max_tokens), asking for
 a buffer that is missing or too small is an error instead of an allocation, so a captured CUDA
 graph can never see a new allocation.
+
+Buffers asked for `zeroed` (counters that every launch leaves at zero: moe-gated's work queues,
+moe-static's grid barrier) are remembered, so `rezero()` can restore them after a call that did
+not finish (FusedMoE calls it when a runner raises between launches).
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ def _device(device) -> torch.device:
 class Workspace:
     def __init__(self):
         self._buffers: dict[str, torch.Tensor] = {}
+        self._zeroed: set = set()
         self.frozen = False
 
     def get(self, name: str, shape, dtype: torch.dtype, device, zeroed: bool = False) -> torch.Tensor:
@@ -39,7 +44,14 @@ class Workspace:
                 )
             buf = (torch.zeros if zeroed else torch.empty)(numel, dtype=dtype, device=device)
             self._buffers[name] = buf
+            if zeroed:
+                self._zeroed.add(name)
         return buf[:numel].view(shape)
+
+    def rezero(self):
+        """Zero every `zeroed` buffer again (on the current stream)."""
+        for name in self._zeroed:
+            self._buffers[name].zero_()
 
     def freeze(self):
         self.frozen = True

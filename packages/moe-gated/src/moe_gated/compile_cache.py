@@ -1,22 +1,25 @@
 """moe-gated's compiled kernels, keyed by their static facts (see moe_common.cute.jit)."""
 from __future__ import annotations
 
-import os
-
 from moe_common.cute import jit
+from moe_common.knobs import choice, int_in, knob
 
 from .kernel import GEOMETRIES, GatedConfig, GatedGemm
 
 FORMATS = ("nvfp4", "mxfp4")
 ACTIVATIONS = ("silu", "gelu_tanh", "swigluoai")
 
-# Development knobs for measuring variants (the defaults are the measured best):
-# MOE_GATED_PENDING=j leaves j wgmma slabs in flight across K-tiles (default: the geometry's);
-# MOE_GATED_VARIANT=nodecode|nomma|nostore times the kernel without the decode, without the MMA
-# or without the epilogues' global stores (wrong output: timing only); a suffix -fc1 or -fc2
-# applies the variant to that phase only.
-PENDING = int(os.environ["MOE_GATED_PENDING"]) if "MOE_GATED_PENDING" in os.environ else None
-VARIANT = os.environ.get("MOE_GATED_VARIANT", "full")
+# Knobs for measuring variants (moe_common.knobs; the defaults are the measured best):
+# MOE_GATED_PENDING=j leaves j wgmma slabs in flight across K-tiles (default: the geometry's;
+# tuning); MOE_GATED_VARIANT=nodecode|nomma|nostore times the kernel without the decode, without
+# the MMA or without the epilogues' global stores (wrong output: timing only, needs
+# FUSED_MOE_DEV=1); a suffix -fc1 or -fc2 applies the variant to that phase only.
+PENDING = knob("MOE_GATED_PENDING", None, int_in(0), allowed="an integer >= 0")
+VARIANT = knob("MOE_GATED_VARIANT", "full",
+               choice(tuple(v + s for v in ("full", "nodecode", "nomma", "nostore")
+                            for s in ("", "-fc1", "-fc2"))),
+               allowed="full, nodecode, nomma or nostore, optionally with -fc1 or -fc2",
+               changes_results=True)
 
 
 def config(phase: str, weight_format: str, activation: str, geometry: str = "wide") -> GatedConfig:

@@ -11,13 +11,13 @@ queues' counters are zeroed once at allocation and left at zero by every launch.
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 
 from moe_common.cute import jit
 from moe_common.fragments import TILE_K
 from moe_common.formats import get_format
+from moe_common.knobs import choice, knob
 from moe_common.kernel_package import Buffers, quantize_rows, route_pairs, w4a4_fc1_rows
 from moe_common.packed import pack
 from moe_common.types import Activation
@@ -35,10 +35,14 @@ from .limits import KERNEL_NAME
 WIDE_MIN_PAIRS_PER_EXPERT = 256
 
 
+# MOE_GATED_GEOMETRY=wide|tall forces one geometry (tuning knob, for measuring; read once)
+FORCED_GEOMETRY = knob("MOE_GATED_GEOMETRY", None, choice(tuple(GEOMETRIES)),
+                       allowed=", ".join(GEOMETRIES))
+
+
 def geometry_for(pairs: int, local_experts: int) -> str:
-    forced = os.environ.get("MOE_GATED_GEOMETRY")  # development knob: wide | tall (measuring)
-    if forced in GEOMETRIES:
-        return forced
+    if FORCED_GEOMETRY is not None:
+        return FORCED_GEOMETRY
     return "wide" if pairs >= WIDE_MIN_PAIRS_PER_EXPERT * local_experts else "tall"
 
 

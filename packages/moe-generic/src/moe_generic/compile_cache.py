@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 
 from moe_common.cute import jit
+from moe_common.knobs import choice, int_choice, int_in, knob
 
 from .grouped_gemm import GemmConfig, GroupedGemm
 
@@ -14,7 +14,8 @@ BN_CHOICES = (8, 16, 32, 64)
 # The mainloop's MMA. mma.sync measured faster than the synchronous-per-K-tile wgmma mainloop at
 # every bench point on the H200 (2026-11-29, BENCHMARKS.md: DeepSeek-V3 T=8192 25.0 vs 27.5 ms),
 # so it is the default; MOE_GENERIC_MMA=wgmma selects the warpgroup path (tested too).
-USE_WGMMA = os.environ.get("MOE_GENERIC_MMA", "sync") == "wgmma"
+USE_WGMMA = knob("MOE_GENERIC_MMA", "sync", choice(("sync", "wgmma")),
+                 allowed="sync, wgmma") == "wgmma"
 # Warps per CTA for the 64-token (prefill) tiles: 8 warps x 1 group holds the same 128 x 64 tile
 # and shared memory as 4 x 2, with twice the warps per SM to hide the decode's latency
 # (MOE_GENERIC_WARPS64=4 selects the 4-warp layout, for measuring).
@@ -24,9 +25,9 @@ USE_WGMMA = os.environ.get("MOE_GENERIC_MMA", "sync") == "wgmma"
 # 2026-11-30 fourth session): DeepSeek-V3 FC1 (56 K-tiles) and gpt-oss FC1 (23) faster by
 # 3.5-4%, GEMMs of 16 K-tiles slower (Qwen3 T=8192 2.76 -> 2.88 ms with every GEMM tall).
 # MOE_GENERIC_TALL_MIN_KT / MOE_GENERIC_STAGES64 override, for measuring.
-WARPS64 = int(os.environ.get("MOE_GENERIC_WARPS64", "8"))
-TALL_MIN_KTILES = int(os.environ.get("MOE_GENERIC_TALL_MIN_KT", "17"))
-STAGES64 = int(os.environ.get("MOE_GENERIC_STAGES64", "4"))
+WARPS64 = knob("MOE_GENERIC_WARPS64", 8, int_choice((4, 8)), allowed="4, 8")
+TALL_MIN_KTILES = knob("MOE_GENERIC_TALL_MIN_KT", 17, int_in(1), allowed="an integer >= 1")
+STAGES64 = knob("MOE_GENERIC_STAGES64", 4, int_in(1), allowed="an integer >= 1")
 
 
 def config(phase: str, weight_format: str, activation: str, bn: int, rows: int = 0,

@@ -1,9 +1,8 @@
 """moe-static's compiled kernels, keyed by their static facts (see moe_common.cute.jit)."""
 from __future__ import annotations
 
-import os
-
 from moe_common.cute import jit
+from moe_common.knobs import choice, int_in, int_tuple, knob, names
 
 from .kernel import StaticConfig, StaticMoE
 
@@ -14,18 +13,22 @@ ACTIVATIONS = ("silu", "gelu_tanh", "swigluoai", "relu2")
 # Warps per FC1 and per FC2 unit that the runner chooses between (runner.choose_teams)
 TEAM_SHAPES = ((2, 2), (1, 1), (2, 1), (1, 2))
 
-# Development knobs for measuring variants (the defaults are the measured best):
-# MOE_STATIC_TEAMS=a,b forces the warps per FC1 and per FC2 unit.
-FORCED_TEAMS = (tuple(int(v) for v in os.environ["MOE_STATIC_TEAMS"].split(","))
-                if os.environ.get("MOE_STATIC_TEAMS") else None)
+# Knobs for measuring variants (moe_common.knobs; the defaults are the measured best):
+# MOE_STATIC_TEAMS=a,b forces the warps per FC1 and per FC2 unit (tuning).
+FORCED_TEAMS = knob("MOE_STATIC_TEAMS", None, int_tuple(2, (1, 2)),
+                    allowed="two of 1, 2 separated by a comma, e.g. 1,2")
 # MOE_STATIC_SKIP=tasks,route,barriers,reduce leaves those parts out (wrong output: timing the
-# fixed cost only; tasks = the FC1 and FC2 units)
-SKIP = frozenset(v for v in os.environ.get("MOE_STATIC_SKIP", "").split(",") if v)
-# MOE_STATIC_VARIANT=nodecode|nob|nomma drops one stage of the stream (timing only, see kernel)
-VARIANT = os.environ.get("MOE_STATIC_VARIANT", "")
+# fixed cost only; tasks = the FC1 and FC2 units). Needs FUSED_MOE_DEV=1.
+SKIP = knob("MOE_STATIC_SKIP", frozenset(), names(("tasks", "route", "barriers", "reduce")),
+            allowed="a comma-separated subset of tasks, route, barriers, reduce",
+            changes_results=True)
+# MOE_STATIC_VARIANT=nodecode|nob|nomma|stamps drops one stage of the stream or records
+# timestamps (timing only, see kernel). Needs FUSED_MOE_DEV=1.
+VARIANT = knob("MOE_STATIC_VARIANT", "", choice(("nodecode", "nob", "nomma", "stamps")),
+               allowed="nodecode, nob, nomma, stamps", changes_results=True)
 # MOE_STATIC_EVEN_GAIN=p: split a GEMM in even shares when that shortens the busiest warp's
-# stream by at least p percent (default 10, see StaticMoE._even_share)
-EVEN_GAIN = int(os.environ.get("MOE_STATIC_EVEN_GAIN", "10"))
+# stream by at least p percent (default 10, see StaticMoE._even_share; tuning)
+EVEN_GAIN = knob("MOE_STATIC_EVEN_GAIN", 10, int_in(0, 100), allowed="an integer 0..100")
 
 
 def config(weight_format: str, activation: str, ids_bytes: int = 4,

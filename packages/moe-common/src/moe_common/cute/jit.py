@@ -3,9 +3,18 @@
 `cute.compile` does not memoize, and compiling takes 0.3-1 s, so every compiled kernel is kept
 here keyed by its static facts. Kernels are compiled for sm_90a explicitly, so the same code
 path compiles on a CPU-only machine (CI) and on the H200.
+
+Two per-thread modes change what `compiled` does (FusedMoE uses both, see dispatcher.api):
+  frozen()    a key that is not compiled yet raises CompileAfterWarmup instead of compiling
+              (a compile inside a CUDA-graph capture, or on a decode step's first token, is
+              a bug of the warm-up, never silently paid);
+  probing(s)  nothing is compiled or launched: each key a runner asks for is added to the set
+              s and a no-op stands in for the kernel, so a runner's host logic can be run to
+              learn which variants a call would use.
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import Callable
 
@@ -19,18 +28,58 @@ ARCH_OPTIONS = "--gpu-arch=sm_90a"
 PDL = True
 _cache: dict = {}
 _lock = threading.Lock()
+_mode = threading.local()  # .frozen: bool, .probe: a set or None
+
+
+class CompileAfterWarmup(RuntimeError):
+    """A kernel variant was asked for while compiling is frozen (after FusedMoE.warmup())."""
+
+
+def _no_launch(*_args, **_kwargs):
+    return None
 
 
 def compiled(key, build: Callable):
     """The compiled function for `key`, built once by `build()` (which calls cute.compile)."""
+    probe = getattr(_mode, "probe", None)
+    if probe is not None:
+        probe.add(key)
+        return _no_launch
     fn = _cache.get(key)
     if fn is None:
+        if getattr(_mode, "frozen", False):
+            raise CompileAfterWarmup(
+                f"kernel variant {key!r} is not compiled, and compiling is frozen after "
+                "FusedMoE.warmup(); warm up with this call's T (warmup(tokens=[...])) or report "
+                "the variant the warm-up missed")
         with _lock:
             fn = _cache.get(key)
             if fn is None:
                 fn = build()
                 _cache[key] = fn
     return fn
+
+
+@contextlib.contextmanager
+def frozen(on: bool = True):
+    """While active (in this thread), a variant that is not compiled raises CompileAfterWarmup."""
+    before = getattr(_mode, "frozen", False)
+    _mode.frozen = on
+    try:
+        yield
+    finally:
+        _mode.frozen = before
+
+
+@contextlib.contextmanager
+def probing(keys: set):
+    """While active (in this thread), compiled() records keys into `keys` and launches nothing."""
+    before = getattr(_mode, "probe", None)
+    _mode.probe = keys
+    try:
+        yield keys
+    finally:
+        _mode.probe = before
 
 
 def compile_kernel(kernel, *example_args):
