@@ -135,3 +135,14 @@ def test_tile_width_rule():
     for pairs in (1, 7, 100, 1000, 5000, 40000):
         for experts in (1, 8, 128, 256, 1024):
             assert pick_bn(pairs, experts) in (8, 16, 32, 64)
+
+
+def test_tile_width_is_monotone_in_tokens():
+    """FusedMoE.warmup() finds the widths a T range needs by their change points, so the width
+    must never shrink as T grows."""
+    from moe_generic.runner import pick_bn
+
+    for experts in (1, 8, 128, 256, 1024):
+        for top_k in (1, 4, 8):
+            widths = [pick_bn(t * top_k, experts) for t in range(1, 4096)]
+            assert widths == sorted(widths), (experts, top_k)
