@@ -161,8 +161,9 @@ class Checkpoint:
             s = _e4m3(self.tensor(base + "weight_scale"), base + "weight_scale")
             gs = self._scalar(base + "weight_scale_2")
             return NVFP4.dequantize(t, s, gs).to(dtype)
-        if not t.is_floating_point():
-            _fail(f"{key}: got dtype {t.dtype}; allowed: a floating tensor or an NVFP4 linear weight")
+        if not t.is_floating_point() or t.dtype.itemsize == 1:
+            # fp8 weights carry a scale (block-quantized FP8 checkpoints) that a cast would drop
+            _fail(f"{key}: got dtype {t.dtype}; allowed: a 16/32-bit floating tensor or an NVFP4 linear weight")
         return t.to(dtype)
 
     # ---- experts -----------------------------------------------------------------------------
@@ -288,11 +289,10 @@ class Checkpoint:
         b2 = self._shaped(bias["down_proj"], (e, h)) if self.has(bias["down_proj"]) else None
         if self.config.get("model_type") == "gpt_oss":
             # transformers' GptOssExperts: x @ gate_up_proj[e] ([H, 2I], gate j in column 2j, up j in 2j+1)
-            w13 = _deinterleave_rows(self._shaped(prefix + "gate_up_proj", (e, h, 2 * i)).transpose(1, 2))
-            w2 = self._shaped(prefix + "down_proj", (e, i, h)).transpose(1, 2)
-            return w13, w2, None if b13 is None else _deinterleave_rows(b13), b2
-        w13 = self._shaped(prefix + "gate_up_proj", (e, 2 * i, h))
-        return w13, self._shaped(prefix + "down_proj", (e, h, i)), b13, b2
+            gu, d = self._shaped(prefix + "gate_up_proj", (e, h, 2 * i)), self._shaped(prefix + "down_proj", (e, i, h))
+            return canonical_experts(gu, d, b13, b2, transposed=True, interleaved=True)
+        gu, d = self._shaped(prefix + "gate_up_proj", (e, 2 * i, h)), self._shaped(prefix + "down_proj", (e, h, i))
+        return canonical_experts(gu, d, b13, b2, transposed=False, interleaved=False)
 
     def _bf16_per_expert(self, prefix: str, e: int, h: int, i: int):
         shapes = {"gate_proj": (i, h), "up_proj": (i, h), "down_proj": (h, i)}
@@ -307,6 +307,22 @@ class Checkpoint:
                 _fail(f"{prefix}0.gate_proj.bias/up_proj.bias: got one of them; allowed: both or neither")
             b13 = torch.cat([biases["gate_proj"], biases["up_proj"]], dim=1)
         return torch.cat([w["gate_proj"], w["up_proj"]], dim=1), w["down_proj"], b13, biases["down_proj"]
+
+
+def canonical_experts(gate_up, down, gate_up_bias=None, down_bias=None, *, transposed: bool, interleaved: bool):
+    """Stacked experts in transformers' layouts -> (w13 [E, 2I, H] rows [gate; up], w2 [E, H, I],
+    w13 bias [E, 2I] or None, w2 bias [E, H] or None), as MoEWeights.quantize takes them.
+
+    transposed: gate_up [E, H, 2I] and down [E, I, H] (y = x @ W) instead of [E, 2I, H] and
+    [E, H, I] (y = x @ W^T). interleaved: gate j is row 2j and up j row 2j + 1 (gpt-oss) instead
+    of gate rows then up rows.
+    """
+    if transposed:
+        gate_up, down = gate_up.transpose(1, 2), down.transpose(1, 2)
+    if interleaved:
+        gate_up = _deinterleave_rows(gate_up)
+        gate_up_bias = None if gate_up_bias is None else _deinterleave_rows(gate_up_bias)
+    return gate_up, down, gate_up_bias, down_bias
 
 
 def _e4m3(t: torch.Tensor, key: str) -> torch.Tensor:
