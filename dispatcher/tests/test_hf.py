@@ -135,6 +135,26 @@ def test_quantize_experts_matches_eager(name):
     assert rel_l2(got, logits(model, ids)) <= 2 * e_w
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_quantize_experts_on_gpu(name):
+    """The same tight check with the dispatcher's kernels (not the reference) on an sm_90 GPU."""
+    import dispatcher
+
+    model = stock(name).cuda()
+    quantized = hf.quantize_experts(copy.deepcopy(model), FORMATS[name])
+    ids = tokens().cuda()
+    eager = with_dequantized_experts(model, quantized)
+    eager.set_experts_implementation("eager")
+    assert rel_l2(logits(quantized, ids), logits(eager, ids)) <= 1e-2
+    _, m = hf.experts_modules(quantized)[-1]
+    routed = torch.stack([torch.randperm(E)[:K] for _ in range(ids.numel())]).cuda()
+    x = torch.randn(ids.numel(), H, device="cuda").bfloat16()
+    ex = dispatcher.explain(x, m.fused_moe_weights, torch.full(routed.shape, 0.5, device="cuda"), routed,
+                            activation=m.fused_moe_activation)
+    assert ex.choice is not None and ex.choice.kernel != "reference", ex
+
+
 def test_quantize_experts_activations_and_biases():
     act = {n: m.fused_moe_activation for n, m in hf.experts_modules(hf.quantize_experts(stock("gpt_oss"), "mxfp4"))}
     assert {(a.name, a.alpha, a.beta, a.limit) for a in act.values()} == {("swigluoai", 1.702, 1.0, 7.0)}
@@ -284,3 +304,35 @@ def test_errors(tmp_path):
     save_file(tensors, str(path / "model.safetensors"))
     with pytest.raises(ValueError, match=r"model\.layers\.0\.self_attn\.o_proj\.weight: missing"):
         hf.from_pretrained(path)
+
+
+# ---- the documentation's examples ------------------------------------------------------------
+
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
+
+
+def python_blocks(text: str) -> list:
+    return [b.split("```", 1)[0] for b in text.split("```python\n")[1:]]
+
+
+def test_docs_examples(tmp_path):
+    """docs/MODELS.md's examples (in order, one namespace) and README's "Run a real model" one,
+    with the placeholder paths pointing at tiny checkpoints."""
+    model = stock("qwen3_moe", torch.bfloat16)
+    bf16_path = save(model, tmp_path / "bf16")
+    nvfp4_path = save(model, tmp_path / "nvfp4")
+    write_fp4(nvfp4_path, read_all(nvfp4_path), {}, hf.quantize_experts(copy.deepcopy(model), "nvfp4"))
+    paths = {'"/models/Qwen3-30B-A3B-NVFP4"': repr(str(nvfp4_path)), '"/models/Qwen3-30B-A3B"': repr(str(bf16_path))}
+    ns = {}
+    for block in python_blocks((ROOT / "docs" / "MODELS.md").read_text()):
+        for placeholder, real in paths.items():
+            block = block.replace(placeholder, real)
+        exec(compile(block, "docs/MODELS.md", "exec"), ns)
+    assert ns["y"].shape == (4, H) and ns["act"].name == "silu"
+    assert ns["tokens"].shape == (1, 12) and torch.isfinite(ns["logits"]).all()
+    readme = (ROOT / "README.md").read_text().split("## Run a real model", 1)[1].split("\n## ", 1)[0]
+    ns = {"path": str(nvfp4_path), "prompt": torch.tensor([[1, 2, 3]])}
+    (block,) = python_blocks(readme)
+    exec(compile(block, "README.md", "exec"), ns)
+    assert ns["w"].weight_format == "nvfp4" and ns["tokens"].shape == (1, 11)
