@@ -327,3 +327,7 @@ def test_folder_errors(tmp_path):
         MoEWeights.from_checkpoint(tmp_path / "cfg", -1)
     with pytest.raises(ValueError, match="weight_format: got 'int4'"):
         MoEWeights.from_checkpoint(tmp_path / "cfg", 0, weight_format="int4")
+    # relu2 is not a gate: act(gate) * up with it has no fused equivalent
+    with pytest.raises(ValueError, match="hidden_act: got 'relu2'; allowed: silu, swish, gelu_pytorch_tanh"):
+        layer_activation({"hidden_act": "relu2"})
+    assert layer_activation({"hidden_act": "gelu_pytorch_tanh"}).name == "gelu_tanh"

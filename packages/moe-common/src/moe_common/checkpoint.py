@@ -47,10 +47,10 @@ from .weights import MoEWeights, _deinterleave_rows
 INDEX_FILE = "model.safetensors.index.json"
 CONFIG_FILE = "config.json"
 PROJ_NAMES = ("gate_proj", "up_proj", "down_proj")
-# Our format names -> the format each FP4 layout stores.
+# The weight format each FP4 layout stores.
 LAYOUT_FORMATS = {"modelopt": "nvfp4", "compressed-tensors": "nvfp4", "gpt-oss": "mxfp4"}
-# config.json hidden_act -> moe_common activation name (gpt-oss has its own, swigluoai).
-HIDDEN_ACTS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "relu2": "relu2"}
+# config.json hidden_act -> the gated moe_common activation act(gate) * up (gpt-oss: swigluoai).
+HIDDEN_ACTS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
 
 
 def _fail(msg: str):
@@ -73,7 +73,8 @@ def moe_dims(config: dict) -> tuple:
 
 
 def layer_activation(config: dict) -> Activation:
-    """The experts' activation from a config.json dict (gpt-oss: swigluoai with its alpha/limit)."""
+    """The gated experts' activation from a config.json dict: act(gate) * up for hidden_act,
+    gpt-oss's clamped swiglu (swigluoai with its alpha and limit)."""
     if config.get("model_type") == "gpt_oss":
         return Activation("swigluoai", alpha=float(config.get("swiglu_alpha", 1.702)), beta=1.0,
                           limit=config.get("swiglu_limit", 7.0))
