@@ -22,6 +22,7 @@ from safetensors.torch import save_file  # noqa: E402
 
 import dispatcher.hf as hf  # noqa: E402
 from moe_common import MoEWeights  # noqa: E402
+from moe_common.checkpoint import transformers_experts  # noqa: E402
 
 E, H, I, K, VOCAB = 8, 64, 32, 2, 128
 SMALL = dict(vocab_size=VOCAB, hidden_size=H, num_hidden_layers=2, num_attention_heads=4,
@@ -75,29 +76,14 @@ def rel_l2(a, b):
     return float((a - b).norm() / b.norm())
 
 
-def module_layout(m, w13, w2, b13, b2):
-    """Inverse of moe_common.checkpoint.canonical_experts: our layout -> the module's parameters."""
-    i = w2.shape[2]
-    if not m.is_concatenated:  # gate j -> row 2j, up j -> row 2j + 1
-        w13 = torch.stack([w13[:, :i], w13[:, i:]], dim=2).reshape(w13.shape)
-        b13 = torch.stack([b13[:, :i], b13[:, i:]], dim=2).reshape(b13.shape)
-    if m.is_transposed:
-        w13, w2 = w13.transpose(1, 2), w2.transpose(1, 2)
-    return {"gate_up_proj": w13, "down_proj": w2, "gate_up_proj_bias": b13, "down_proj_bias": b2}
+def module_layout(m, w13, w2, b13=None, b2=None):
+    return transformers_experts(w13, w2, b13, b2, transposed=m.is_transposed, interleaved=not m.is_concatenated)
 
 
-def with_dequantized_experts(model, quantized):
-    """A copy of the stock model whose experts' parameters are the quantized model's FP4 weights,
-    dequantized (exact in fp32)."""
-    out = copy.deepcopy(model)
-    qmods = dict(hf.experts_modules(quantized))
-    with torch.no_grad():
-        for name, m in hf.experts_modules(out):
-            w = qmods[name].fused_moe_weights
-            for pname, t in module_layout(m, *w.dequantize(), w.w13_bias, w.w2_bias).items():
-                if t is not None and hasattr(m, pname):
-                    getattr(m, pname).copy_(t)
-    return out
+def with_dequantized_experts(quantized):
+    """A copy of the quantized model running transformers' eager experts on the dequantized FP4
+    weights (exact in fp32)."""
+    return hf.dequantize_experts(copy.deepcopy(quantized), "eager")
 
 
 def weight_error(model, quantized):
@@ -106,7 +92,7 @@ def weight_error(model, quantized):
     qmods = dict(hf.experts_modules(quantized))
     for name, m in hf.experts_modules(model):
         w13, w2 = qmods[name].fused_moe_weights.dequantize()
-        ref = module_layout(m, w13, w2, torch.zeros(E, 2 * I), None)
+        ref = module_layout(m, w13, w2)
         for pname in ("gate_up_proj", "down_proj"):
             num += float((ref[pname] - getattr(m, pname).detach()).norm() ** 2)
             den += float(getattr(m, pname).detach().norm() ** 2)
@@ -124,8 +110,7 @@ def test_quantize_experts_matches_eager(name):
     ids = tokens()
     got = logits(quantized, ids)
     # Tight: transformers' eager experts on the same (dequantized) weights.
-    eager = with_dequantized_experts(model, quantized)
-    eager.set_experts_implementation("eager")
+    eager = with_dequantized_experts(quantized)
     assert rel_l2(got, logits(eager, ids)) <= 1e-2
     # Loose: the stock weights. The experts see weights off by the FP4 error e_w (relative), so
     # their outputs are off by about e_w per GEMM; the logits, which add the non-expert paths,
@@ -144,8 +129,7 @@ def test_quantize_experts_on_gpu(name):
     model = stock(name).cuda()
     quantized = hf.quantize_experts(copy.deepcopy(model), FORMATS[name])
     ids = tokens().cuda()
-    eager = with_dequantized_experts(model, quantized)
-    eager.set_experts_implementation("eager")
+    eager = with_dequantized_experts(quantized)
     assert rel_l2(logits(quantized, ids), logits(eager, ids)) <= 1e-2
     _, m = hf.experts_modules(quantized)[-1]
     routed = torch.stack([torch.randperm(E)[:K] for _ in range(ids.numel())]).cuda()

@@ -52,7 +52,7 @@ except ImportError as err:  # pragma: no cover - exercised only without the extr
         "dispatcher.hf needs transformers >= 5 (its experts interface); install moe-dispatcher[hf]"
     ) from err
 
-from moe_common.checkpoint import Checkpoint, canonical_experts, layer_activation
+from moe_common.checkpoint import Checkpoint, canonical_experts, layer_activation, transformers_experts
 from moe_common.types import Activation
 from moe_common.weights import MoEWeights
 
@@ -155,6 +155,28 @@ def quantize_experts(model, weight_format: str = "nvfp4"):
             transposed=m.is_transposed, interleaved=not m.is_concatenated)
         _attach(m, MoEWeights.quantize(w13, w2, weight_format=weight_format, w13_bias=b13, w2_bias=b2), act)
     model.set_experts_implementation(BACKEND)
+    return model
+
+
+def dequantize_experts(model, implementation: str = "grouped_mm"):
+    """The inverse of quantize_experts, for accuracy checks against transformers' own experts
+    code: every experts module gets its parameters back, holding the dequantized 4-bit weights
+    (in the module's layout and the model's dtype), and the model switches to `implementation`.
+    Returns the model (changed in place)."""
+    dtype = next(p for p in model.parameters()).dtype
+    for _, m in experts_modules(model):
+        w = getattr(m, "fused_moe_weights", None)
+        if w is None:
+            _fail(f"{type(m).__name__}: has no fused_moe weights to dequantize; allowed: a model "
+                  "prepared by quantize_experts or from_pretrained")
+        w13, w2 = w.dequantize()
+        params = transformers_experts(w13, w2, w.w13_bias, w.w2_bias, transposed=m.is_transposed,
+                                      interleaved=not m.is_concatenated)
+        for name, t in params.items():
+            if t is not None:
+                m.register_parameter(name, torch.nn.Parameter(t.to(dtype).contiguous(), requires_grad=False))
+        del m.fused_moe_weights, m.fused_moe_activation
+    model.set_experts_implementation(implementation)
     return model
 
 

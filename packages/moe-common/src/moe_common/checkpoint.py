@@ -42,7 +42,7 @@ from safetensors import safe_open
 
 from .formats import NVFP4, get_format
 from .types import Activation
-from .weights import MoEWeights, _deinterleave_rows
+from .weights import MoEWeights, _deinterleave_rows, _interleave_rows
 
 INDEX_FILE = "model.safetensors.index.json"
 CONFIG_FILE = "config.json"
@@ -324,6 +324,18 @@ def canonical_experts(gate_up, down, gate_up_bias=None, down_bias=None, *, trans
         gate_up = _deinterleave_rows(gate_up)
         gate_up_bias = None if gate_up_bias is None else _deinterleave_rows(gate_up_bias)
     return gate_up, down, gate_up_bias, down_bias
+
+
+def transformers_experts(w13, w2, w13_bias=None, w2_bias=None, *, transposed: bool, interleaved: bool) -> dict:
+    """The inverse of canonical_experts: {gate_up_proj, down_proj, gate_up_proj_bias,
+    down_proj_bias} in the layout that `transposed` / `interleaved` describe."""
+    if interleaved:
+        i = w13.shape[1] // 2
+        w13 = _interleave_rows(w13, i)
+        w13_bias = None if w13_bias is None else _interleave_rows(w13_bias, i)
+    if transposed:
+        w13, w2 = w13.transpose(1, 2), w2.transpose(1, 2)
+    return {"gate_up_proj": w13, "down_proj": w2, "gate_up_proj_bias": w13_bias, "down_proj_bias": w2_bias}
 
 
 def _e4m3(t: torch.Tensor, key: str) -> torch.Tensor:
