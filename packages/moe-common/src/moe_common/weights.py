@@ -27,6 +27,7 @@ Ways in and out (every conversion moves bytes and never requantizes, so it is ex
   MoEWeights.from_modelopt(...)         ModelOpt NVFP4 per-expert tensors; inverse: to_modelopt()
   MoEWeights.from_b12x(...)             FlashInfer SM12x ("b12x") MoE tensors; inverse: to_b12x()
   MoEWeights.from_gpt_oss(...)          gpt-oss MXFP4 checkpoint tensors; inverse: to_gpt_oss()
+  MoEWeights.from_checkpoint(path, layer)  one layer's experts from a checkpoint folder (checkpoint.py)
   weights.dequantize()                  fp32 (w13 [E, N1, H], w2 [E, H, I])
   weights.calibrate(x, topk_ids)        a copy with input_scale / fc2_input_scale (for w4a4)
   weights.to(device)                    a copy on another device
@@ -366,6 +367,16 @@ class MoEWeights:
             t = getattr(self, name)
             if t is not None:
                 _first_bad(name, ~torch.isfinite(t), "finite values")
+
+    # ---- from a checkpoint folder ------------------------------------------------------------
+
+    @classmethod
+    def from_checkpoint(cls, path, layer: int, *, weight_format: Optional[str] = None, device=None) -> "MoEWeights":
+        """The experts of MoE layer `layer` of a checkpoint folder (ModelOpt / compressed-tensors
+        NVFP4, gpt-oss MXFP4 or bf16); moe_common.checkpoint.from_checkpoint documents it."""
+        from .checkpoint import from_checkpoint  # checkpoint.py imports this module
+
+        return from_checkpoint(path, layer, weight_format=weight_format, device=device)
 
     # ---- from bf16 -------------------------------------------------------------------------
 
