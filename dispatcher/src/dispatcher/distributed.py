@@ -148,8 +148,13 @@ class _Group:
         """Metadata goes through host memory where the group has gloo (no device sync to read it)."""
         return "gloo" in self.backend
 
-    def meta_device(self) -> torch.device:
-        return torch.device("cpu") if self.host_meta else torch.device("cuda", torch.cuda.current_device())
+    def meta_device(self, data_device: Optional[torch.device]) -> torch.device:
+        """CPU with gloo; else the data's GPU (the current one where the data is unusable)."""
+        if self.host_meta:
+            return torch.device("cpu")
+        if data_device is not None and data_device.type == "cuda":
+            return data_device
+        return torch.device("cuda", torch.cuda.current_device())
 
     def check_device(self, device: torch.device) -> None:
         if device.type == "cpu" and "gloo" not in self.backend:
@@ -218,10 +223,10 @@ def _meta_row(world: int, *, weights=None, activation=None, quant_mode=None, tok
     return row
 
 
-def _exchange(comm: _Group, row: torch.Tensor, counts: Optional[torch.Tensor] = None) -> list:
+def _exchange(comm: _Group, row: torch.Tensor, weights, counts: Optional[torch.Tensor] = None) -> list:
     """All ranks' metadata rows as lists (one all_gather; ``counts``, if given, on the data's
     device, fills the row's tail there so that NCCL needs no extra host copy)."""
-    dev = comm.meta_device()
+    dev = comm.meta_device(weights.device if isinstance(weights, MoEWeights) else None)
     mine = row.to(dev)
     if counts is not None:
         mine[len(_META):] = counts.to(dev)
@@ -446,7 +451,7 @@ def _prepare(comm: _Group, x, weights, topk_weights, topk_ids, *, strategy, acti
         row = _meta_row(comm.size, weights=weights, activation=call.activation, quant_mode=quant_mode,
                         tokens=call.tokens, top_k=call.top_k, strategy=strategy)
         counts = mask.sum(0)
-    rows = _exchange(comm, row, counts)
+    rows = _exchange(comm, row, weights, counts)
     _agree(rows, comm.rank, error)
     return call, _explanation(rows, weights.hidden, call.top_k, strategy), mask
 
@@ -637,7 +642,7 @@ class FusedMoEEP:
                             top_k=self.layer.top_k, capacity=cap)
         else:
             row = _meta_row(comm.size)
-        _agree(_exchange(comm, row), comm.rank, error)
+        _agree(_exchange(comm, row, weights), comm.rank, error)
         self.weights, self.capacity, self.top_k = weights, cap, self.layer.top_k
         self.layout = _RowLayout(weights.hidden, self.top_k)
         dev, w, h, k = weights.device, comm.size, weights.hidden, self.top_k
