@@ -23,7 +23,9 @@ import json
 import os
 import socket
 import statistics
+import sys
 import time
+import traceback
 from dataclasses import asdict, replace
 from typing import Callable, Optional, Sequence
 
@@ -61,6 +63,11 @@ def _entry(rank: int, fn: Callable, world: int, port: int, backend: str, timeout
                             timeout=_dt.timedelta(seconds=timeout_s))
     try:
         fn(rank, world, *args)
+    except BaseException:
+        # The parent re-raises one rank's error, often a peer's "connection closed" rather than the
+        # cause: every rank's traceback goes to stderr too.
+        sys.stderr.write(f"rank {rank} of {world} failed:\n{traceback.format_exc()}")
+        raise
     finally:
         dist.destroy_process_group()
 

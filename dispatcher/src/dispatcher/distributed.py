@@ -429,7 +429,8 @@ class _Call:
 
 def _prepare(comm: _Group, x, weights, topk_weights, topk_ids, *, strategy, activation, quant_mode,
              out, kernel, deterministic) -> tuple:
-    """Steps 1-2: the local check and the metadata exchange -> (call, explanation, counts)."""
+    """Steps 1-2: the local check and the metadata exchange -> (call, explanation, the [T, W]
+    destination mask)."""
     call, error, mask = None, None, None
     try:
         if strategy is not None and strategy not in STRATEGIES:
