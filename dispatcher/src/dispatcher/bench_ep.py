@@ -12,7 +12,9 @@ processes, split into dispatch, local compute and combine.
    "allgather": ``fused_moe_ep``; "fixed": ``FusedMoEEP``) warm-up calls, then timed calls with
    the phase split (the device synchronized between phases, so the phases add up to more than
    an unsynchronized call), median per phase; the output is checked against the single-process
-   layer (``fused_moe`` on the full weights) on this rank's tokens.
+   layer (``fused_moe`` on the full weights) on this rank's tokens. On GPUs the "fixed" step is
+   also captured in a CUDA graph and replayed (every rank together), its median as ``graph_us``
+   (no phase split: the number a served decode step sees).
 3. Rank 0 prints one line per (T, strategy) with the slowest rank's medians and writes the
    JSON (every rank's medians and check, and what ``strategy=None`` would choose).
 """
@@ -125,6 +127,33 @@ def _time_calls(call: Callable[[dict], torch.Tensor], warmup: int, iters: int) -
     return out, _median_us(samples)
 
 
+def _graph_us(step: Callable[[], object], replays: int, group=None) -> dict:
+    """The median us of one captured step replayed from a CUDA graph (every rank captures and
+    replays together: the step's collectives pair the ranks). Where a rank cannot capture,
+    every rank records the errors instead of replaying."""
+    graph, error = torch.cuda.CUDAGraph(), None
+    try:
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph):
+            step()
+    except Exception as e:  # noqa: BLE001 - a row, not the end of the run
+        error = f"{type(e).__name__}: {e}"
+    errors = [None] * dist.get_world_size(group)
+    dist.all_gather_object(errors, error, group=group)
+    if any(errors):
+        return {"graph_error": errors}
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    dist.barrier(group=group)
+    for _ in range(replays):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return {"graph_us": statistics.median(times)}
+
+
 def rank_rows(cfg: dict, group=None) -> list:
     """This rank's rows for one preset (every rank of ``group`` calls it with the same ``cfg``):
     per (T, strategy) the phase medians (us), the check against the single-process layer and
@@ -155,6 +184,8 @@ def rank_rows(cfg: dict, group=None) -> list:
                    "total_us": sum(med.values())}
             if ref is not None:
                 row.update({"check_" + k: v for k, v in compare(out, ref).items()})
+            if s == "fixed" and dev.type == "cuda":
+                row.update(_graph_us(lambda: layer(x, tw, ids), cfg["iters"], group))
             rows.append(row)
     return rows
 
@@ -172,6 +203,11 @@ def _merge(per_rank: list) -> list:
         if "check_rel_l2" in first:
             row["check_rel_l2"] = [r["check_rel_l2"] for r in ranks]
             row["check_ok"] = all(r["check_ok"] for r in ranks)
+        if "graph_us" in first:
+            row["graph_us"] = [r["graph_us"] for r in ranks]
+            row["max_graph_us"] = max(row["graph_us"])
+        if "graph_error" in first:
+            row["graph_error"] = first["graph_error"]
         merged.append(row)
     return merged
 
@@ -184,6 +220,10 @@ def format_row(layer: str, r: dict) -> str:
     chk = ""
     if "check_ok" in r:
         chk = ("ok" if r["check_ok"] else "FAIL") + f" rel={max(r['check_rel_l2']):.1e}"
+    if "max_graph_us" in r:
+        chk += f"  graph replay {r['max_graph_us']:.1f} us"
+    elif "graph_error" in r:
+        chk += f"  graph capture failed: {next(e for e in r['graph_error'] if e)}"
     return (f"{layer:<22} {r['T_per_rank']:>6} {r['strategy']:<11} {r['max_dispatch_us']:>10.1f} "
             f"{r['max_compute_us']:>10.1f} {r['max_combine_us']:>10.1f} {r['max_total_us']:>10.1f}  "
             f"{r['auto']:<11} {chk}")

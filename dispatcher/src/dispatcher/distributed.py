@@ -161,11 +161,11 @@ class _Group:
             raise ValueError(f"weights: got CPU tensors with the {self.backend!r} backend; allowed: CUDA "
                              "tensors, or a group with the gloo backend")
 
-    def _staged(self, out: torch.Tensor, inp: torch.Tensor) -> bool:
+    def _staged(self, inp: torch.Tensor) -> bool:
         return inp.device.type != "cpu" and "nccl" not in self.backend
 
     def all_gather(self, out: torch.Tensor, inp: torch.Tensor) -> None:
-        if self._staged(out, inp):
+        if self._staged(inp):
             host = out.new_empty(out.shape, device="cpu")
             dist.all_gather_into_tensor(host, inp.cpu(), group=self.group)
             out.copy_(host)
@@ -174,7 +174,7 @@ class _Group:
 
     def all_to_all(self, out: torch.Tensor, inp: torch.Tensor, out_splits: Optional[list] = None,
                    in_splits: Optional[list] = None) -> None:
-        if self._staged(out, inp):
+        if self._staged(inp):
             host = out.new_empty(out.shape, device="cpu")
             dist.all_to_all_single(host, inp.cpu(), out_splits, in_splits, group=self.group)
             out.copy_(host)
