@@ -29,22 +29,22 @@ rank of the group with its own tokens (any T, zero included), returns this rank'
      is an equal-split ``all_to_all_single`` of the partial rows and an fp32 sum on the owner:
      the same bytes as a ring reduce-scatter, with one bf16 rounding and a fixed order.
 
-4. Combine, for both strategies: ``out[t] = bf16(sum over d = 0..W-1 of float(partial_d[t]))``,
+4. The combine's sum, for both strategies: ``out[t] = bf16(sum over d = 0..W-1 of float(partial_d[t]))``,
    rank d's partial being zero where the token routes nowhere on d, summed in rank order, so the
    result is deterministic and the two strategies agree bitwise whenever the local kernel's rows
    do not depend on which other rows share its call (the reference's do not).
 
 Numerics against the single-process layer: each rank's partial is rounded to bf16 before the
 sum, so a token whose routes span several ranks differs by about one bf16 rounding of a partial
-(relative L2 ~1e-3); a token whose routes all sit on one rank is bitwise equal where the kernel's
+(relative L2 a few 1e-3); a token whose routes all sit on one rank is bitwise equal where the kernel's
 rows do not depend on the call's other rows.
 
 Strategy choice (``strategy=None``; ``choose_strategy`` is the rule, ``explain_ep`` shows it for
 a call): "allgather" when the largest per-rank T is at most ``ALLGATHER_MAX_TOKENS`` (a few rows:
 collective latency, not bytes, sets the time, and allgather needs no per-destination sort) or
 when all_to_all would not cut the busiest rank's bytes below ``ALL_TO_ALL_MAX_SHARE`` of
-allgather's (with W = 2 a token with k >= 2 random routes reaches both ranks, so they move the
-same bytes); "all_to_all" otherwise (many ranks, a token reaching few of them). These constants
+allgather's (on W = 2 ranks with k = 8 random routes, DeepSeek-V3's, 99% of tokens reach both
+ranks, so the two move the same bytes); "all_to_all" otherwise (many ranks, a token reaching few of them). These constants
 are a traffic model, not measurements.
 
 ``FusedMoEEP`` is the CUDA-graph-capturable form: the allgather strategy with fixed sizes
