@@ -193,3 +193,40 @@ def worker(rank: int, world: int, outdir: str) -> None:
                             json_path=os.path.join(outdir, BENCH_JSON), seed=5)
     bench_ep.run_rank(rank, world, job)
     torch.save(results, os.path.join(outdir, f"rank{rank}.pt"))
+
+
+DEVICE_CASES = [c for c in CASES if c["group"] == "pair"]  # two ranks: the world of device_worker
+
+
+def on_device(case: dict, pair: int, device, step: int = 0):
+    """case_inputs with the weights and tensors on ``device``."""
+    p, full, inputs = case_inputs(case, pair, step)
+    return p, full.to(device), [tuple(t.to(device) for t in i) for i in inputs]
+
+
+def device_worker(rank: int, world: int, outdir: str, device_type: str = "cuda") -> None:
+    """The 2-rank cases with tensors on ``device_type`` over gloo (CUDA data staged through host
+    memory; both ranks on one GPU if there is only one): the installed kernels under EP."""
+    from dispatcher.distributed import FusedMoEEP, fused_moe_ep, shard_weights
+
+    if device_type == "cuda":
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+        dev = torch.device("cuda", torch.cuda.current_device())
+    else:
+        dev = torch.device(device_type)
+    results = {}
+    for case in DEVICE_CASES:
+        p, full, inputs = on_device(case, 0, dev)
+        mine = shard_weights(full, rank, world)
+        got = {}
+        if case.get("api") == "fixed":
+            layer = FusedMoEEP(mine, case["capacity"], p.top_k, activation=p.activation).warmup()
+            for step in range(len(case["tokens"])):
+                x, tw, ids = on_device(case, 0, dev, step)[2][rank]
+                got[f"step{step}"] = layer(x, tw, ids).to("cpu", copy=True)  # the next step overwrites it
+        else:
+            x, tw, ids = inputs[rank]
+            for s in case["strategies"]:
+                got[str(s)] = fused_moe_ep(x, mine, tw, ids, strategy=s, activation=p.activation).cpu()
+        results[case["name"]] = got
+    torch.save(results, os.path.join(outdir, f"{device_type}-rank{rank}.pt"))

@@ -192,6 +192,35 @@ def test_bench_ep_writes_the_split(ep_run):
             assert r["check_ok"] and max(r["check_rel_l2"]) <= 1e-2, r
 
 
+def check_device_run(outdir, device_type: str) -> None:
+    """ep_worker.device_worker's outputs against the one-process layer on the same device."""
+    results = [torch.load(os.path.join(outdir, f"{device_type}-rank{r}.pt"), weights_only=False) for r in range(2)]
+    for case in ep_worker.DEVICE_CASES:
+        steps = range(len(case["tokens"])) if case.get("api") == "fixed" else [0]
+        for step in steps:
+            p, full, inputs = ep_worker.on_device(case, 0, device_type, step)
+            x, tw, ids = (torch.cat([i[n] for i in inputs]) for n in range(3))
+            single = fused_moe(x, full, tw, ids, activation=p.activation).cpu()
+            start = 0
+            for rank in range(2):
+                t = inputs[rank][0].shape[0]
+                got = results[rank][case["name"]]
+                outs = {f"step{step}": got[f"step{step}"]} if case.get("api") == "fixed" else got
+                for key, out in outs.items():
+                    assert out.shape == (t, p.hidden), (case["name"], key)
+                    if t:
+                        assert_close(out, single[start:start + t], f"{case['name']} rank {rank} {key}")
+                start += t
+
+
+@pytest.mark.gpu
+def test_gloo_ranks_with_cuda_tensors_match_the_single_gpu_layer(tmp_path):
+    """2 ranks, gloo staging CUDA tensors through host memory (both on one GPU if there is one):
+    every installed kernel the dispatcher picks on a slice, against the single-GPU layer."""
+    spawn(ep_worker.device_worker, 2, (str(tmp_path), "cuda"), timeout_s=600)  # kernels compile in each rank
+    check_device_run(tmp_path, "cuda")
+
+
 # ----------------------------------------------------------------------------------------------
 # in this process
 # ----------------------------------------------------------------------------------------------
