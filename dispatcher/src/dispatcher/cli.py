@@ -119,6 +119,10 @@ def cmd_demo(args) -> int:
 
 # ----------------------------------------------------------------------------------------------
 def cmd_bench(args) -> int:
+    if args.ep is not None:
+        from .bench_ep import run_cli
+
+        return run_cli(args)
     explicit = _explicit(args)
     if args.preset:
         presets = [resolve(n, **explicit) for n in args.preset]
@@ -181,6 +185,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="check each row's output against the reference (default on)")
     p.add_argument("--json", help="write the results as JSON to this path")
     p.add_argument("--plot", help="write a PNG plot to this path (needs matplotlib)")
+    p.add_argument("--ep", type=int, metavar="N", help="expert parallelism over N processes (spawned, or the "
+                   "torchrun ranks): times fused_moe_ep / FusedMoEEP split into dispatch, compute, combine "
+                   "(default T 1 128 2048 8192 per rank, preset deepseek-v3; docs/EXPERT_PARALLEL.md)")
+    p.add_argument("--ep-strategies", nargs="+", dest="ep_strategies", metavar="S",
+                   help="with --ep: all_to_all, allgather, fixed (FusedMoEEP) (default: all three)")
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("list", help="installed kernel plugins and presets")
