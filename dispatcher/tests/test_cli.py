@@ -50,6 +50,20 @@ def test_demo_on_cpu_runs_the_reference_and_says_so(clean_env, capsys):
     assert rc == 0, out
     assert "running the torch reference on CPU" in out
     assert "ran reference on cpu" in out and "PASS" in out
+    assert "checked against the bf16 grouped-GEMM path" in out  # not the reference against itself
+
+
+@needs_no_gpu
+def test_demo_check_is_independent_of_the_reference(clean_env, capsys, monkeypatch):
+    """A reference that is wrong must fail the CPU demo (it is not compared with itself)."""
+    import moe_common.reference_plugin as plugin
+
+    real = plugin.reference_moe
+    monkeypatch.setattr(plugin, "reference_moe", lambda *a, **kw: real(*a, **kw) * 1.1)
+    rc = cli.main(["demo", "--experts", "4", "--hidden", "128", "--intermediate", "64", "--top-k", "2",
+                   "--tokens", "3", "--seed", "1"])
+    out = capsys.readouterr().out
+    assert rc == 1 and "FAIL" in out, out
 
 
 def test_demo_cpu_shrinks_the_preset(clean_env, capsys):
@@ -70,6 +84,22 @@ def test_bench_without_gpu_says_so_and_exits_zero(tmp_path, capsys):
     data = json.loads(path.read_text())
     assert data["skipped"] == "no CUDA device" and data["rows"] == []
     assert not (tmp_path / "b.png").exists()
+    assert "no plot written" in out
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--version"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("fused-moe: moe-dispatcher ") and "moe-common" in out and "torch" in out
+
+
+def test_explain_for_an_sm90_gpu_from_any_machine(clean_env, capsys):
+    assert cli.main(["explain", "--device", "sm90", "--preset", "deepseek-v3", "--tokens", "1", "8192"]) == 0
+    out = capsys.readouterr().out
+    assert "sm_90 GPU (H100/H200; described, not present)" in out
+    assert "choice: moe-static" in out and "choice: moe-gated" in out
 
 
 def test_list(clean_env, capsys):

@@ -490,7 +490,9 @@ def run(presets: Sequence[Preset], tokens: Sequence[int] = DEFAULT_TOKENS, *, ke
         with open(json_path, "w") as f:
             json.dump(result, f, indent=1, default=str)
         print(f"wrote {json_path}")
-    if plot_path and result["rows"]:
-        if plot(result, plot_path):
+    if plot_path:
+        if not result["rows"]:
+            print(f"(no rows were timed: no plot written to {plot_path})")
+        elif plot(result, plot_path):
             print(f"wrote {plot_path}")
     return result

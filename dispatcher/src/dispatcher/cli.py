@@ -40,18 +40,52 @@ def _explicit(args) -> dict:
                 weight_format=args.weight_format, activation=args.activation, bias=args.bias)
 
 
+# `explain --device`: this machine's GPU (auto), the CPU, or a Hopper GPU described without one
+DEVICE_CAPABILITIES = {"sm90": (9, 0)}
+
+
 def _device_capability(device: str) -> Optional[tuple]:
+    if device in DEVICE_CAPABILITIES:
+        return DEVICE_CAPABILITIES[device]
     if device == "cpu" or not torch.cuda.is_available():
         return None
     return tuple(torch.cuda.get_device_capability())
+
+
+def _device_name(device: str, cap: Optional[tuple]) -> str:
+    if cap is None:
+        return "CPU"
+    if device in DEVICE_CAPABILITIES:
+        return f"an sm_{cap[0]}{cap[1]} GPU (H100/H200; described, not present)"
+    return f"{torch.cuda.get_device_name()} (sm_{cap[0]}{cap[1]})"
+
+
+def version_text() -> str:
+    """The versions of the workspace's distributions that are installed, torch and the DSL."""
+    from importlib import metadata
+
+    names = ("moe-dispatcher", "moe-common", "moe-generic", "moe-gated", "moe-static",
+             "torch", "nvidia-cutlass-dsl")
+    parts = []
+    for name in names:
+        try:
+            parts.append(f"{name} {metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            continue
+    return "fused-moe: " + ", ".join(parts)
+
+
+class _Version(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_text())
+        parser.exit()
 
 
 # ----------------------------------------------------------------------------------------------
 def cmd_explain(args) -> int:
     p = resolve(args.preset, **_explicit(args))
     cap = _device_capability(args.device)
-    where = "CPU" if cap is None else f"{torch.cuda.get_device_name()} (sm_{cap[0]}{cap[1]})"
-    print(f"{p.describe()} on {where}")
+    print(f"{p.describe()} on {_device_name(args.device, cap)}")
     for t in args.tokens:
         ex = explain(p.shape(t, quant_mode=args.quant_mode, device_capability=cap),
                      activation=p.activation, quant_mode=args.quant_mode, kernel=args.kernel)
@@ -98,9 +132,19 @@ def cmd_demo(args) -> int:
     t1 = time.perf_counter()
     fused_moe(x, weights, tw, ids, out=out, **kw)
     first_call_s = time.perf_counter() - t1
-    ref = reference_moe(x, weights, tw, ids, activation=p.activation, quant_mode=args.quant_mode)
+    if ex.choice.kernel == "reference" and args.quant_mode == "w4a16":
+        # the reference against itself would prove nothing: check it against an independent
+        # path (LUT dequantization to bf16, torch grouped GEMMs, bf16 intermediate)
+        against = "the bf16 grouped-GEMM path"
+        ref = torch.empty_like(out)
+        _bench.grouped_mm_moe(x, _bench.dequantize_bf16(weights, "w13"), _bench.dequantize_bf16(weights, "w2"),
+                              tw, ids, p.activation, out=ref, w13_bias=weights.w13_bias,
+                              w2_bias=weights.w2_bias)
+    else:
+        against = "the fp32 reference"
+        ref = reference_moe(x, weights, tw, ids, activation=p.activation, quant_mode=args.quant_mode)
     m = _bench.compare(out, ref)
-    print(f"ran {ex.choice.kernel} on {device.type}: rel L2 {m['rel_l2']:.2e} (<= 1e-2), cosine "
+    print(f"ran {ex.choice.kernel} on {device.type}, checked against {against}: rel L2 {m['rel_l2']:.2e} (<= 1e-2), cosine "
           f"{m['cosine']:.6f} (>= 0.9999), non-finite {m['nonfinite']} -> {'PASS' if m['ok'] else 'FAIL'}")
     if device.type == "cuda":
         layer = FusedMoE(weights, args.tokens, p.top_k, activation=p.activation, quant_mode=args.quant_mode,
@@ -153,14 +197,16 @@ def cmd_list(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="fused-moe", description="NVFP4/MXFP4 fused MoE for Hopper: "
                                  "which kernel runs (explain), a checked run (demo), timings (bench).")
+    ap.add_argument("--version", action=_Version, nargs=0, help="print the installed versions and exit")
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     p = sub.add_parser("explain", help="every kernel plugin's answer for a shape, and the choice")
     _shape_args(p)
     p.add_argument("--tokens", type=int, nargs="+", default=[1, 8192], help="T values (default 1 8192)")
     p.add_argument("--kernel", help="force a kernel (as FUSED_MOE_KERNEL does)")
-    p.add_argument("--device", choices=["auto", "cpu"], default="auto",
-                   help="describe the call on this machine's GPU (auto) or on the CPU")
+    p.add_argument("--device", choices=["auto", "cpu", *DEVICE_CAPABILITIES], default="auto",
+                   help="describe the call on this machine's GPU (auto), on the CPU, or on an "
+                        "H100/H200 (sm90) from any machine")
     p.set_defaults(func=cmd_explain)
 
     p = sub.add_parser("demo", help="a random layer from a preset, run and checked against the reference")
