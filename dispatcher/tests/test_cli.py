@@ -59,7 +59,7 @@ def test_demo_check_is_independent_of_the_reference(clean_env, capsys, monkeypat
     import moe_common.reference_plugin as plugin
 
     real = plugin.reference_moe
-    monkeypatch.setattr(plugin, "reference_moe", lambda *a, **kw: real(*a, **kw) * 1.1)
+    monkeypatch.setattr(plugin, "reference_moe", lambda *a, **kw: real(*a, **kw).mul_(1.1))  # into out
     rc = cli.main(["demo", "--experts", "4", "--hidden", "128", "--intermediate", "64", "--top-k", "2",
                    "--tokens", "3", "--seed", "1"])
     out = capsys.readouterr().out
