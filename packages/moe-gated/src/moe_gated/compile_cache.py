@@ -1,8 +1,6 @@
 """moe-gated's compiled kernels, keyed by their static facts (see moe_common.cute.jit)."""
 from __future__ import annotations
 
-import os
-
 from moe_common.cute import jit
 
 from .kernel import GEOMETRIES, GatedConfig, GatedGemm
@@ -10,23 +8,9 @@ from .kernel import GEOMETRIES, GatedConfig, GatedGemm
 FORMATS = ("nvfp4", "mxfp4")
 ACTIVATIONS = ("silu", "gelu_tanh", "swigluoai")
 
-# Development knobs for measuring variants (the defaults are the measured best):
-# MOE_GATED_PENDING=j leaves j wgmma slabs in flight across K-tiles (default: the geometry's);
-# MOE_GATED_VARIANT=nodecode|nomma|nostore times the kernel without the decode, without the MMA
-# or without the epilogues' global stores (wrong output: timing only); a suffix -fc1 or -fc2
-# applies the variant to that phase only.
-PENDING = int(os.environ["MOE_GATED_PENDING"]) if "MOE_GATED_PENDING" in os.environ else None
-VARIANT = os.environ.get("MOE_GATED_VARIANT", "full")
-
-
 def config(phase: str, weight_format: str, activation: str, geometry: str = "wide") -> GatedConfig:
-    variant = VARIANT
-    if variant.endswith(("-fc1", "-fc2")):  # e.g. nostore-fc2: one phase only
-        variant, only = variant.rsplit("-", 1)
-        variant = variant if only == phase else "full"
     return GatedConfig(phase=phase, weight_format=weight_format,
-                       activation=activation if phase == "fc1" else "none", geometry=geometry,
-                       pending=PENDING, variant=variant)
+                       activation=activation if phase == "fc1" else "none", geometry=geometry)
 
 
 def compile_config(cfg: GatedConfig):

@@ -49,7 +49,6 @@ it.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import cutlass
@@ -72,18 +71,12 @@ TILE_K = 128
 # +- 16 routed pairs per expert (DeepSeek-V3, gpt-oss-120b at T=8192) half the experts then
 # had a leftover tile of a few tokens costing ~40% of a full one; 288 takes them in one pass,
 # 7.8-8.0% faster there (BENCHMARKS.md). 320 makes ptxas serialize the wgmmas (C7512).
-WIDE_BN = int(os.environ.get("MOE_GATED_WIDE_BN", "288"))  # development knob: 256 (measuring)
-GEOMETRIES = {"wide": (WIDE_BN, 1), "tall": (128, 2)}
+GEOMETRIES = {"wide": (288, 1), "tall": (128, 2)}
 # MMA widths per tile size: a tile's token count is rounded up to one of these. Widths above
 # 256 issue two wgmmas per slab, 256 + the rest, on one decoded A; beside them, a 192 width
 # made ptxas serialize the wgmmas (C7512) or spill (every width is its own mainloop)
-WIDTHS = {128: (128, 96, 64, 32), 256: (256, 192, 128, 64, 32), 288: (288, 256, 128, 64, 32)}
-if os.environ.get("MOE_GATED_WIDE_WIDTHS"):  # development knob (measuring): "256,240,..."
-    WIDTHS[WIDE_BN] = tuple(int(v) for v in os.environ["MOE_GATED_WIDE_WIDTHS"].split(","))
+WIDTHS = {128: (128, 96, 64, 32), 288: (288, 256, 128, 64, 32)}
 MAX_STAGES = 4  # (2 stages measured 29-32% slower at T=8192: BENCHMARKS.md, eighth session)
-# development knobs (measuring): a cap on the stage count; "1" splits every wide K-tile's stage
-STAGES_CAP = int(os.environ.get("MOE_GATED_STAGES", "8"))
-FORCE_SPLIT = os.environ.get("MOE_GATED_SPLIT") == "1"
 # B (tokens) in shared memory and in the tile-blocked buffers: per K-tile two 64-column halves
 # (HALF_BYTES x tokens apart), each 8 tokens x 64 columns = 1024 bytes per 8-token group: FC1's
 # token rows in the 128-byte swizzle (moe_gated.row_scatter), FC2's intermediate as K-major
@@ -103,7 +96,6 @@ PRODUCER_REGS = 40
 CONSUMER_REGS = 232
 STG_TOKENS = 32  # FC1 epilogue: tokens per staged chunk (512 bytes per warp)
 SMEM_LIMIT = 227 * 1024  # sm_90's largest dynamic shared memory per CTA
-MIN_BLOCKS = int(os.environ.get("MOE_GATED_MIN_BLOCKS", "1"))  # 0: no .minnctapersm (measuring)
 ITEM_SLOTS = 8  # work-item ring from the producer to the consumers (it leads by <= stages items)
 # a ring slot: (item, expert, first pair, end pair), the tile facts the producer has loaded
 # anyway, so a consumer starts an item without a global round trip
@@ -147,15 +139,6 @@ class GatedConfig:
     weight_format: str  # "nvfp4" | "mxfp4"
     activation: str = "silu"  # fc1: silu | gelu_tanh | swigluoai (alpha/beta/limit at run time)
     geometry: str = "wide"  # see GEOMETRIES
-    # wgmma slabs left in flight when a K-tile's block returns (None: the geometry's default).
-    # wide: 2, measured 1.2-1.7% faster than 1 at T=8192 (BENCHMARKS.md, 6073ca8), except at
-    # MMA widths above 256 (1). tall: 1. Where the accumulators and 3 slabs' A registers do
-    # not fit (two groups per warp; 288 tokens), 2 makes ptxas serialize every wgmma (C7512,
-    # checked by tests/test_gated_cpu.py)
-    pending: int | None = None
-    # timing-only variants (wrong results): "nodecode" feeds raw codes to the MMA, "nomma" skips
-    # it, "nostore" skips the epilogues' global stores
-    variant: str = "full"
 
 
 class GatedGemm:
@@ -166,7 +149,12 @@ class GatedGemm:
         self.bn, self.gpw = GEOMETRIES[cfg.geometry]
         self.row_tile = row_tile(cfg.geometry)
         self.widths = WIDTHS[self.bn]
-        self.pending = cfg.pending if cfg.pending is not None else (2 if self.gpw == 1 else 1)
+        # wgmma slabs left in flight when a K-tile's block returns. wide: 2, measured 1.2-1.7%
+        # faster than 1 at T=8192 (BENCHMARKS.md, 6073ca8), except at MMA widths above 256 (1).
+        # tall: 1. Where the accumulators and 3 slabs' A registers do not fit (two groups per
+        # warp; 288 tokens), 2 makes ptxas serialize every wgmma (C7512, checked by
+        # tests/test_gated_cpu.py)
+        self.pending = 2 if self.gpw == 1 else 1
         self.b_bytes = self.bn * TILE_K * 2  # a K-tile's B in the tile-blocked buffers
         # FC1's B is 128B-swizzled (read by a swizzled descriptor from 1024-byte aligned halves)
         self.b_swizzle = cfg.phase == "fc1"
@@ -180,11 +168,10 @@ class GatedGemm:
         # K-tile (`split`: wide, 288 tokens: 4 x 46 KiB, [B's first half | A], then [B's second
         # half]); 2 whole-K-tile stages measured 29-32% slower (eighth session). One CTA per SM.
         self.stage_bytes = _align(self.b_bytes + self.a_bytes)
-        self.split = 3 * (self.stage_bytes + 16) > SMEM_LIMIT - fixed or \
-            (FORCE_SPLIT and self.gpw == 1)
+        self.split = 3 * (self.stage_bytes + 16) > SMEM_LIMIT - fixed
         if self.split:
             self.stage_bytes = _align(self.b_bytes // 2 + self.a_bytes)
-        max_stages = min(STAGES_CAP, 2 * MAX_STAGES if self.split else MAX_STAGES)
+        max_stages = 2 * MAX_STAGES if self.split else MAX_STAGES
         self.stages = min(max_stages, (SMEM_LIMIT - fixed) // (self.stage_bytes + 16))
         # shared memory: the stages, then 8-byte mbarriers (full[stages], empty[stages],
         # item_full[ITEM_SLOTS]), the work-item ring (ITEM_BYTES per slot), then per phase
@@ -244,7 +231,7 @@ class GatedGemm:
                  # the setmaxnreg regions are allocated against (NVIDIA/cutlass#3406). Measured
                  # 1.3-1.4% faster at T=8192 (BENCHMARKS.md); the consumers' SASS changes only a
                  # little (highest register R218 -> R223 in FC1 NVFP4 silu)
-                 min_blocks_per_mp=MIN_BLOCKS)
+                 min_blocks_per_mp=1)
 
     # ------------------------------------------------------------------ device
     @cute.kernel
@@ -473,18 +460,12 @@ class GatedGemm:
              slabs: cutlass.Constexpr):
         """acc += this warp's decoded groups (words) x B at b_at (second half `half` further
         on, see wgmma_decode_k128) over `slabs`, the wgmmas left in flight (`pending`)."""
-        cfg = self.cfg
-        if cutlass.const_expr(cfg.variant == "nomma"):
-            for gi in cutlass.range_constexpr(self.gpw):
-                acc[gi, 0, 0] = acc[gi, 0, 0] + Float32(ptx.f32_bits(words[gi][0] ^ words[gi][9]))
-        else:
-            accs = [[acc[gi, j // 4, j % 4] for j in range(n_tok // 2)] for gi in range(self.gpw)]
-            res = wgmma_decode_k128(accs, [w[:8] for w in words], [w[8:] for w in words],
-                                    cfg.weight_format, b_at, n_tok,
-                                    pending=self.pending if n_tok <= 256 else 1,
-                                    decode=cfg.variant != "nodecode", b_half=half,
-                                    b_swizzle=self.b_swizzle, slabs=slabs)
-            _store_fragments(acc, res)
+        accs = [[acc[gi, j // 4, j % 4] for j in range(n_tok // 2)] for gi in range(self.gpw)]
+        res = wgmma_decode_k128(accs, [w[:8] for w in words], [w[8:] for w in words],
+                                self.cfg.weight_format, b_at, n_tok,
+                                pending=self.pending if n_tok <= 256 else 1, b_half=half,
+                                b_swizzle=self.b_swizzle, slabs=slabs)
+        _store_fragments(acc, res)
 
     @cute.jit
     def _consumer(self, s_base, warp, lane, total, row_tiles, gscale, bias, order, k_tiles,
@@ -614,8 +595,7 @@ class GatedGemm:
                     ptx.stmatrix_x4_trans(stg + lane * 16, regs[0], regs[1], regs[2], regs[3])
                     cute.arch.sync_warp()
                     v = ptx.ld_shared_v4(stg + lane * 16)
-                    if cutlass.const_expr(cfg.variant != "nostore"):
-                        ptx.st_v4(chunk + m * (STG_TOKENS // 8) * GROUP_BYTES, v[0], v[1], v[2], v[3])
+                    ptx.st_v4(chunk + m * (STG_TOKENS // 8) * GROUP_BYTES, v[0], v[1], v[2], v[3])
                     cute.arch.sync_warp()  # the staging buffer is rewritten by the next block
 
     @cute.jit
@@ -632,9 +612,6 @@ class GatedGemm:
         the 32-column order would fill half of each sector they touch (measured slower)."""
         r = lane // 4
         q = lane % 4
-        # nostore: a bound no row meets, but one the compiler cannot see through (with the
-        # results dead, ptxas shrinks the wgmmas to N=8)
-        bound = out_rows if cutlass.const_expr(self.cfg.variant != "nostore") else out_rows - (1 << 30)
         # the warp's groups are one block (out_rows is a multiple of 32: a block is in or out)
         row0 = group0 * 16
         col = fc2_y_position(row0, r, 0, 0, self.gpw)  # values (gi, h) at col + 2 gi + h
@@ -649,7 +626,7 @@ class GatedGemm:
                 dst = out + (Int64(pairs[c]) * Int64(out_stride) + Int64(col)) * 4
                 v = [acc[gi, nb, 2 * h + c] * gs + bv[2 * gi + h]
                      for gi in range(self.gpw) for h in range(2)]
-                ok = Int32(p0 + n < p1) & Int32(row0 < bound)
+                ok = Int32(p0 + n < p1) & Int32(row0 < out_rows)
                 if cutlass.const_expr(self.gpw == 1):
                     ptx.st_v2_f32_if(dst, v[0], v[1], ok)
                 else:

@@ -11,7 +11,6 @@ queues' counters are zeroed once at allocation and left at zero by every launch.
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 
@@ -36,9 +35,6 @@ WIDE_MIN_PAIRS_PER_EXPERT = 256
 
 
 def geometry_for(pairs: int, local_experts: int) -> str:
-    forced = os.environ.get("MOE_GATED_GEOMETRY")  # development knob: wide | tall (measuring)
-    if forced in GEOMETRIES:
-        return forced
     return "wide" if pairs >= WIDE_MIN_PAIRS_PER_EXPERT * local_experts else "tall"
 
 

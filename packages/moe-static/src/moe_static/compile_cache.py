@@ -1,8 +1,6 @@
 """moe-static's compiled kernels, keyed by their static facts (see moe_common.cute.jit)."""
 from __future__ import annotations
 
-import os
-
 from moe_common.cute import jit
 
 from .kernel import StaticConfig, StaticMoE
@@ -14,26 +12,10 @@ ACTIVATIONS = ("silu", "gelu_tanh", "swigluoai", "relu2")
 # Warps per FC1 and per FC2 unit that the runner chooses between (runner.choose_teams)
 TEAM_SHAPES = ((2, 2), (1, 1), (2, 1), (1, 2))
 
-# Development knobs for measuring variants (the defaults are the measured best):
-# MOE_STATIC_TEAMS=a,b forces the warps per FC1 and per FC2 unit.
-FORCED_TEAMS = (tuple(int(v) for v in os.environ["MOE_STATIC_TEAMS"].split(","))
-                if os.environ.get("MOE_STATIC_TEAMS") else None)
-# MOE_STATIC_SKIP=tasks,route,barriers,reduce leaves those parts out (wrong output: timing the
-# fixed cost only; tasks = the FC1 and FC2 units)
-SKIP = frozenset(v for v in os.environ.get("MOE_STATIC_SKIP", "").split(",") if v)
-# MOE_STATIC_VARIANT=nodecode|nob|nomma drops one stage of the stream (timing only, see kernel)
-VARIANT = os.environ.get("MOE_STATIC_VARIANT", "")
-# MOE_STATIC_EVEN_GAIN=p: split a GEMM in even shares when that shortens the busiest warp's
-# stream by at least p percent (default 10, see StaticMoE._even_share)
-EVEN_GAIN = int(os.environ.get("MOE_STATIC_EVEN_GAIN", "10"))
-
-
 def config(weight_format: str, activation: str, ids_bytes: int = 4,
            teams: tuple = TEAM_SHAPES[0]) -> StaticConfig:
-    teams = FORCED_TEAMS or teams
     return StaticConfig(weight_format=weight_format, activation=activation, ids_bytes=ids_bytes,
-                        team_fc1=teams[0], team_fc2=teams[1],
-                        skip=SKIP, variant=VARIANT, even_gain=EVEN_GAIN)
+                        team_fc1=teams[0], team_fc2=teams[1])
 
 
 def compile_config(cfg: StaticConfig):

@@ -73,10 +73,10 @@ SMEM_LIMIT = 227 * 1024
 EXPERTS_PER_THREAD = MAX_LOCAL_EXPERTS // THREADS
 # FC1 unit cut in two (see _meet_leave): the fragment (32 lanes x 4 fp32) of its piece from the cut
 MEET_BYTES = 512
-# where the "stamps" variant reads %globaltimer (each warp, in this order)
-STAMPS = ("start", "routed", "fc1 end", "fc2 start", "fc2 end", "reduce start", "end")
-STAMP_WORDS = len(STAMPS) + 1  # 8-byte words per warp in the meet workspace: the stamps, %smid
 REDUCE_BATCH = 8  # top-k routes the final reduce loads at once (k <= 8: one round trip)
+# The least gain, in percent of the busiest warp's K-tiles, for which a GEMM is split in even
+# shares (see StaticMoE._even_share)
+EVEN_GAIN_PERCENT = 10
 
 
 @dataclass(frozen=True)
@@ -89,17 +89,6 @@ class StaticConfig:
     # T=1 111.7 vs 104.2 us at 0db0d90, BENCHMARKS.md)
     team_fc1: int = 2
     team_fc2: int = 2
-    # timing the fixed cost (wrong results): parts left out, a subset of "tasks" (FC1 and FC2
-    # units), "route", "barriers", "reduce"
-    skip: frozenset = frozenset()
-    # timing variants (wrong results): "nodecode" feeds raw code words as A, "nob" skips the B
-    # ldmatrix, "nomma" skips the MMAs (the decode still runs: its results are summed into acc);
-    # "stamps" (right results) leaves each warp's %globaltimer at each of STAMPS and its %smid
-    # in the meet workspace at the end (tools/static_spread.py)
-    variant: str = ""
-    # the least gain, in percent of the busiest warp's K-tiles, for which a GEMM is split in
-    # even shares (_even_share)
-    even_gain: int = 10
 
     @property
     def gated(self) -> bool:
@@ -179,69 +168,39 @@ class StaticMoE:
         s_cur = s_base                            # routing scratch in the ring: [E] cursors,
         s_scan = s_cur + MAX_LOCAL_EXPERTS * 4    # [2][THREADS] scan
         pairs = tokens * top_k
-        stamps = []  # the "stamps" variant's %globaltimer readings, in STAMPS order
-        self._stamp(stamps)
 
         if tid % 32 == 0:  # one mbarrier per ring slot of each warp (the routing syncs after)
             for i in cutlass.range_constexpr(DEPTH):
                 ptx.mbarrier_init(s_base + self.mbar_off + ((tid // 32) * DEPTH + i) * 8, 1)
             ptx.fence_mbarrier_init()
             ptx.st_shared_u32(s_base + self.flag_off + (tid // 32) * 4, 0)
-        if cutlass.const_expr("route" not in cfg.skip):
-            self._route(ids, pairs, expert_offset, experts, tid, s_cnt, s_off, s_cur, s_act,
-                        s_ord, s_scan, s_nact, s_max)
-        else:
-            if tid == 0:
-                ptx.st_shared_u32(s_nact, 0)
-                ptx.st_shared_u32(s_max, 0)
-            cute.arch.sync_threads()
-        self._stamp(stamps)
+        self._route(ids, pairs, expert_offset, experts, tid, s_cnt, s_off, s_cur, s_act, s_ord,
+                    s_scan, s_nact, s_max)
         # ring steps this warp has consumed so far (slot = count % DEPTH, parity = its use count)
         steps = cute.make_rmem_tensor(cute.make_layout(1), Int32)
         steps[0] = Int32(0)
         n_act = ptx.ld_shared_u32(s_nact)
-        if cutlass.const_expr("tasks" in cfg.skip):
-            n_act = Int32(0)
         inter_stride = k_tiles2 * TILE_K  # bf16 columns per intermediate row
         self._zero_y(y, pairs, hidden, n_act, (hidden + 15) // 16, k_tiles2, bid, grid, tid)
         max_cnt = ptx.ld_shared_u32(s_max)
         self._phase(True, n_act, groups1, groups1, k_tiles1, w13, s13, alpha1, b13, x, x_stride,
                     hidden, inter, inter_stride, y, route_w, top_k, act_alpha, act_beta, act_limit,
                     s_base, s_cnt, s_off, s_act, s_ord, steps, bid, grid, tid, max_cnt, meet)
-        self._stamp(stamps)
         ptx.fence_proxy_async_global()  # inter (generic stores) is read by bulk copies next
         self._grid_sync(barrier, bid, grid, tid)
-        self._stamp(stamps)
         self._phase(False, n_act, (hidden + 15) // 16, groups2, k_tiles2, w2, s2, alpha2, b2,
                     inter, inter_stride, hidden, inter, inter_stride, y, route_w, top_k,
                     act_alpha, act_beta, act_limit, s_base, s_cnt, s_off, s_act, s_ord, steps, bid,
                     grid, tid, max_cnt, meet)
-        self._stamp(stamps)
         self._grid_sync(barrier, bid, grid, tid)
-        self._stamp(stamps)
-        if cutlass.const_expr("reduce" not in cfg.skip):
-            self._reduce(ids, y, out, tokens, top_k, expert_offset, experts, hidden, bid, grid, tid)
-        self._stamp(stamps)
-        if cutlass.const_expr(cfg.variant == "stamps"):
-            if tid % 32 == 0:  # the meetings are over: their workspace holds the stamps
-                at = meet + Int64(bid * WARPS + tid // 32) * (8 * STAMP_WORDS)
-                for i in cutlass.range_constexpr(len(STAMPS)):
-                    ptx.st_v2(at + 8 * i, stamps[i][0], stamps[i][1])
-                ptx.st_v2(at + 8 * len(STAMPS), stamps[0][2], 0)
-
-    @cute.jit
-    def _stamp(self, stamps):
-        """The "stamps" variant: this warp's %globaltimer (and %smid) at the next of STAMPS."""
-        if cutlass.const_expr(self.cfg.variant == "stamps"):
-            stamps.append(ptx.globaltimer_lo_hi())
+        self._reduce(ids, y, out, tokens, top_k, expert_offset, experts, hidden, bid, grid, tid)
 
     @cute.jit
     def _grid_sync(self, barrier, bid, grid, tid):
         cute.arch.sync_threads()  # the CTA's writes are ordered before thread 0's release
-        if cutlass.const_expr("barriers" not in self.cfg.skip):
-            if tid == 0:
-                ptx.grid_barrier_arrive_wait(barrier, bid == 0, grid - 1)
-            cute.arch.sync_threads()
+        if tid == 0:
+            ptx.grid_barrier_arrive_wait(barrier, bid == 0, grid - 1)
+        cute.arch.sync_threads()
 
     # ------------------------------------------------------------------ routing (per CTA)
     @cute.jit
@@ -373,7 +332,7 @@ class StaticMoE:
         else:
             share = cutlass.max((n_units * k_tiles + w - 1) // w, k_tiles)
         whole = (n_units + w - 1) // w * k_tiles
-        if 100 * share > (100 - self.cfg.even_gain) * whole:
+        if 100 * share > (100 - EVEN_GAIN_PERCENT) * whole:
             share = Int32(0)
         return share
 
@@ -582,10 +541,7 @@ class StaticMoE:
         words = self._slot_words(slot, i, lane)
         b = []
         for sp in cutlass.range_constexpr(4):  # slabs 2sp, 2sp + 1: lo and hi k-halves
-            if cutlass.const_expr(cfg.variant == "nob"):
-                m = (Int32(0x3F803F80),) * 4
-            else:
-                m = ptx.ldmatrix_x4(slot + B_OFF + b_off + i * (TILE_K * 2) + sp * 64)
+            m = ptx.ldmatrix_x4(slot + B_OFF + b_off + i * (TILE_K * 2) + sp * 64)
             for h in cutlass.range_constexpr(2):
                 if cutlass.const_expr(masked):
                     ok = valid > 2 * sp + h
@@ -593,17 +549,10 @@ class StaticMoE:
                 else:
                     b.append((m[2 * h], m[2 * h + 1]))
         for k16 in cutlass.range_constexpr(8):
-            if cutlass.const_expr(cfg.variant == "nodecode"):
-                a = (words[k16], words[k16], words[k16], words[k16])
-            else:
-                a = fm.a_fragment(words, k16, cfg.weight_format)
-            if cutlass.const_expr(cfg.variant == "nomma"):
-                for c in cutlass.range_constexpr(4):
-                    acc[c] = acc[c] + ptx.f32_bits(a[c] ^ b[k16][c % 2])
-            else:
-                d = ptx.mma_bf16_16816((acc[0], acc[1], acc[2], acc[3]), a, b[k16])
-                for c in cutlass.range_constexpr(4):
-                    acc[c] = d[c]
+            a = fm.a_fragment(words, k16, cfg.weight_format)
+            d = ptx.mma_bf16_16816((acc[0], acc[1], acc[2], acc[3]), a, b[k16])
+            for c in cutlass.range_constexpr(4):
+                acc[c] = d[c]
 
     @cute.jit
     def _slot_words(self, slot, i, lane):

@@ -315,15 +315,6 @@ def flag_wait_acquire_cta(addr, *, loc=None, ip=None):
 
 
 @dsl_user_op
-def globaltimer_lo_hi(*, loc=None, ip=None):
-    """%globaltimer (ns) as two u32 halves, and %smid (timing diagnostics)."""
-    s = _asm(llvm.StructType.get_literal([T.i32()] * 3), [],
-             "{ .reg .b64 t; mov.u64 t, %globaltimer; mov.b64 {$0, $1}, t; mov.u32 $2, %smid; }",
-             "=r,=r,=r", side_effects=True)
-    return tuple(Int32(x) for x in _unpack(s, 3, T.i32()))
-
-
-@dsl_user_op
 def atom_add_global(addr, v, *, loc=None, ip=None) -> Int32:
     """Relaxed device-scope atomic add on a global int32; returns the old value."""
     return Int32(_asm(T.i32(), [Int64(addr).ir_value(loc=loc, ip=ip), _i32(v, loc, ip)],
