@@ -20,10 +20,8 @@ A 4-stage cp.async ring holds, per 128-deep K-tile:
     are exactly its A fragments for the 8 k16 slabs) and the group's bf16 block scales.
 Per K-tile each lane reads its codes and scales from shared memory, decodes e2m1 -> bf16 in
 registers (decode_fragment_word: shifts and masks), multiplies by the block scale (bf16x2, exact),
-and feeds the tensor cores:
-  - mma.sync.m16n8k16 with B fragments by ldmatrix from padded [BN][128 + 8] rows (default), or
-  - wgmma m64nBNk16 with A from registers and B as K-major core matrices, decode and wgmma of
-    the whole K-tile in one PTX block (MOE_GENERIC_MMA=wgmma; slower today, BENCHMARKS.md).
+and feeds the tensor cores: mma.sync.m16n8k16 with B fragments by ldmatrix from padded
+[BN][128 + 8] rows.
 Epilogues apply the fp32 global scale (x the activation global scale in w4a4) and bias; FC1
 applies the activation with gate (row r) and up (row r + 8) of the same j in the same lane
 (weights repacked so), FC2 the router weight and writes each (pair, h) exactly once, so the
@@ -40,7 +38,6 @@ from cutlass import Float32, Int32, Int64
 from moe_common.cute import jit, ptx
 from moe_common.cute import activation as act
 from moe_common.cute import fragment_mma as fm
-from moe_common.cute.wgmma_decode import wgmma_decode_k128
 
 TILE_K = 128
 SMEM_ROW_BYTES = fm.B_ROW_BYTES  # 272: conflict-free ldmatrix B-fragment reads
@@ -53,7 +50,6 @@ class GemmConfig:
     activation: str = "silu"  # fc1 only; swiglu alpha/beta/limit are run-time arguments
     bn: int = 64  # tokens per tile (multiple of 8)
     mw: int = 2  # 16-row groups per warp (1 for decode tiles: twice the CTAs on the weights)
-    wgmma: bool = False  # warpgroup MMA (sm_90a) instead of mma.sync
     warps: int = 4  # per CTA (8 with mw=1: the same 128-row tile with twice the warps)
     stages: int = 4  # cp.async ring depth; bn=64, 8 warps, NVFP4: 4 x 27 KiB, two CTAs per SM
 
@@ -73,11 +69,9 @@ class GemmConfig:
 class GroupedGemm:
     def __init__(self, cfg: GemmConfig):
         assert cfg.phase in ("fc1", "fc2") and cfg.bn % 8 == 0 and cfg.bn <= 64
-        assert cfg.warps == 4 or not cfg.wgmma  # the wgmma mainloop is one warpgroup
         self.cfg = cfg
         self.nb = cfg.bn // 8
-        # mma.sync reads B with ldmatrix from padded rows; wgmma from unpadded core matrices
-        self.b_bytes = cfg.bn * (TILE_K * 2 if cfg.wgmma else SMEM_ROW_BYTES)
+        self.b_bytes = cfg.bn * SMEM_ROW_BYTES  # padded rows: conflict-free ldmatrix
         self.a_group_bytes = fm.group_tile_bytes(cfg.weight_format)
         self.threads = cfg.warps * 32
         self.stage_bytes = self.b_bytes + cfg.warps * cfg.mw * self.a_group_bytes
@@ -162,7 +156,7 @@ class GroupedGemm:
             loop_args = (acc, k_tiles, s_base, lane, b_lane, sources, src, k_real, w_warp, s_warp,
                          group_w_stride, group_s_stride, a_warp_off)
             width = p1 - p0
-            if cutlass.const_expr(cfg.wgmma or cfg.bn < 32):
+            if cutlass.const_expr(cfg.bn < 32):
                 self._mainloop(self.nb, *loop_args)
             elif width > cfg.bn - 16:
                 self._mainloop(self.nb, *loop_args)
@@ -218,8 +212,6 @@ class GroupedGemm:
             ptx.cp_async_commit()
         for kt in cutlass.range(k_tiles, unroll=1):
             ptx.cp_async_wait(cfg.stages - 2)
-            if cutlass.const_expr(cfg.wgmma):
-                ptx.fence_proxy_async_shared()  # cp.async writes -> wgmma (async proxy) reads
             cute.arch.sync_threads()  # stage kt landed for every thread; stage kt-1 is free
             nxt = kt + cfg.stages - 1
             if nxt < k_tiles:
@@ -230,15 +222,7 @@ class GroupedGemm:
             stage = s_base + (kt % cfg.stages) * self.stage_bytes
             words = [fm.load_group_words(stage + a_warp_off + g * self.a_group_bytes, lane,
                                          cfg.weight_format) for g in range(cfg.mw)]
-            if cutlass.const_expr(cfg.wgmma):
-                accs = [[acc[g, i // 4, i % 4] for i in range(4 * self.nb)] for g in range(cfg.mw)]
-                res = wgmma_decode_k128(accs, [w[:8] for w in words], [w[8:] for w in words],
-                                        cfg.weight_format, stage, cfg.bn)
-                for g in cutlass.range_constexpr(cfg.mw):
-                    for i in cutlass.range_constexpr(4 * self.nb):
-                        acc[g, i // 4, i % 4] = res[g][i]
-            else:
-                fm.mma_ktile(acc, words, stage + b_lane, live_nb, cfg.weight_format)
+            fm.mma_ktile(acc, words, stage + b_lane, live_nb, cfg.weight_format)
 
     @cute.jit
     def _chunk_source(self, c, p0, p1, order, row_div, src, src_stride):
@@ -247,17 +231,9 @@ class GroupedGemm:
         Computed once per tile, outside the K loop: the row gather (order[p] // row_div) is a
         dependent global load that would otherwise stall every K-tile's copies.
         """
-        if cutlass.const_expr(self.cfg.wgmma):
-            # a warp copies 8 tokens x 4 chunks: 64 contiguous bytes per token row in global
-            # memory, and each 8-thread phase writes one 128-byte core-matrix row block
-            blk = c // 32
-            n = (blk % self.nb) * 8 + (c % 8)
-            ch = (blk // self.nb) * 4 + (c % 32) // 8
-            dst = (ch * self.cfg.bn + n) * 16
-        else:
-            n = c // 16
-            ch = c % 16
-            dst = n * SMEM_ROW_BYTES + ch * 16
+        n = c // 16
+        ch = c % 16
+        dst = n * SMEM_ROW_BYTES + ch * 16
         p = p0 + n
         base = src
         ok = Int32(0)
