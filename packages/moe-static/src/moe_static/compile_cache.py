@@ -3,14 +3,14 @@ from __future__ import annotations
 
 from moe_common.cute import jit
 
-from .kernel import StaticConfig, StaticMoE
+from .kernel import StaticConfig, StaticMoE, StaticOperands
 
 FORMATS = ("nvfp4", "mxfp4")
 ACTIVATIONS = ("silu", "gelu_tanh", "swigluoai", "relu2")
 
-
 # Warps per FC1 and per FC2 unit that the runner chooses between (runner.choose_teams)
 TEAM_SHAPES = ((2, 2), (1, 1), (2, 1), (1, 2))
+
 
 def config(weight_format: str, activation: str, ids_bytes: int = 4,
            teams: tuple = TEAM_SHAPES[0]) -> StaticConfig:
@@ -19,13 +19,10 @@ def config(weight_format: str, activation: str, ids_bytes: int = 4,
 
 
 def compile_config(cfg: StaticConfig):
-    from cutlass import Float32, Int32, Int64
+    from cutlass import Int32
 
-    z = Int64(0)
-    i1 = Int32(1)
-    args = ([z] * 11 + [Int32(128)] + [i1, i1, Int32(0), i1, Int32(128), i1, Int32(16), Int32(8), i1]
-            + [z] * 5 + [Float32(1.0), Float32(1.0), Float32(1.0), i1, jit.example_stream()])
-    return jit.compile_kernel(StaticMoE(cfg), *args)
+    return jit.compile_kernel(StaticMoE(cfg), jit.example(StaticOperands), Int32(1),
+                              jit.example_stream())
 
 
 def get(weight_format: str, activation: str, ids_bytes: int = 4, teams: tuple = TEAM_SHAPES[0]):

@@ -38,6 +38,7 @@ x 96 FC1 groups = 768 units), where the first version's (expert, 128-column slic
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import cutlass
 import cutlass.cute as cute
@@ -79,6 +80,48 @@ REDUCE_BATCH = 8  # top-k routes the final reduce loads at once (k <= 8: one rou
 EVEN_GAIN_PERCENT = 10
 
 
+class StaticOperands(NamedTuple):
+    """The runtime operands of one launch, in kernel-parameter order: runner.run builds them
+    once per call (jit.operands), StaticMoE.__call__ and .kernel take them whole, and the
+    compile cache compiles with jit.example(StaticOperands)."""
+    # the packed weights (moe_common.packed): FC1 and FC2 codes, block scales, per-expert global
+    # scales (fp32 [E]) and biases (fp32 [E, rows])
+    w13: Int64
+    s13: Int64
+    alpha1: Int64
+    b13: Int64
+    w2: Int64
+    s2: Int64
+    alpha2: Int64
+    b2: Int64
+    # the call: topk_ids (int32 or int64, StaticConfig.ids_bytes), router weights (fp32), the
+    # bf16 token rows x and their stride in elements, T, k and the local experts
+    ids: Int64
+    route_w: Int64
+    x: Int64
+    x_stride: Int32
+    tokens: Int32
+    top_k: Int32
+    expert_offset: Int32
+    experts: Int32
+    # the layer: H, FC1's K-tiles and 16-row groups per expert, FC2's groups and K-tiles
+    hidden: Int32
+    k_tiles1: Int32
+    groups1: Int32
+    groups2: Int32
+    k_tiles2: Int32
+    # the workspace (see runner) and the bf16 output [T, H]
+    inter: Int64
+    y: Int64
+    out: Int64
+    barrier: Int64
+    meet: Int64
+    # the activation's run-time parameters (moe_common.types.Activation)
+    act_alpha: Float32
+    act_beta: Float32
+    act_limit: Float32
+
+
 @dataclass(frozen=True)
 class StaticConfig:
     weight_format: str  # "nvfp4" | "mxfp4"
@@ -117,40 +160,18 @@ class StaticMoE:
 
     # ------------------------------------------------------------------ host entry
     @cute.jit
-    def __call__(
-        self,
-        w13: Int64, s13: Int64, alpha1: Int64, b13: Int64,
-        w2: Int64, s2: Int64, alpha2: Int64, b2: Int64,
-        ids: Int64, route_w: Int64, x: Int64, x_stride: Int32,
-        tokens: Int32, top_k: Int32, expert_offset: Int32, experts: Int32,
-        hidden: Int32, k_tiles1: Int32, groups1: Int32, groups2: Int32, k_tiles2: Int32,
-        inter: Int64, y: Int64, out: Int64, barrier: Int64, meet: Int64,
-        act_alpha: Float32, act_beta: Float32, act_limit: Float32,
-        grid: Int32, stream,
-    ):
-        self.kernel(
-            w13, s13, alpha1, b13, w2, s2, alpha2, b2, ids, route_w, x, x_stride,
-            tokens, top_k, expert_offset, experts, hidden, k_tiles1, groups1, groups2, k_tiles2,
-            inter, y, out, barrier, meet, act_alpha, act_beta, act_limit,
-        ).launch(grid=[grid, 1, 1], block=[THREADS, 1, 1], smem=self.smem_bytes, stream=stream,
-                 cooperative=True, use_pdl=jit.PDL,
-                 # .minnctapersm 1: without it ptxas may hold a 512-thread kernel to 64
-                 # registers (2 CTAs per SM, which the shared memory never allows); the MXFP4
-                 # swigluoai (1,2) build then spilled. With it: 72-79 registers, no spills
-                 min_blocks_per_mp=1)
+    def __call__(self, ops: StaticOperands, grid: Int32, stream):
+        self.kernel(ops).launch(
+            grid=[grid, 1, 1], block=[THREADS, 1, 1], smem=self.smem_bytes, stream=stream,
+            cooperative=True, use_pdl=jit.PDL,
+            # .minnctapersm 1: without it ptxas may hold a 512-thread kernel to 64 registers (2
+            # CTAs per SM, which the shared memory never allows); the MXFP4 swigluoai (1,2) build
+            # then spilled. With it: 72-79 registers, no spills
+            min_blocks_per_mp=1)
 
     # ------------------------------------------------------------------ device
     @cute.kernel
-    def kernel(
-        self,
-        w13: Int64, s13: Int64, alpha1: Int64, b13: Int64,
-        w2: Int64, s2: Int64, alpha2: Int64, b2: Int64,
-        ids: Int64, route_w: Int64, x: Int64, x_stride: Int32,
-        tokens: Int32, top_k: Int32, expert_offset: Int32, experts: Int32,
-        hidden: Int32, k_tiles1: Int32, groups1: Int32, groups2: Int32, k_tiles2: Int32,
-        inter: Int64, y: Int64, out: Int64, barrier: Int64, meet: Int64,
-        act_alpha: Float32, act_beta: Float32, act_limit: Float32,
-    ):
+    def kernel(self, ops):  # a StaticOperands (see jit.operands: why it is not annotated)
         cfg = self.cfg
         ptx.grid_dependency_wait()  # first: see jit.PDL
         tid, _, _ = cute.arch.thread_idx()
@@ -167,33 +188,37 @@ class StaticMoE:
         s_max = s_nact + 4                        # most routed pairs of one expert
         s_cur = s_base                            # routing scratch in the ring: [E] cursors,
         s_scan = s_cur + MAX_LOCAL_EXPERTS * 4    # [2][THREADS] scan
-        pairs = tokens * top_k
+        pairs = ops.tokens * ops.top_k
 
         if tid % 32 == 0:  # one mbarrier per ring slot of each warp (the routing syncs after)
             for i in cutlass.range_constexpr(DEPTH):
                 ptx.mbarrier_init(s_base + self.mbar_off + ((tid // 32) * DEPTH + i) * 8, 1)
             ptx.fence_mbarrier_init()
             ptx.st_shared_u32(s_base + self.flag_off + (tid // 32) * 4, 0)
-        self._route(ids, pairs, expert_offset, experts, tid, s_cnt, s_off, s_cur, s_act, s_ord,
-                    s_scan, s_nact, s_max)
+        self._route(ops.ids, pairs, ops.expert_offset, ops.experts, tid, s_cnt, s_off, s_cur,
+                    s_act, s_ord, s_scan, s_nact, s_max)
         # ring steps this warp has consumed so far (slot = count % DEPTH, parity = its use count)
         steps = cute.make_rmem_tensor(cute.make_layout(1), Int32)
         steps[0] = Int32(0)
         n_act = ptx.ld_shared_u32(s_nact)
-        inter_stride = k_tiles2 * TILE_K  # bf16 columns per intermediate row
-        self._zero_y(y, pairs, hidden, n_act, (hidden + 15) // 16, k_tiles2, bid, grid, tid)
+        inter_stride = ops.k_tiles2 * TILE_K  # bf16 columns per intermediate row
+        self._zero_y(ops.y, pairs, ops.hidden, n_act, (ops.hidden + 15) // 16, ops.k_tiles2, bid,
+                     grid, tid)
         max_cnt = ptx.ld_shared_u32(s_max)
-        self._phase(True, n_act, groups1, groups1, k_tiles1, w13, s13, alpha1, b13, x, x_stride,
-                    hidden, inter, inter_stride, y, route_w, top_k, act_alpha, act_beta, act_limit,
-                    s_base, s_cnt, s_off, s_act, s_ord, steps, bid, grid, tid, max_cnt, meet)
+        self._phase(True, n_act, ops.groups1, ops.groups1, ops.k_tiles1, ops.w13, ops.s13,
+                    ops.alpha1, ops.b13, ops.x, ops.x_stride, ops.hidden, ops.inter, inter_stride,
+                    ops.y, ops.route_w, ops.top_k, ops.act_alpha, ops.act_beta, ops.act_limit,
+                    s_base, s_cnt, s_off, s_act, s_ord, steps, bid, grid, tid, max_cnt, ops.meet)
         ptx.fence_proxy_async_global()  # inter (generic stores) is read by bulk copies next
-        self._grid_sync(barrier, bid, grid, tid)
-        self._phase(False, n_act, (hidden + 15) // 16, groups2, k_tiles2, w2, s2, alpha2, b2,
-                    inter, inter_stride, hidden, inter, inter_stride, y, route_w, top_k,
-                    act_alpha, act_beta, act_limit, s_base, s_cnt, s_off, s_act, s_ord, steps, bid,
-                    grid, tid, max_cnt, meet)
-        self._grid_sync(barrier, bid, grid, tid)
-        self._reduce(ids, y, out, tokens, top_k, expert_offset, experts, hidden, bid, grid, tid)
+        self._grid_sync(ops.barrier, bid, grid, tid)
+        self._phase(False, n_act, (ops.hidden + 15) // 16, ops.groups2, ops.k_tiles2, ops.w2,
+                    ops.s2, ops.alpha2, ops.b2, ops.inter, inter_stride, ops.hidden, ops.inter,
+                    inter_stride, ops.y, ops.route_w, ops.top_k, ops.act_alpha, ops.act_beta,
+                    ops.act_limit, s_base, s_cnt, s_off, s_act, s_ord, steps, bid, grid, tid,
+                    max_cnt, ops.meet)
+        self._grid_sync(ops.barrier, bid, grid, tid)
+        self._reduce(ops.ids, ops.y, ops.out, ops.tokens, ops.top_k, ops.expert_offset,
+                     ops.experts, ops.hidden, bid, grid, tid)
 
     @cute.jit
     def _grid_sync(self, barrier, bid, grid, tid):

@@ -21,7 +21,7 @@ from moe_common.types import Activation
 from moe_common.weights import MoEWeights
 
 from .compile_cache import get
-from .kernel import MEET_BYTES, WARPS
+from .kernel import MEET_BYTES, WARPS, StaticOperands
 from .limits import KERNEL_NAME
 
 
@@ -79,12 +79,18 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     teams = choose_teams(T, k, weights.num_local_experts, prep.fc1_rows // 16, -(-H // 16),
                          grid * WARPS)
     _, kernel = get(weights.weight_format, activation.name, ids.element_size(), teams)
-    kernel(prep.w13.data_ptr(), prep.w13_scale.data_ptr(), prep.fc1_alpha[quant_mode].data_ptr(),
-           prep.w13_bias.data_ptr(), prep.w2.data_ptr(), prep.w2_scale.data_ptr(),
-           prep.fc2_alpha[quant_mode].data_ptr(), prep.w2_bias.data_ptr(),
-           ids.data_ptr(), route_w.data_ptr(), x.data_ptr(), x.stride(0),
-           T, k, weights.local_expert_offset, weights.num_local_experts,
-           H, prep.hidden_padded // TILE_K, prep.fc1_rows // 16, prep.fc2_rows // 16, ip // TILE_K,
-           inter.data_ptr(), y.data_ptr(), out.data_ptr(), barrier.data_ptr(), meet.data_ptr(),
-           activation.alpha, activation.beta, limit, grid, jit.current_stream(dev))
+    ops = jit.operands(
+        StaticOperands,
+        w13=prep.w13.data_ptr(), s13=prep.w13_scale.data_ptr(),
+        alpha1=prep.fc1_alpha[quant_mode].data_ptr(), b13=prep.w13_bias.data_ptr(),
+        w2=prep.w2.data_ptr(), s2=prep.w2_scale.data_ptr(),
+        alpha2=prep.fc2_alpha[quant_mode].data_ptr(), b2=prep.w2_bias.data_ptr(),
+        ids=ids.data_ptr(), route_w=route_w.data_ptr(), x=x.data_ptr(), x_stride=x.stride(0),
+        tokens=T, top_k=k, expert_offset=weights.local_expert_offset,
+        experts=weights.num_local_experts, hidden=H, k_tiles1=prep.hidden_padded // TILE_K,
+        groups1=prep.fc1_rows // 16, groups2=prep.fc2_rows // 16, k_tiles2=ip // TILE_K,
+        inter=inter.data_ptr(), y=y.data_ptr(), out=out.data_ptr(), barrier=barrier.data_ptr(),
+        meet=meet.data_ptr(), act_alpha=activation.alpha, act_beta=activation.beta,
+        act_limit=limit)
+    kernel(ops, grid, jit.current_stream(dev))
     return out

@@ -3,10 +3,20 @@
 `cute.compile` does not memoize, and compiling takes 0.3-1 s, so every compiled kernel is kept
 here keyed by its static facts. Kernels are compiled for sm_90a explicitly, so the same code
 path compiles on a CPU-only machine (CI) and on the H200.
+
+A kernel's runtime operands (pointers and scalars) are one typing.NamedTuple of DSL scalar
+types, defined once beside the kernel: the runner builds it with `operands`, the kernel's
+__call__ and kernel take it whole, and the compile cache compiles with `example`, so the four
+places cannot disagree on an operand's place or type. The DSL passes a NamedTuple's fields as
+separate kernel parameters, in field order. The kernel's own parameter is left unannotated:
+the DSL names the kernel after its arguments, and an unannotated tuple adds to that name what
+its fields given one by one would, so the kernel's PTX is the same as with separate parameters
+(annotated, the name would carry the tuple's repr).
 """
 from __future__ import annotations
 
 import threading
+import typing
 from typing import Callable
 
 import torch
@@ -37,6 +47,38 @@ def compile_kernel(kernel, *example_args):
     import cutlass.cute as cute
 
     return cute.compile(kernel, *example_args, options=ARCH_OPTIONS)
+
+
+def field_types(bundle: type) -> dict:
+    """An operand bundle's field -> DSL type (resolved: the kernels' modules use postponed
+    annotations)."""
+    return typing.get_type_hints(bundle)
+
+
+def operands(bundle: type, **values):
+    """bundle(**values) with each value converted to its field's DSL type (Int64, Int32,
+    Float32). The compiled launcher marshals a NamedTuple's fields by their values' types, so
+    a plain Python int or float in one would not be passed as its field's type."""
+    fields = bundle._fields
+    missing = [f for f in fields if f not in values]
+    unknown = [k for k in values if k not in fields]
+    if missing or unknown:
+        raise ValueError(f"{bundle.__name__}: missing {missing}, unknown {unknown}; "
+                         f"the fields are {list(fields)}")
+    types = field_types(bundle)
+    return bundle(**{f: types[f](values[f]) for f in fields})
+
+
+def example(bundle: type):
+    """A bundle for cute.compile: every field a value of its type (pointers 0, integers 1,
+    floats 1.0; only the types matter, every field being a run-time kernel parameter)."""
+    from cutlass import Float32, Int64
+
+    def value(ty):
+        return ty(0) if ty is Int64 else ty(1.0) if ty is Float32 else ty(1)
+
+    types = field_types(bundle)
+    return bundle(**{f: value(types[f]) for f in bundle._fields})
 
 
 def example_stream():
