@@ -67,7 +67,8 @@ def test_route_pairs_buffers_and_launch(monkeypatch):
     assert hist.shape == (MAX_SPLIT_CTAS + 1, 16) and num_tiles.shape == (1,)
     assert routed.order is order and routed.tiles is tiles and routed.num_tiles is num_tiles
     assert routed.slots is slots
-    assert routed.tile_args == (tiles[0].data_ptr(), tiles[1].data_ptr(), tiles[2].data_ptr(),
-                                num_tiles.data_ptr())
+    assert routed.tile_operands == dict(
+        tile_expert=tiles[0].data_ptr(), tile_start=tiles[1].data_ptr(),
+        tile_end=tiles[2].data_ptr(), num_tiles=num_tiles.data_ptr(), order=order.data_ptr())
     ws.freeze()  # the same call again is served from the frozen workspace
     route_pairs(Buffers("k", ws, "cpu"), ids, 8, 16, 64, 37, "stream")

@@ -9,7 +9,8 @@ from moe_common.fragments import (
     _fragment_index, gated_row_order, repack_codes, repack_scales, unpack_word_codes,
 )
 from moe_common.formats import pack_e2m1
-from moe_common.testing import make_shape
+from moe_common.cute import jit
+from moe_common.testing import check_operands_marshal, make_shape
 from moe_common.types import Activation
 from moe_generic.limits import unsupported_reason
 
@@ -25,6 +26,16 @@ def test_every_dispatchable_config_compiles_for_sm90a():
     assert len(configs) == 50
     for cfg in configs:
         assert compile_config(cfg) is not None, cfg
+
+
+def test_operands_reach_the_kernel_in_field_order():
+    """The runner's GemmOperands arrive as the kernel's parameters, one per field, in order and
+    with their values (the launcher's marshalling, checked without a GPU)."""
+    from moe_generic.compile_cache import compile_config, config
+    from moe_generic.grouped_gemm import GemmOperands
+
+    compiled = compile_config(config("fc2", "nvfp4", "none", 8))
+    check_operands_marshal(compiled, GemmOperands, 2, 3, jit.example_stream())
 
 
 def test_tall_tiles_only_for_long_k_and_dividing_rows():

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from moe_common.cute import jit
 
-from .kernel import GEOMETRIES, GatedConfig, GatedGemm
+from .kernel import GEOMETRIES, GatedConfig, GatedGemm, GatedOperands
 
 FORMATS = ("nvfp4", "mxfp4")
 ACTIVATIONS = ("silu", "gelu_tanh", "swigluoai")
@@ -14,13 +14,7 @@ def config(phase: str, weight_format: str, activation: str, geometry: str = "wid
 
 
 def compile_config(cfg: GatedConfig):
-    from cutlass import Float32, Int32, Int64
-
-    z = Int64(0)
-    i1 = Int32(1)
-    args = ([z] * 10 + [i1, Int32(16), z, Int32(128), Int32(128),
-                        Float32(1.0), Float32(1.0), Float32(1.0), z, i1, jit.example_stream()])
-    return jit.compile_kernel(GatedGemm(cfg), *args)
+    return jit.compile_kernel(GatedGemm(cfg), jit.example(GatedOperands), jit.example_stream())
 
 
 def row_scatter(bn: int):

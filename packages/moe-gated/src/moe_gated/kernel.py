@@ -50,6 +50,7 @@ it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import cutlass
 import cutlass.cute as cute
@@ -133,6 +134,43 @@ def row_tile(geometry: str) -> int:
     return CONSUMER_WARPS * GEOMETRIES[geometry][1] * 16
 
 
+class GatedOperands(NamedTuple):
+    """The runtime operands of one GEMM launch (FC1 or FC2), in kernel-parameter order: the
+    runner builds them per launch (jit.operands), GatedGemm.__call__ and .kernel take them whole,
+    and the compile cache compiles with jit.example(GatedOperands)."""
+    # the packed weights of this GEMM (moe_common.packed): codes, block scales, the per-expert
+    # global scale (fp32 [E]) and the bias (fp32 [E, rows])
+    wblob: Int64
+    sblob: Int64
+    gscale: Int64
+    bias: Int64
+    # the routing's tiles (moe_common.cute.routing): expert, first and end sorted pair of each,
+    # the tile count (int32 on the device) and the sorted pair order
+    tile_expert: Int64
+    tile_start: Int64
+    tile_end: Int64
+    num_tiles: Int64
+    order: Int64
+    # B, tile-blocked (FC1: row_scatter's token rows; FC2: FC1's intermediate), its K-tiles,
+    # and the GEMM's 16-row weight groups per expert
+    b_blocked: Int64
+    k_tiles: Int32
+    row_groups: Int32
+    # the output: FC1 the tile-blocked intermediate (stride in K-tiles, Ip rows), FC2 y [P, H]
+    # fp32 (stride H, H rows)
+    out: Int64
+    out_stride: Int32
+    out_rows: Int32
+    # the activation's run-time parameters (FC1; moe_common.types.Activation)
+    act_alpha: Float32
+    act_beta: Float32
+    act_limit: Float32
+    # the work queue's two counters (zeroed once, left at zero by every launch) and the grid:
+    # persistent CTAs, at most one per SM
+    queue: Int64
+    grid: Int32
+
+
 @dataclass(frozen=True)
 class GatedConfig:
     phase: str  # "fc1" | "fc2"
@@ -212,38 +250,19 @@ class GatedGemm:
 
     # ------------------------------------------------------------------ host entry
     @cute.jit
-    def __call__(
-        self,
-        wblob: Int64, sblob: Int64, gscale: Int64, bias: Int64,
-        tile_expert: Int64, tile_start: Int64, tile_end: Int64, num_tiles: Int64,
-        order: Int64, b_blocked: Int64, k_tiles: Int32, row_groups: Int32,
-        out: Int64, out_stride: Int32, out_rows: Int32,
-        act_alpha: Float32, act_beta: Float32, act_limit: Float32,
-        queue: Int64, grid: Int32, stream,
-    ):
-        self.kernel(
-            wblob, sblob, gscale, bias, tile_expert, tile_start, tile_end, num_tiles,
-            order, b_blocked, k_tiles, row_groups,
-            out, out_stride, out_rows, act_alpha, act_beta, act_limit, queue, grid,
-        ).launch(grid=[grid, 1, 1], block=[THREADS, 1, 1], smem=self.smem_bytes, stream=stream,
-                 use_pdl=jit.PDL,
-                 # .minnctapersm 1 pins the kernel's entry register count (168) for ptxas, which
-                 # the setmaxnreg regions are allocated against (NVIDIA/cutlass#3406). Measured
-                 # 1.3-1.4% faster at T=8192 (BENCHMARKS.md); the consumers' SASS changes only a
-                 # little (highest register R218 -> R223 in FC1 NVFP4 silu)
-                 min_blocks_per_mp=1)
+    def __call__(self, ops: GatedOperands, stream):
+        self.kernel(ops).launch(
+            grid=[ops.grid, 1, 1], block=[THREADS, 1, 1], smem=self.smem_bytes, stream=stream,
+            use_pdl=jit.PDL,
+            # .minnctapersm 1 pins the kernel's entry register count (168) for ptxas, which the
+            # setmaxnreg regions are allocated against (NVIDIA/cutlass#3406). Measured 1.3-1.4%
+            # faster at T=8192 (BENCHMARKS.md); the consumers' SASS changes only a little
+            # (highest register R218 -> R223 in FC1 NVFP4 silu)
+            min_blocks_per_mp=1)
 
     # ------------------------------------------------------------------ device
     @cute.kernel
-    def kernel(
-        self,
-        wblob: Int64, sblob: Int64, gscale: Int64, bias: Int64,
-        tile_expert: Int64, tile_start: Int64, tile_end: Int64, num_tiles: Int64,
-        order: Int64, b_blocked: Int64, k_tiles: Int32, row_groups: Int32,
-        out: Int64, out_stride: Int32, out_rows: Int32,
-        act_alpha: Float32, act_beta: Float32, act_limit: Float32,
-        queue: Int64, grid: Int32,
-    ):
+    def kernel(self, ops):  # a GatedOperands (see jit.operands: why it is not annotated)
         tidx, _, _ = cute.arch.thread_idx()
         ptx.grid_dependency_wait()  # first: see jit.PDL
         warp = tidx // 32
@@ -260,79 +279,77 @@ class GatedGemm:
             ptx.fence_mbarrier_init()
         cute.arch.sync_threads()  # the only CTA-wide barrier
 
-        row_tiles = (row_groups + (self.row_tile // 16 - 1)) // (self.row_tile // 16)
-        total = Int32(ptx.ld_u32(num_tiles)) * row_tiles
+        row_tiles = (ops.row_groups + (self.row_tile // 16 - 1)) // (self.row_tile // 16)
+        total = Int32(ptx.ld_u32(ops.num_tiles)) * row_tiles
         if warp >= PRODUCER_WARP:
             cute.arch.setmaxregister_decrease(PRODUCER_REGS)
             if warp == PRODUCER_WARP:
-                self._producer(s_base, lane, total, row_tiles, wblob, sblob, tile_expert, tile_start,
-                               tile_end, b_blocked, k_tiles, row_groups, queue, grid)
+                self._producer(s_base, lane, total, row_tiles, ops)
         else:
             cute.arch.setmaxregister_increase(CONSUMER_REGS)
-            self._consumer(s_base, warp, lane, total, row_tiles, gscale, bias, order, k_tiles,
-                           row_groups, out, out_stride, out_rows, act_alpha, act_beta, act_limit)
+            self._consumer(s_base, warp, lane, total, row_tiles, ops)
 
     # ------------------------------------------------------------------ producer warp
     @cute.jit
-    def _producer(self, s_base, lane, total, row_tiles, wblob, sblob, tile_expert, tile_start,
-                  tile_end, b_blocked, k_tiles, row_groups, queue, grid):
+    def _producer(self, s_base, lane, total, row_tiles, ops):
         """Takes tickets from the device queue, hands each to the consumers through the item
         ring, and streams the item's K-tiles into the stages as the consumers free them."""
         i = Int32(0)  # items handed out
         g = Int32(0)  # K-tiles issued
         item = Int32(0)
         if lane == 0:
-            item = ptx.atom_add_global(queue, 1)
+            item = ptx.atom_add_global(ops.queue, 1)
         item = cute.arch.shuffle_sync(item, 0)
         while item < total:
             tile = item // row_tiles
             rt = item % row_tiles
-            e = ptx.ld_u32(tile_expert + Int64(tile) * 4)
-            p0 = ptx.ld_u32(tile_start + Int64(tile) * 4)
-            p1 = ptx.ld_u32(tile_end + Int64(tile) * 4)
+            e = ptx.ld_u32(ops.tile_expert + Int64(tile) * 4)
+            p0 = ptx.ld_u32(ops.tile_start + Int64(tile) * 4)
+            p1 = ptx.ld_u32(ops.tile_end + Int64(tile) * 4)
             self._post_item(s_base, lane, i, item, e, p0, p1)
             width, per, sub, a_off, half = self._item_layout(p1 - p0)
             b_copy = width * HALF_BYTES  # each half's first (MMA width) tokens
             # lane l < 2 x groups copies group l // 2 of the row tile: l even its codes, l odd
             # its scales
             cgroup = rt * (self.row_tile // 16) + lane // 2
-            ctile = (Int64(e) * Int64(row_groups) + Int64(cgroup)) * Int64(k_tiles)
-            csrc = wblob + ctile * 1024
+            ctile = (Int64(e) * Int64(ops.row_groups) + Int64(cgroup)) * Int64(ops.k_tiles)
+            csrc = ops.wblob + ctile * 1024
             cbytes = Int32(1024)
             cdst = a_off + (lane // 2) * self.a_group_bytes
             cstep = Int64(1024)
             if lane % 2 == 1:
-                csrc = sblob + ctile * self.scale_bytes
+                csrc = ops.sblob + ctile * self.scale_bytes
                 cbytes = Int32(self.scale_bytes)
                 cdst = cdst + 1024
                 cstep = Int64(self.scale_bytes)
-            copy_ok = lane < 2 * self.groups and cgroup < row_groups
-            groups_here = row_groups - rt * (self.row_tile // 16)
+            copy_ok = lane < 2 * self.groups and cgroup < ops.row_groups
+            groups_here = ops.row_groups - rt * (self.row_tile // 16)
             if groups_here > self.row_tile // 16:
                 groups_here = Int32(self.row_tile // 16)
             a_tx = groups_here * self.a_group_bytes
-            b_tile = b_blocked + Int64(tile) * Int64(k_tiles) * self.b_bytes
+            b_tile = ops.b_blocked + Int64(tile) * Int64(ops.k_tiles) * self.b_bytes
             src = (b_tile, b_copy, half, sub, csrc, cstep, cdst, cbytes, copy_ok, a_tx)
             if per > 0:
-                for kt0 in cutlass.range(0, k_tiles, per, unroll=1):
-                    self._produce(s_base, lane, g, kt0, cutlass.min(per, k_tiles - kt0), 0, src)
+                for kt0 in cutlass.range(0, ops.k_tiles, per, unroll=1):
+                    self._produce(s_base, lane, g, kt0, cutlass.min(per, ops.k_tiles - kt0), 0,
+                                  src)
                     g = g + 1
             else:  # a K-tile over two stages: [B's first half | A], [B's second half]
-                for kt in cutlass.range(k_tiles, unroll=1):
+                for kt in cutlass.range(ops.k_tiles, unroll=1):
                     for h in cutlass.range_constexpr(2):
                         self._produce(s_base, lane, g, kt, 1, h + 1, src)
                         g = g + 1
             i = i + 1
             if lane == 0:
-                item = ptx.atom_add_global(queue, 1)
+                item = ptx.atom_add_global(ops.queue, 1)
             item = cute.arch.shuffle_sync(item, 0)
         self._post_item(s_base, lane, i, item, 0, 0, 0)  # past the end: the consumers stop
         # queue[0]: next ticket; queue[1]: CTAs finished. The last CTA to finish sets both back
         # to 0, so the next launch (or CUDA-graph replay) starts from a clean queue.
         if lane == 0:
-            if ptx.atom_add_global(queue + 4, 1) == grid - 1:
-                ptx.st_u32(queue, 0)
-                ptx.st_u32(queue + 4, 0)
+            if ptx.atom_add_global(ops.queue + 4, 1) == ops.grid - 1:
+                ptx.st_u32(ops.queue, 0)
+                ptx.st_u32(ops.queue + 4, 0)
 
     @cute.jit
     def _produce(self, s_base, lane, g, kt0, n_kt, halves: cutlass.Constexpr, src):
@@ -468,16 +485,14 @@ class GatedGemm:
         _store_fragments(acc, res)
 
     @cute.jit
-    def _consumer(self, s_base, warp, lane, total, row_tiles, gscale, bias, order, k_tiles,
-                  row_groups, out, out_stride, out_rows, act_alpha, act_beta, act_limit):
+    def _consumer(self, s_base, warp, lane, total, row_tiles, ops):
         i = Int32(0)
         g = Int32(0)  # K-tiles consumed
         item, e, p0, p1 = self._next_item(s_base, i)
         while item < total:
             self._work_item(item // row_tiles, item % row_tiles, e, p0, p1, i, g, s_base, warp,
-                            lane, gscale, bias, order, k_tiles, row_groups, out, out_stride,
-                            out_rows, act_alpha, act_beta, act_limit)
-            g = g + self._item_stages(self._item_layout(p1 - p0)[1], k_tiles)
+                            lane, ops)
+            g = g + self._item_stages(self._item_layout(p1 - p0)[1], ops.k_tiles)
             i = i + 1
             item, e, p0, p1 = self._next_item(s_base, i)
 
@@ -495,15 +510,14 @@ class GatedGemm:
             ptx.mbarrier_arrive(s_base + self.empty_off + (g % self.stages) * 8)
 
     @cute.jit
-    def _work_item(self, tile, rt, e, p0, p1, i, g0, s_base, warp, lane, gscale, bias, order,
-                   k_tiles, row_groups, out, out_stride, out_rows, act_alpha, act_beta, act_limit):
+    def _work_item(self, tile, rt, e, p0, p1, i, g0, s_base, warp, lane, ops):
         cfg = self.cfg
         # warp w owns groups gpw * w .. gpw * w + gpw - 1 of the row tile. Rows are padded to
         # 128, so a wide row tile is always full and in a tall one a whole warpgroup (128 rows)
         # may be past the real rows: it sits out but still waits for and releases every stage,
         # which keeps the barrier phases in step.
         group0 = rt * (self.row_tile // 16) + warp * self.gpw
-        active = group0 < row_groups
+        active = group0 < ops.row_groups
         warp_a_off = warp * self.gpw * self.a_group_bytes  # from A's offset in a K-tile
 
         # FC2's token table (pair indices): consumer thread c owns token slots c + 256 u. The
@@ -516,11 +530,12 @@ class GatedGemm:
                  for u in range(-(-self.bn // (32 * CONSUMER_WARPS)))]
         pair_c = [Int32(0) for _ in slots]
         if cutlass.const_expr(cfg.phase == "fc2"):  # (slots past the tile read its last pair)
-            pair_c = [ptx.ld_u32(order + Int64(cutlass.min(p0 + c, p1 - 1)) * 4) for c in slots]
+            pair_c = [ptx.ld_u32(ops.order + Int64(cutlass.min(p0 + c, p1 - 1)) * 4)
+                      for c in slots]
 
         # the epilogue's global scale and biases, loaded now: they arrive during the mainloop
         # instead of after it, when both warpgroups would wait on them with the tensor cores idle
-        gs, bv = self._epilogue_constants(e, group0, lane, gscale, bias, row_groups)
+        gs, bv = self._epilogue_constants(e, group0, lane, ops.gscale, ops.bias, ops.row_groups)
 
         acc = cute.make_rmem_tensor(cute.make_layout((self.gpw, self.bn // 8, 4)), Float32)
         acc.fill(0.0)
@@ -531,7 +546,8 @@ class GatedGemm:
         for w in cutlass.range_constexpr(len(self.widths)):
             below = self.widths[w + 1] if w + 1 < len(self.widths) else 0
             if cnt > below and cnt <= self.widths[w]:
-                self._mainloop(self.widths[w], acc, active, g0, s_base, lane, warp_a_off, k_tiles)
+                self._mainloop(self.widths[w], acc, active, g0, s_base, lane, warp_a_off,
+                               ops.k_tiles)
 
         if cutlass.const_expr(cfg.phase == "fc2"):
             for u, c in enumerate(slots):
@@ -546,11 +562,11 @@ class GatedGemm:
         if active:
             if cutlass.const_expr(cfg.phase == "fc1"):
                 stg = s_base + self.ep_off + warp * (STG_TOKENS * 16)
-                self._epilogue_fc1(acc, tile, p0, p1, group0, gs, bv, stg, lane, out, out_stride,
-                                   act_alpha, act_beta, act_limit)
+                self._epilogue_fc1(acc, tile, p0, p1, group0, gs, bv, stg, lane, ops.out,
+                                   ops.out_stride, ops.act_alpha, ops.act_beta, ops.act_limit)
             else:
-                self._epilogue_fc2(acc, p0, p1, group0, gs, bv, tok, lane, out, out_stride,
-                                   out_rows)
+                self._epilogue_fc2(acc, p0, p1, group0, gs, bv, tok, lane, ops.out,
+                                   ops.out_stride, ops.out_rows)
 
     @cute.jit
     def _epilogue_constants(self, e, group0, lane, gscale, bias, row_groups):

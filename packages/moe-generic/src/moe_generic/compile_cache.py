@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from moe_common.cute import jit
 
-from .grouped_gemm import GemmConfig, GroupedGemm
+from .grouped_gemm import GemmConfig, GemmOperands, GroupedGemm
 
 BN_CHOICES = (8, 16, 32, 64)
 
@@ -35,13 +35,10 @@ def config(phase: str, weight_format: str, activation: str, bn: int, rows: int =
 
 
 def compile_config(cfg: GemmConfig):
-    from cutlass import Float32, Int32, Int64
+    from cutlass import Int32
 
-    z = Int64(0)
-    args = ([z] * 9 + [Int32(1), z, Int32(128), Int32(128), Int32(1), Int32(8), z, Int32(128),
-                       Int32(128), z, z, Float32(1.0), Float32(1.0), Float32(1.0), Int32(1), Int32(1),
-                       jit.example_stream()])
-    return jit.compile_kernel(GroupedGemm(cfg), *args)
+    return jit.compile_kernel(GroupedGemm(cfg), jit.example(GemmOperands), Int32(1), Int32(1),
+                              jit.example_stream())
 
 
 def get(phase: str, weight_format: str, activation: str, bn: int, rows: int, k_tiles: int):

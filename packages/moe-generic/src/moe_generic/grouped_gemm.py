@@ -30,6 +30,7 @@ top-k sum afterwards is deterministic.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import cutlass
 import cutlass.cute as cute
@@ -41,6 +42,45 @@ from moe_common.cute import fragment_mma as fm
 
 TILE_K = 128
 SMEM_ROW_BYTES = fm.B_ROW_BYTES  # 272: conflict-free ldmatrix B-fragment reads
+
+
+class GemmOperands(NamedTuple):
+    """The runtime operands of one GEMM launch (FC1 or FC2), in kernel-parameter order: the
+    runner builds them per launch (jit.operands), GroupedGemm.__call__ and .kernel take them
+    whole, and the compile cache compiles with jit.example(GemmOperands)."""
+    # the packed weights of this GEMM (moe_common.packed): codes, block scales, the per-expert
+    # global scale (fp32 [E]) and the bias (fp32 [E, rows])
+    wblob: Int64
+    sblob: Int64
+    gscale: Int64
+    bias: Int64
+    # the routing's tiles (moe_common.cute.routing): expert, first and end sorted pair of each,
+    # the tile count (int32 on the device) and the sorted pair order
+    tile_expert: Int64
+    tile_start: Int64
+    tile_end: Int64
+    num_tiles: Int64
+    order: Int64
+    # B's rows: FC1 token row order[p] // row_div of src (w4a16: x, row_div = k; w4a4: the
+    # pairs' quantized rows, 1), FC2 row p of the intermediate; the row stride in elements, the
+    # real K (columns past it read as 0), the K-tiles and the 16-row weight groups per expert
+    row_div: Int32
+    src: Int64
+    src_stride: Int32
+    k_real: Int32
+    k_tiles: Int32
+    row_groups: Int32
+    # the output: FC1 the bf16 intermediate [P, Ip], FC2 y [P, H] fp32 (stride, rows), with
+    # FC2's original pair index per sorted position and the router weights (fp32 [P])
+    out: Int64
+    out_stride: Int32
+    out_rows: Int32
+    pair_orig: Int64
+    route_w: Int64
+    # the activation's run-time parameters (FC1; moe_common.types.Activation)
+    act_alpha: Float32
+    act_beta: Float32
+    act_limit: Float32
 
 
 @dataclass(frozen=True)
@@ -82,43 +122,25 @@ class GroupedGemm:
 
     # ------------------------------------------------------------------ host entry
     @cute.jit
-    def __call__(
-        self,
-        wblob: Int64, sblob: Int64, gscale: Int64, bias: Int64,
-        tile_expert: Int64, tile_start: Int64, tile_end: Int64, num_tiles: Int64,
-        order: Int64, row_div: Int32, src: Int64, src_stride: Int32, k_real: Int32,
-        k_tiles: Int32, row_groups: Int32,
-        out: Int64, out_stride: Int32, out_rows: Int32, pair_orig: Int64, route_w: Int64,
-        act_alpha: Float32, act_beta: Float32, act_limit: Float32,
-        grid_m: Int32, max_tiles: Int32, stream,
-    ):
-        self.kernel(
-            wblob, sblob, gscale, bias, tile_expert, tile_start, tile_end, num_tiles,
-            order, row_div, src, src_stride, k_real, k_tiles, row_groups,
-            out, out_stride, out_rows, pair_orig, route_w, act_alpha, act_beta, act_limit,
-        ).launch(grid=[grid_m, max_tiles, 1], block=[self.threads, 1, 1],
-                 smem=self.cfg.stages * self.stage_bytes, stream=stream, use_pdl=jit.PDL)
+    def __call__(self, ops: GemmOperands, grid_m: Int32, max_tiles: Int32, stream):
+        """grid: grid_m row tiles x max_tiles token tiles (a bound: CTAs past the device-side
+        tile count return at once)."""
+        self.kernel(ops).launch(grid=[grid_m, max_tiles, 1], block=[self.threads, 1, 1],
+                                smem=self.cfg.stages * self.stage_bytes, stream=stream,
+                                use_pdl=jit.PDL)
 
     # ------------------------------------------------------------------ device
     @cute.kernel
-    def kernel(
-        self,
-        wblob: Int64, sblob: Int64, gscale: Int64, bias: Int64,
-        tile_expert: Int64, tile_start: Int64, tile_end: Int64, num_tiles: Int64,
-        order: Int64, row_div: Int32, src: Int64, src_stride: Int32, k_real: Int32,
-        k_tiles: Int32, row_groups: Int32,
-        out: Int64, out_stride: Int32, out_rows: Int32, pair_orig: Int64, route_w: Int64,
-        act_alpha: Float32, act_beta: Float32, act_limit: Float32,
-    ):
+    def kernel(self, ops):  # a GemmOperands (see jit.operands: why it is not annotated)
         cfg = self.cfg
         tidx, _, _ = cute.arch.thread_idx()
         ptx.grid_dependency_wait()  # first: see jit.PDL
         bidx, bidy, _ = cute.arch.block_idx()
         tile = bidy
-        if tile < ptx.ld_u32(num_tiles):
-            e = ptx.ld_u32(tile_expert + Int64(tile) * 4)
-            p0 = ptx.ld_u32(tile_start + Int64(tile) * 4)
-            p1 = ptx.ld_u32(tile_end + Int64(tile) * 4)
+        if tile < ptx.ld_u32(ops.num_tiles):
+            e = ptx.ld_u32(ops.tile_expert + Int64(tile) * 4)
+            p0 = ptx.ld_u32(ops.tile_start + Int64(tile) * 4)
+            p1 = ptx.ld_u32(ops.tile_end + Int64(tile) * 4)
             warp = tidx // 32
             lane = tidx % 32
             r = lane // 4
@@ -133,11 +155,11 @@ class GroupedGemm:
             # Each warp copies its groups' tiles into its own slice of the stage.
             group0 = bidx * (cfg.warps * cfg.mw) + warp * cfg.mw
             sbpr = cfg.scale_bytes_per_row
-            tile_idx0 = (Int64(e) * Int64(row_groups) + Int64(group0)) * Int64(k_tiles)
-            w_warp = wblob + tile_idx0 * 1024
-            s_warp = sblob + tile_idx0 * (16 * sbpr)
-            group_w_stride = Int64(k_tiles) * 1024
-            group_s_stride = Int64(k_tiles) * (16 * sbpr)
+            tile_idx0 = (Int64(e) * Int64(ops.row_groups) + Int64(group0)) * Int64(ops.k_tiles)
+            w_warp = ops.wblob + tile_idx0 * 1024
+            s_warp = ops.sblob + tile_idx0 * (16 * sbpr)
+            group_w_stride = Int64(ops.k_tiles) * 1024
+            group_s_stride = Int64(ops.k_tiles) * (16 * sbpr)
             a_warp_off = self.b_bytes + warp * cfg.mw * self.a_group_bytes
 
             acc = cute.make_rmem_tensor(cute.make_layout((cfg.mw, self.nb, 4)), Float32)
@@ -145,7 +167,8 @@ class GroupedGemm:
 
             b_lane = fm.ldmatrix_lane_offset(lane)  # this lane's ldmatrix row in a B stage
 
-            sources = [self._chunk_source(tidx + it * self.threads, p0, p1, order, row_div, src, src_stride)
+            sources = [self._chunk_source(tidx + it * self.threads, p0, p1, ops.order, ops.row_div,
+                                          ops.src, ops.src_stride)
                        for it in range(self.b_iters)]
 
             # ---- mainloop, specialised on the tile's live width: an expert's last tile is partly
@@ -153,7 +176,7 @@ class GroupedGemm:
             # and B reads of 16-token column blocks past it are skipped. One body per width class,
             # chosen once per tile (a branch per K-tile instead kept every body's registers live:
             # 144 per thread, one CTA per SM). The decode is the same in every body.
-            loop_args = (acc, k_tiles, s_base, lane, b_lane, sources, src, k_real, w_warp, s_warp,
+            loop_args = (acc, ops.k_tiles, s_base, lane, b_lane, sources, ops.src, ops.k_real, w_warp, s_warp,
                          group_w_stride, group_s_stride, a_warp_off)
             width = p1 - p0
             if cutlass.const_expr(cfg.bn < 32):
@@ -172,11 +195,11 @@ class GroupedGemm:
             ptx.cp_async_wait(0)
 
             # ---- epilogue
-            gs = ptx.ld_nc_f32(gscale + Int64(e) * 4)
+            gs = ptx.ld_nc_f32(ops.gscale + Int64(e) * 4)
             for g in cutlass.range_constexpr(cfg.mw):
                 row0 = (group0 + g) * 16 + r  # blob row of acc[..., 0/1]; +8 for acc[..., 2/3]
                 # bias is always read (zeros when the layer has none): one less compile variant
-                brow = bias + (Int64(e) * Int64(row_groups * 16) + Int64(row0)) * 4
+                brow = ops.bias + (Int64(e) * Int64(ops.row_groups * 16) + Int64(row0)) * 4
                 b_lo = ptx.ld_nc_f32(brow)
                 b_hi = ptx.ld_nc_f32(brow + 32)
                 for nb in cutlass.range_constexpr(self.nb):
@@ -186,15 +209,15 @@ class GroupedGemm:
                             v_lo = acc[g, nb, c] * gs + b_lo
                             v_hi = acc[g, nb, 2 + c] * gs + b_hi
                             if cutlass.const_expr(cfg.phase == "fc1"):
-                                self._fc1_store(out, out_stride, p, group0 + g, r, v_lo, v_hi,
-                                               act_alpha, act_beta, act_limit)
+                                self._fc1_store(ops.out, ops.out_stride, p, group0 + g, r, v_lo, v_hi,
+                                               ops.act_alpha, ops.act_beta, ops.act_limit)
                             else:
-                                pair = ptx.ld_u32(pair_orig + Int64(p) * 4)
-                                wgt = ptx.ld_nc_f32(route_w + Int64(pair) * 4)
-                                dst = out + (Int64(pair) * Int64(out_stride)) * 4
-                                if row0 < out_rows:
+                                pair = ptx.ld_u32(ops.pair_orig + Int64(p) * 4)
+                                wgt = ptx.ld_nc_f32(ops.route_w + Int64(pair) * 4)
+                                dst = ops.out + (Int64(pair) * Int64(ops.out_stride)) * 4
+                                if row0 < ops.out_rows:
                                     ptx.st_f32(dst + Int64(row0) * 4, v_lo * wgt)
-                                if row0 + 8 < out_rows:
+                                if row0 + 8 < ops.out_rows:
                                     ptx.st_f32(dst + Int64(row0 + 8) * 4, v_hi * wgt)
 
     # ------------------------------------------------------------------ pieces
