@@ -51,7 +51,7 @@ compile_config(config(fmt, act, 4, (int(fc1), int(fc2))))
 def test_kernel_assembles_without_register_spills(fmt, act, teams, tmp_path):
     """One CTA of 512 threads per SM leaves 128 registers a thread; without .minnctapersm 1
     ptxas held the kernel to 64 and spilled (gpt-oss-120b T=1 26.3 -> 28.0 us, BENCHMARKS.md
-    tenth session). Assemble the kernel and check it spills nothing."""
+    e5076f5). Assemble the kernel and check it spills nothing."""
     report = ptxas_report(_PTX_PROBE, [fmt, act, *teams], "*StaticMoE*.ptx", tmp_path)
     assert re.search(r"(?<!\d)0 bytes spill stores, 0 bytes spill loads", report), report
     _check_elected_copies(next(tmp_path.rglob("*StaticMoE*.ptx")).read_text())
@@ -76,7 +76,7 @@ QWEN3, DEEPSEEK = (8, 128, 96, 128), (8, 256, 256, 448)
 GPT_OSS, QWEN35 = (4, 128, 360, 180), (8, 256, 64, 128)
 
 
-@pytest.mark.parametrize("tokens,layer,teams", [  # the fastest forced shape (ninth session)
+@pytest.mark.parametrize("tokens,layer,teams", [  # the fastest forced shape (24a91be)
     (1, QWEN3, (2, 2)),  # 768 FC1 and 1024 FC2 units for 2112 warps
     (1, DEEPSEEK, (1, 1)),  # 2048 FC1 units
     (2, QWEN3, (1, 1)),  # 1536 FC1 units
@@ -123,7 +123,7 @@ def test_bids_above_every_kernel_only_up_to_the_cutover(monkeypatch):
 
 def test_measured_cutover_is_thirty_two_tokens():
     # measured ahead of moe-generic at every T <= 16 point, ahead or level (0.99-1.08) at T=32 on
-    # all five presets and mixed from T=64 (BENCHMARKS.md, tenth session)
+    # all five presets and mixed from T=64 (BENCHMARKS.md, 5b8dce0)
     assert CUTOVER_TOKENS == 32
     for k in (1, 4, 8):
         assert priority(_shape(tokens=32, top_k=k)) == PRIORITY_STATIC

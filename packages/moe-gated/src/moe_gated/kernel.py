@@ -1,7 +1,7 @@
 """The moe-gated CuTe DSL kernel: a persistent grouped GEMM with large tiles on warpgroup MMA.
 
-    FC1: inter[p, j]  = act(scale_2[e] * (src[order[p] // row_div] @ w13[e]^T) + b13[e])  (bf16)
-    FC2: y[order[p], h] = scale_2[e] * (inter[p] @ w2[e]^T) + b2[e]                      (fp32)
+    FC1: inter[p, j]  = act(gscale[e] * (src[order[p] // row_div] @ w13[e]^T) + b13[e])  (bf16)
+    FC2: y[order[p], h] = gscale[e] * (inter[p] @ w2[e]^T) + b2[e]                       (fp32)
 
 p runs over routed pairs sorted by expert (moe_common.cute.routing, tiles of up to bn pairs);
 y's columns are in the paired order of y_block(geometry) and the top-k reduce applies the router
@@ -61,14 +61,14 @@ from moe_common.cute import fragment_mma as fm
 from moe_common.cute import jit
 from moe_common.cute import ptx
 from moe_common.cute.wgmma_decode import wgmma_decode_k128
+from moe_common.fragments import TILE_K
 
-TILE_K = 128
 # Tile geometries, (tokens per tile, 16-row weight groups per consumer warp): "wide" (288 x 1:
 # 128 weight rows) pays the decode once per up to 288 tokens and is the faster one when experts
 # get whole tiles; "tall" (128 x 2: 256 weight rows) does twice the decode per FLOP but moves
 # half the B bytes per FLOP and gives each warp two independent decode+MMA chains, so it wins
-# where tiles are partly filled (BENCHMARKS.md, seventh session). The runner picks one per call
-# from the routed pairs per expert. Wide was 256 tokens until the nineteenth session: at 256
+# where tiles are partly filled (BENCHMARKS.md, c8035d3 and 1ed3350). The runner picks one per
+# call from the routed pairs per expert. Wide was 256 tokens before 58bc6d3: at 256
 # +- 16 routed pairs per expert (DeepSeek-V3, gpt-oss-120b at T=8192) half the experts then
 # had a leftover tile of a few tokens costing ~40% of a full one; 288 takes them in one pass,
 # 7.8-8.0% faster there (BENCHMARKS.md). 320 makes ptxas serialize the wgmmas (C7512).
@@ -77,7 +77,7 @@ GEOMETRIES = {"wide": (288, 1), "tall": (128, 2)}
 # 256 issue two wgmmas per slab, 256 + the rest, on one decoded A; beside them, a 192 width
 # made ptxas serialize the wgmmas (C7512) or spill (every width is its own mainloop)
 WIDTHS = {128: (128, 96, 64, 32), 288: (288, 256, 128, 64, 32)}
-MAX_STAGES = 4  # (2 stages measured 29-32% slower at T=8192: BENCHMARKS.md, eighth session)
+MAX_STAGES = 4  # (2 stages measured 29-32% slower at T=8192: BENCHMARKS.md, 8f0f6f9)
 # B (tokens) in shared memory and in the tile-blocked buffers: per K-tile two 64-column halves
 # (HALF_BYTES x tokens apart), each 8 tokens x 64 columns = 1024 bytes per 8-token group: FC1's
 # token rows in the 128-byte swizzle (moe_gated.row_scatter), FC2's intermediate as K-major
@@ -204,7 +204,7 @@ class GatedGemm:
         fixed = 8 * ITEM_SLOTS + ITEM_BYTES * ITEM_SLOTS + ep_bytes
         # A stage is a K-tile [B | A] where 3 of them fit (tall: 4 x 50 KiB), else half a
         # K-tile (`split`: wide, 288 tokens: 4 x 46 KiB, [B's first half | A], then [B's second
-        # half]); 2 whole-K-tile stages measured 29-32% slower (eighth session). One CTA per SM.
+        # half]); 2 whole-K-tile stages measured 29-32% slower (8f0f6f9). One CTA per SM.
         self.stage_bytes = _align(self.b_bytes + self.a_bytes)
         self.split = 3 * (self.stage_bytes + 16) > SMEM_LIMIT - fixed
         if self.split:
@@ -236,8 +236,8 @@ class GatedGemm:
         K-tiles per stage 0 (and the second half's offset 0: it is its stage's start).
         A narrow item streams the same A bytes per K-tile with a fraction of the MMA, so with
         one K-tile per stage it is bound by the copies' latency (`stages` K-tiles in flight):
-        an expert's leftover tile of a few tokens cost ~40% of a full one (BENCHMARKS.md,
-        eighteenth session). Its stages therefore hold as many consecutive K-tiles as fit.
+        an expert's leftover tile of a few tokens cost ~40% of a full one (BENCHMARKS.md, before
+        dbabba6). Its stages therefore hold as many consecutive K-tiles as fit.
         Measured 1.6% faster at DeepSeek-V3 and gpt-oss-120b T=8192 (about half their experts
         had a leftover tile): most of a leftover tile's cost is not the copies' latency."""
         half = _align(width * HALF_BYTES)
@@ -535,7 +535,7 @@ class GatedGemm:
 
         # the epilogue's global scale and biases, loaded now: they arrive during the mainloop
         # instead of after it, when both warpgroups would wait on them with the tensor cores idle
-        gs, bv = self._epilogue_constants(e, group0, lane, ops.gscale, ops.bias, ops.row_groups)
+        gscale, bv = self._epilogue_constants(e, group0, lane, ops.gscale, ops.bias, ops.row_groups)
 
         acc = cute.make_rmem_tensor(cute.make_layout((self.gpw, self.bn // 8, 4)), Float32)
         acc.fill(0.0)
@@ -562,14 +562,14 @@ class GatedGemm:
         if active:
             if cutlass.const_expr(cfg.phase == "fc1"):
                 stg = s_base + self.ep_off + warp * (STG_TOKENS * 16)
-                self._epilogue_fc1(acc, tile, p0, p1, group0, gs, bv, stg, lane, ops.out,
+                self._epilogue_fc1(acc, tile, p0, p1, group0, gscale, bv, stg, lane, ops.out,
                                    ops.out_stride, ops.act_alpha, ops.act_beta, ops.act_limit)
             else:
-                self._epilogue_fc2(acc, p0, p1, group0, gs, bv, tok, lane, ops.out,
+                self._epilogue_fc2(acc, p0, p1, group0, gscale, bv, tok, lane, ops.out,
                                    ops.out_stride, ops.out_rows)
 
     @cute.jit
-    def _epilogue_constants(self, e, group0, lane, gscale, bias, row_groups):
+    def _epilogue_constants(self, e, group0, lane, gscale_at, bias, row_groups):
         """Expert e's global scale and the biases of this thread's rows 16 (group0 + gi) + r +
         8 h, as [gi, h] (gi < gpw, h < 2; r = lane // 4): FC1's gate (h = 0) and up (h = 1)
         rows, FC2's output rows. A tall tile's warps past the real rows read group 0's (in
@@ -578,12 +578,12 @@ class GatedGemm:
         if g >= row_groups:
             g = Int32(0)
         brow = bias + (Int64(e) * Int64(row_groups * 16) + Int64(g * 16 + lane // 4)) * 4
-        gs = ptx.ld_nc_f32(gscale + Int64(e) * 4)
-        return gs, [ptx.ld_nc_f32(brow + (16 * gi + 8 * h) * 4)
+        gscale = ptx.ld_nc_f32(gscale_at + Int64(e) * 4)
+        return gscale, [ptx.ld_nc_f32(brow + (16 * gi + 8 * h) * 4)
                     for gi in range(self.gpw) for h in range(2)]
 
     @cute.jit
-    def _epilogue_fc1(self, acc, tile, p0, p1, group0, gs, bv, stg, lane, out, out_stride,
+    def _epilogue_fc1(self, acc, tile, p0, p1, group0, gscale, bv, stg, lane, out, out_stride,
                       act_alpha, act_beta, act_limit):
         """Group g's 8 intermediate columns j = 8g .. 8g + 7 are chunk c = g % 16 of K-tile
         g // 16 in FC2's tile-blocked B (token n's 16 bytes at (c // 8) * bn * HALF_BYTES +
@@ -604,8 +604,9 @@ class GatedGemm:
                     regs = []
                     for i in cutlass.range_constexpr(STG_TOKENS // 8):
                         nb = (STG_TOKENS // 8) * m + i
-                        hv = [act.gated(cfg.activation, acc[gi, nb, c] * gs + b_lo,
-                                        acc[gi, nb, 2 + c] * gs + b_hi, act_alpha, act_beta, act_limit)
+                        hv = [act.gated(cfg.activation, acc[gi, nb, c] * gscale + b_lo,
+                                        acc[gi, nb, 2 + c] * gscale + b_hi, act_alpha, act_beta,
+                                        act_limit)
                               for c in range(2)]
                         regs.append(ptx.bf16x2_from_f32(hv[0], hv[1]))
                     ptx.stmatrix_x4_trans(stg + lane * 16, regs[0], regs[1], regs[2], regs[3])
@@ -615,16 +616,16 @@ class GatedGemm:
                     cute.arch.sync_warp()  # the staging buffer is rewritten by the next block
 
     @cute.jit
-    def _epilogue_fc2(self, acc, p0, p1, group0, gs, bv, tok, lane, out, out_stride, out_rows):
+    def _epilogue_fc2(self, acc, p0, p1, group0, gscale, bv, tok, lane, out, out_stride, out_rows):
         """y[pair, row] = acc * scale + bias straight from the fragment, with y's rows in
         the paired order of y_block(geometry) (moe_common.cute.topk_reduce): thread (r, q) holds
         rows r and r + 8 of each of its groups for tokens 2q and 2q + 1 of each 8-token block,
         and those sit side by side there, so a lane writes a token's values with one store:
         8 bytes (wide, one group: 4 tokens x 64 contiguous bytes per warp instruction) or 16
         (tall, two groups: 4 tokens x 128). In row order that took two or four 4-byte stores,
-        and the store phase, 16% of FC2 at Qwen3-30B-A3B T=8192 (nostore, seventh session),
+        and the store phase, 16% of FC2 at Qwen3-30B-A3B T=8192 (no-store build, 9f8f33f),
         behaved as if paid per cache line an instruction touches: FC2 took 520 us there, 470.5
-        with 8-byte stores (BENCHMARKS.md, fifteenth session). A wide warp's 8-byte stores in
+        with 8-byte stores (BENCHMARKS.md, 0fff0f8, a4189a2). A wide warp's 8-byte stores in
         the 32-column order would fill half of each sector they touch (measured slower)."""
         r = lane // 4
         q = lane % 4
@@ -640,7 +641,7 @@ class GatedGemm:
             for c in cutlass.range_constexpr(2):
                 n = nb * 8 + 2 * q + c
                 dst = out + (Int64(pairs[c]) * Int64(out_stride) + Int64(col)) * 4
-                v = [acc[gi, nb, 2 * h + c] * gs + bv[2 * gi + h]
+                v = [acc[gi, nb, 2 * h + c] * gscale + bv[2 * gi + h]
                      for gi in range(self.gpw) for h in range(2)]
                 ok = Int32(p0 + n < p1) & Int32(row0 < out_rows)
                 if cutlass.const_expr(self.gpw == 1):

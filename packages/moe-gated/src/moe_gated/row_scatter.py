@@ -16,7 +16,7 @@ row), loads it once and stores it to each routed copy's slot (the routing's slot
 tile-major gather it replaced (one CTA per (tile, K-tile) block into token-group-major core
 matrices) read each pair's 256 bytes of a K-tile from L2 in 64-byte pieces; it took 118.5 us
 at Qwen3-30B-A3B T=8192 against this kernel's 93.9 (DeepSeek-V3: 486.3 against 350.7;
-BENCHMARKS.md, seventeenth session). This one reads 1/k of the bytes; its stores, whole 128-byte
+BENCHMARKS.md, 9de5e42). This one reads 1/k of the bytes; its stores, whole 128-byte
 lines scattered over the blocks, write at ~2.9 TB/s.
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ from cutlass import Int32, Int64
 
 from moe_common.cute import jit, ptx
 
-from .kernel import TILE_K
+from moe_common.fragments import TILE_K
 
 SCATTER_WARPS = 8
 SEG = 8  # 16-byte chunks per lane per pass: a warp moves 4 KiB of its row per pass

@@ -27,7 +27,7 @@ from .kernel import GEOMETRIES, GatedOperands, row_tile, y_block
 from .limits import KERNEL_NAME
 
 # Mean routed pairs per local expert from which the wide geometry (288-token tiles) is used.
-# Measured on the H200 (BENCHMARKS.md, seventh session, 1ed3350), each geometry forced, wide
+# Measured on the H200 (BENCHMARKS.md, 1ed3350), each geometry forced, wide
 # against tall: at 256 pairs per expert 2.5-7% faster (Qwen3-30B-A3B T=4096, DeepSeek-V3 and
 # gpt-oss-120b T=8192); at 128, 1-3% slower (DeepSeek-V3, gpt-oss-120b T=4096, Qwen3-30B-A3B
 # T=2048); at 64, 24-26% slower (DeepSeek-V3, gpt-oss-120b T=2048).

@@ -13,7 +13,7 @@ BN_CHOICES = (8, 16, 32, 64)
 # 256-row tiles of 16 warps x 1 group, one CTA per SM, where the rows allow it and the K loop
 # is longer than 16 K-tiles: half the token-row traffic per weight row of the 128-row tiles, and
 # the K loop long enough to pay for one CTA per SM. Measured on the H200 (BENCHMARKS.md,
-# 2026-11-30 fourth session): DeepSeek-V3 FC1 (56 K-tiles) and gpt-oss FC1 (23) faster by
+# a87134d..19248e6): DeepSeek-V3 FC1 (56 K-tiles) and gpt-oss FC1 (23) faster by
 # 3.5-4%, GEMMs of 16 K-tiles slower (Qwen3 T=8192 2.76 -> 2.88 ms with every GEMM tall).
 WARPS64 = 8
 TALL_MIN_KTILES = 17

@@ -1,16 +1,16 @@
 """The moe-generic CuTe DSL kernel: one grouped GEMM over (expert, token-tile) work, used twice.
 
-    FC1: inter[p, j]  = act(scale_2[e] * (src[order[p] // row_div] @ w13[e]^T) + b13[e])  (bf16)
-    FC2: y[pair[p], h] = w[pair[p]] * (scale_2[e] * (inter[p] @ w2[e]^T) + b2[e])    (fp32)
+    FC1: inter[p, j]  = act(gscale[e] * (src[order[p] // row_div] @ w13[e]^T) + b13[e])  (bf16)
+    FC2: y[pair[p], h] = w[pair[p]] * (gscale[e] * (inter[p] @ w2[e]^T) + b2[e])     (fp32)
 
 p runs over routed pairs sorted by expert; a tile is (expert e, rows p0..p1 of that expert,
-at most BN of them), listed by the device-side routing so no host sync is needed; CTAs whose
+at most bn of them), listed by the device-side routing so no host sync is needed; CTAs whose
 tile index is past the device-side tile count return at once.
 
 Swap A/B: the weights are the MMA's A operand (M = weight rows), tokens are B (N = tokens), so
 an expert with a handful of tokens still runs a 16 x 8 MMA instead of padding tokens to 64.
-Per CTA: 4 warps (8 for BN=64 tiles, 16 where the K loop is long: 256 weight rows), each owning
-MW groups of 16 weight rows and all BN tokens of the tile. The mainloop comes in one body per
+Per CTA: 4 warps (8 for bn=64 tiles, 16 where the K loop is long: 256 weight rows), each owning
+mw groups of 16 weight rows and all bn tokens of the tile. The mainloop comes in one body per
 16-token width class, picked per tile, so an expert's partly filled last tile skips the MMAs and
 B reads past its tokens.
 A 4-stage cp.async ring holds, per 128-deep K-tile:
@@ -21,7 +21,7 @@ A 4-stage cp.async ring holds, per 128-deep K-tile:
 Per K-tile each lane reads its codes and scales from shared memory, decodes e2m1 -> bf16 in
 registers (decode_fragment_word: shifts and masks), multiplies by the block scale (bf16x2, exact),
 and feeds the tensor cores: mma.sync.m16n8k16 with B fragments by ldmatrix from padded
-[BN][128 + 8] rows.
+[bn][128 + 8] rows.
 Epilogues apply the fp32 global scale (x the activation global scale in w4a4) and bias; FC1
 applies the activation with gate (row r) and up (row r + 8) of the same j in the same lane
 (weights repacked so), FC2 the router weight and writes each (pair, h) exactly once, so the
@@ -39,8 +39,8 @@ from cutlass import Float32, Int32, Int64
 from moe_common.cute import jit, ptx
 from moe_common.cute import activation as act
 from moe_common.cute import fragment_mma as fm
+from moe_common.fragments import TILE_K
 
-TILE_K = 128
 SMEM_ROW_BYTES = fm.B_ROW_BYTES  # 272: conflict-free ldmatrix B-fragment reads
 
 
@@ -195,7 +195,7 @@ class GroupedGemm:
             ptx.cp_async_wait(0)
 
             # ---- epilogue
-            gs = ptx.ld_nc_f32(ops.gscale + Int64(e) * 4)
+            gscale = ptx.ld_nc_f32(ops.gscale + Int64(e) * 4)
             for g in cutlass.range_constexpr(cfg.mw):
                 row0 = (group0 + g) * 16 + r  # blob row of acc[..., 0/1]; +8 for acc[..., 2/3]
                 # bias is always read (zeros when the layer has none): one less compile variant
@@ -206,8 +206,8 @@ class GroupedGemm:
                     for c in cutlass.range_constexpr(2):
                         p = p0 + nb * 8 + 2 * q + c
                         if p < p1:
-                            v_lo = acc[g, nb, c] * gs + b_lo
-                            v_hi = acc[g, nb, 2 + c] * gs + b_hi
+                            v_lo = acc[g, nb, c] * gscale + b_lo
+                            v_hi = acc[g, nb, 2 + c] * gscale + b_hi
                             if cutlass.const_expr(cfg.phase == "fc1"):
                                 self._fc1_store(ops.out, ops.out_stride, p, group0 + g, r, v_lo, v_hi,
                                                ops.act_alpha, ops.act_beta, ops.act_limit)
