@@ -50,7 +50,6 @@ it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import cutlass
 import cutlass.cute as cute
@@ -134,41 +133,23 @@ def row_tile(geometry: str) -> int:
     return CONSUMER_WARPS * GEOMETRIES[geometry][1] * 16
 
 
-class GatedOperands(NamedTuple):
-    """The runtime operands of one GEMM launch (FC1 or FC2), in kernel-parameter order: the
-    runner builds them per launch (jit.operands), GatedGemm.__call__ and .kernel take them whole,
-    and the compile cache compiles with jit.example(GatedOperands)."""
-    # the packed weights of this GEMM (moe_common.packed): codes, block scales, the per-expert
-    # global scale (fp32 [E]) and the bias (fp32 [E, rows])
-    wblob: Int64
-    sblob: Int64
-    gscale: Int64
-    bias: Int64
-    # the routing's tiles (moe_common.cute.routing): expert, first and end sorted pair of each,
-    # the tile count (int32 on the device) and the sorted pair order
-    tile_expert: Int64
-    tile_start: Int64
-    tile_end: Int64
-    num_tiles: Int64
-    order: Int64
+GatedOperands = jit.grouped_gemm_operands("GatedOperands", """The runtime operands of one GEMM
+launch (FC1 or FC2), in kernel-parameter order: the runner builds them per launch
+(jit.operands), GatedGemm.__call__ and .kernel take them whole, and the compile cache compiles
+with jit.example(GatedOperands).""", [
+    # (first jit.GROUPED_GEMM_FIELDS: the GEMM's packed weights and the routing's tiles)
     # B, tile-blocked (FC1: row_scatter's token rows; FC2: FC1's intermediate), its K-tiles,
     # and the GEMM's 16-row weight groups per expert
-    b_blocked: Int64
-    k_tiles: Int32
-    row_groups: Int32
+    ("b_blocked", Int64), ("k_tiles", Int32), ("row_groups", Int32),
     # the output: FC1 the tile-blocked intermediate (stride in K-tiles, Ip rows), FC2 y [P, H]
     # fp32 (stride H, H rows)
-    out: Int64
-    out_stride: Int32
-    out_rows: Int32
+    ("out", Int64), ("out_stride", Int32), ("out_rows", Int32),
     # the activation's run-time parameters (FC1; moe_common.types.Activation)
-    act_alpha: Float32
-    act_beta: Float32
-    act_limit: Float32
+    ("act_alpha", Float32), ("act_beta", Float32), ("act_limit", Float32),
     # the work queue's two counters (zeroed once, left at zero by every launch) and the grid:
     # persistent CTAs, at most one per SM
-    queue: Int64
-    grid: Int32
+    ("queue", Int64), ("grid", Int32),
+])
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,6 @@ top-k sum afterwards is deterministic.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import cutlass
 import cutlass.cute as cute
@@ -44,43 +43,23 @@ from moe_common.fragments import TILE_K
 SMEM_ROW_BYTES = fm.B_ROW_BYTES  # 272: conflict-free ldmatrix B-fragment reads
 
 
-class GemmOperands(NamedTuple):
-    """The runtime operands of one GEMM launch (FC1 or FC2), in kernel-parameter order: the
-    runner builds them per launch (jit.operands), GroupedGemm.__call__ and .kernel take them
-    whole, and the compile cache compiles with jit.example(GemmOperands)."""
-    # the packed weights of this GEMM (moe_common.packed): codes, block scales, the per-expert
-    # global scale (fp32 [E]) and the bias (fp32 [E, rows])
-    wblob: Int64
-    sblob: Int64
-    gscale: Int64
-    bias: Int64
-    # the routing's tiles (moe_common.cute.routing): expert, first and end sorted pair of each,
-    # the tile count (int32 on the device) and the sorted pair order
-    tile_expert: Int64
-    tile_start: Int64
-    tile_end: Int64
-    num_tiles: Int64
-    order: Int64
+GemmOperands = jit.grouped_gemm_operands("GemmOperands", """The runtime operands of one GEMM
+launch (FC1 or FC2), in kernel-parameter order: the runner builds them per launch
+(jit.operands), GroupedGemm.__call__ and .kernel take them whole, and the compile cache compiles
+with jit.example(GemmOperands).""", [
+    # (first jit.GROUPED_GEMM_FIELDS: the GEMM's packed weights and the routing's tiles)
     # B's rows: FC1 token row order[p] // row_div of src (w4a16: x, row_div = k; w4a4: the
     # pairs' quantized rows, 1), FC2 row p of the intermediate; the row stride in elements, the
     # real K (columns past it read as 0), the K-tiles and the 16-row weight groups per expert
-    row_div: Int32
-    src: Int64
-    src_stride: Int32
-    k_real: Int32
-    k_tiles: Int32
-    row_groups: Int32
+    ("row_div", Int32), ("src", Int64), ("src_stride", Int32), ("k_real", Int32),
+    ("k_tiles", Int32), ("row_groups", Int32),
     # the output: FC1 the bf16 intermediate [P, Ip], FC2 y [P, H] fp32 (stride, rows), with
     # FC2's original pair index per sorted position and the router weights (fp32 [P])
-    out: Int64
-    out_stride: Int32
-    out_rows: Int32
-    pair_orig: Int64
-    route_w: Int64
+    ("out", Int64), ("out_stride", Int32), ("out_rows", Int32), ("pair_orig", Int64),
+    ("route_w", Int64),
     # the activation's run-time parameters (FC1; moe_common.types.Activation)
-    act_alpha: Float32
-    act_beta: Float32
-    act_limit: Float32
+    ("act_alpha", Float32), ("act_beta", Float32), ("act_limit", Float32),
+])
 
 
 @dataclass(frozen=True)

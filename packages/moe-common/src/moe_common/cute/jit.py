@@ -81,6 +81,25 @@ def example(bundle: type):
     return bundle(**{f: value(types[f]) for f in bundle._fields})
 
 
+# The fields every grouped GEMM's bundle (moe-gated, moe-generic) starts with, all pointers:
+# the GEMM's packed weights (moe_common.packed): codes, block scales, the per-expert global scale
+# gscale (fp32 [E]) and the bias (fp32 [E, rows]); then the routing's tiles
+# (moe_common.cute.routing, kernel_package.RoutedPairs.tile_operands): each tile's expert, first
+# and end sorted pair, the tile count (int32 on the device) and the sorted pair order.
+GROUPED_GEMM_FIELDS = ("wblob", "sblob", "gscale", "bias", "tile_expert", "tile_start", "tile_end",
+                       "num_tiles", "order")
+
+
+def grouped_gemm_operands(name: str, doc: str, fields: list) -> type:
+    """A grouped GEMM's operand bundle: GROUPED_GEMM_FIELDS, then the kernel's own (field, DSL
+    type) pairs, in kernel-parameter order."""
+    from cutlass import Int64
+
+    bundle = typing.NamedTuple(name, [(f, Int64) for f in GROUPED_GEMM_FIELDS] + list(fields))
+    bundle.__doc__ = doc
+    return bundle
+
+
 def example_stream():
     from cuda.bindings import driver as cuda
 
