@@ -119,19 +119,19 @@ def ids_bytes(topk_ids: torch.Tensor) -> int:
 def routing(ids_nbytes: int):
     from cutlass import Int32, Int64
 
-    from .routing import RoutingKernel
+    from .routing import RoutingKernel, RoutingTables
 
     z = Int64(0)
     return compiled(("routing", ids_nbytes), lambda: compile_kernel(
-        RoutingKernel(ids_nbytes), z, Int32(1), Int32(0), Int32(1), Int32(8), z, z, z, z, z, z,
-        z, example_stream()))
+        RoutingKernel(ids_nbytes), z, Int32(1), Int32(0), Int32(1), Int32(8), z, z,
+        example(RoutingTables), example_stream()))
 
 
 def routing_split(ids_nbytes: int):
     """The split routing path's (histogram, scan, scatter) kernels (see routing.py)."""
     from cutlass import Int32, Int64
 
-    from .routing import RoutingScan, RoutingSlices
+    from .routing import RoutingScan, RoutingSlices, RoutingTables
 
     z = Int64(0)
     one = Int32(1)
@@ -139,7 +139,7 @@ def routing_split(ids_nbytes: int):
         RoutingSlices(ids_nbytes, scatter), z, one, Int32(0), one, one, z, z, z, example_stream()))
         for scatter in (False, True)]
     scan = compiled(("routing_split", "scan"), lambda: compile_kernel(
-        RoutingScan(), z, one, one, Int32(8), z, z, z, z, z, example_stream()))
+        RoutingScan(), z, one, one, Int32(8), example(RoutingTables), example_stream()))
     return passes[0], scan, passes[1]
 
 
@@ -149,19 +149,20 @@ def route(ids, pairs: int, expert_offset: int, experts: int, bn: int, order, slo
     split path over routing.split_ctas(pairs) CTAs otherwise. ids: topk_ids (contiguous);
     order/slots/counts/num_tiles: int32 tensors; tiles: int32 [3, capacity]; hist: int32
     [routing.MAX_SPLIT_CTAS + 1, experts] scratch."""
-    from .routing import split_ctas
+    from .routing import RoutingTables, split_ctas
 
     idb = ids.element_size()
-    tile_ptrs = (tiles[0].data_ptr(), tiles[1].data_ptr(), tiles[2].data_ptr())
+    tables = operands(RoutingTables, counts=counts.data_ptr(), tile_expert=tiles[0].data_ptr(),
+                      tile_start=tiles[1].data_ptr(), tile_end=tiles[2].data_ptr(),
+                      num_tiles=num_tiles.data_ptr())
     ctas = split_ctas(pairs)
     if ctas == 0:
         routing(idb)(ids.data_ptr(), pairs, expert_offset, experts, bn, order.data_ptr(),
-                     slots.data_ptr(), counts.data_ptr(), *tile_ptrs, num_tiles.data_ptr(), stream)
+                     slots.data_ptr(), tables, stream)
         return
     histogram, scan, scatter = routing_split(idb)
     histogram(ids.data_ptr(), pairs, expert_offset, experts, ctas, hist.data_ptr(), 0, 0, stream)
-    scan(hist.data_ptr(), ctas, experts, bn, counts.data_ptr(), *tile_ptrs, num_tiles.data_ptr(),
-         stream)
+    scan(hist.data_ptr(), ctas, experts, bn, tables, stream)
     scatter(ids.data_ptr(), pairs, expert_offset, experts, ctas, hist.data_ptr(),
             order.data_ptr(), slots.data_ptr(), stream)
 
