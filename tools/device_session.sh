@@ -5,16 +5,15 @@
 #   source .device/bin/gpu.sh && bash tools/device_session.sh STEP [STEP ...]
 # Steps: gated-quick gated-tests sanitize-gated bench-gated bench-gated-q bench-gated-all
 #        static-quick static-tests generic-tests sanitize-static sanitize-generic
-#        bench-static bench-generic-large profile static-spread routing-shape; A/B in one run
-#        against older trees (AB_DIRS): static-ab, kernel-ab (AB_KERNEL), ncu-static-ab
-#        (PROFILE_ARGS); variants by environment: static-env (STATIC_ENVS)
+#        bench-static bench-generic-large profile routing-shape; A/B in one run against older
+#        trees (AB_DIRS): static-ab, kernel-ab (AB_KERNEL), ncu-static-ab (PROFILE_ARGS)
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 # the run's commit label: pass FUSED_MOE_COMMIT=<sha> from the checkout. The device copy's git
 # metadata can be an older commit's (once it said 18cbdd1 for 8b71d15), so
 # without it the bench asks git itself, which marks such a tree "-dirty"
-# the moe-static A/B and variant steps' layer presets and token counts
+# the moe-static A/B step's layer presets and token counts
 STATIC_PRESETS=${STATIC_PRESETS:-qwen3-30b-a3b deepseek-v3}
 STATIC_TOKENS=${STATIC_TOKENS:-1 8 64}
 BENCH=(python3 -c "import sys; from dispatcher.cli import main; sys.exit(main())" bench)
@@ -55,19 +54,7 @@ for s in "$@"; do
       step routing-tests 200 python3 -m pytest packages/moe-common -m gpu -q
       step sanitize-routing 300 compute-sanitizer --tool memcheck --report-api-errors no python3 -m pytest packages/moe-common/tests/test_routing_gpu.py -q ;;
     auto-512) step auto-512 200 "${BENCH[@]}" --preset qwen3-30b-a3b qwen3.5-35b deepseek-v3 gpt-oss-120b --tokens 512 --kernels auto --no-check --json "$OUT/auto-512.json" ;;
-    gated-minblocks)
-      for v in "MOE_GATED_MIN_BLOCKS=0" "MOE_GATED_MIN_BLOCKS=1"; do
-        step "gatedvar-${v//=/-}" 200 env $v "${BENCH[@]}" --preset deepseek-v3 qwen3-30b-a3b gpt-oss-120b --tokens 8192 --kernels moe-gated --no-check
-      done ;;
     gated-vs-generic) step gated-vs-generic 300 "${BENCH[@]}" --preset qwen3.5-35b qwen3-30b-a3b deepseek-v3 gpt-oss-120b --tokens 2048 --kernels moe-gated moe-generic --no-check --json "$OUT/gated-vs-generic.json" ;;
-    gated-pending)
-      for v in "MOE_GATED_PENDING=2" "MOE_GATED_PENDING=1"; do
-        step "gatedvar-${v//=/-}" 120 env $v "${BENCH[@]}" --preset deepseek-v3 --tokens 8192 --kernels moe-gated --no-check
-      done ;;
-    gated-variants)
-      for v in "MOE_GATED_PENDING=2" "MOE_GATED_PENDING=0" "MOE_GATED_PENDING=4" "MOE_GATED_VARIANT=nodecode" "MOE_GATED_VARIANT=nomma"; do
-        step "gatedvar-${v//=/-}" 200 env $v "${BENCH[@]}" --preset deepseek-v3 --tokens 8192 --kernels moe-gated --no-check
-      done ;;
     ncu-gated) step ncu-gated 400 ncu --clock-control none --kernel-name regex:GatedGemm --launch-skip 2 -c 1 --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section Occupancy --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active" python3 tools/profile_layer.py --kernel gated --tokens 4096 --experts 32 --calls 1 ;;
     ncu-gated-src)
       step ncu-gated-src 400 ncu --clock-control none --kernel-name regex:GatedGemm --launch-skip 2 -c 1 --section WarpStateStats --section SourceCounters -o "$OUT/gated" python3 tools/profile_layer.py --kernel gated --tokens 4096 --experts 32 --calls 1
@@ -76,12 +63,7 @@ for s in "$@"; do
       for pr in ${SPLIT_PRESETS:-deepseek-v3 qwen3-30b-a3b gpt-oss-120b}; do
         step "split-gated-$pr" 200 python3 tools/profile_split.py --kernel gated --preset $pr --tokens 8192
       done ;;
-    static-fixed) step static-fixed 300 python3 tools/static_fixed_cost.py --tokens 1 8 ;;
     launch-cost) step launch-cost 200 python3 tools/launch_cost.py ;;
-    gated-decode-cost)  # GATED_VARIANTS: env settings, one bench each at T=8192
-      for v in ${GATED_VARIANTS:-"MOE_GATED_VARIANT=full" "MOE_GATED_VARIANT=nodecode" "MOE_GATED_VARIANT=nomma"}; do
-        step "gatedvar-${v//[=,]/-}" 200 env ${v//,/ } "${BENCH[@]}" --preset ${GATED_PRESETS:-deepseek-v3 qwen3-30b-a3b} --tokens ${GATED_TOKENS:-8192} --kernels moe-gated --no-check
-      done ;;
     gated-clocks)  # SM clock, power and throttle reasons (nvidia-smi every 200 ms) while a bench replays
       for k in ${CLOCK_KERNELS:-moe-gated torch-bf16}; do
         nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active --format=csv -lms 200 > "$OUT/clocks-$k.csv" 2>&1 &
@@ -98,13 +80,6 @@ for s in "$@"; do
       ab "kernel-ab-${AB_KERNEL:-moe-gated}" 400 "${AB_KERNEL:-moe-gated}" \
         "${AB_PRESETS:-deepseek-v3 qwen3-30b-a3b gpt-oss-120b}" "${AB_TOKENS:-2048 8192}" \
         "$(cd packages && echo *)" ;;
-    static-env)  # STATIC_ENVS: env settings (commas between variables), a correctness check and
-                 # the static-ab bench each (log static-env-<setting>); a value cannot hold a
-                 # comma (MOE_STATIC_TEAMS=1,2 becomes two words: run such a variant directly)
-      for v in ${STATIC_ENVS:-"MOE_STATIC_VARIANT="}; do
-        step "static-envcheck-${v//[=,]/-}" 200 env ${v//,/ } python3 tools/gpu_check.py --kernel static
-        step "static-env-${v//[=,]/-}" 300 env ${v//,/ } "${BENCH[@]}" --preset $STATIC_PRESETS --tokens $STATIC_TOKENS --kernels moe-static --no-check ${AB_SEED:+--seed $AB_SEED}
-      done ;;
     static-tests) step static-tests 300 python3 -m pytest packages/moe-static -m gpu -q -x ;;
     generic-tests) step generic-tests 400 python3 -m pytest packages/moe-generic tests dispatcher/tests -m gpu -q ;;
     sanitize-static) step sanitize-static 200 compute-sanitizer --tool memcheck --report-api-errors no python3 tools/gpu_check.py --kernel static --sanitize ;;
@@ -115,20 +90,8 @@ for s in "$@"; do
     bench-static) step bench-static 400 "${BENCH[@]}" --preset qwen3-30b-a3b deepseek-v3 --tokens 1 2 4 8 16 32 64 128 --kernels moe-static moe-generic --json "$OUT/bench-static.json" --plot "$OUT/bench-static.png" ;;
     bench-static-all) step bench-static-all 500 "${BENCH[@]}" --preset qwen3.5-35b gpt-oss-120b nemotron-relu2 --tokens 1 2 4 8 16 32 64 128 --kernels moe-static moe-generic --json "$OUT/bench-static-all.json" --plot "$OUT/bench-static-all.png" ;;
     bench-nemotron) step bench-nemotron 400 "${BENCH[@]}" --preset nemotron-relu2 --tokens 512 2048 8192 --kernels auto torch-bf16 --no-check --json "$OUT/bench-nemotron.json" ;;
-    static-variants)
-      for v in ${STATIC_VARIANTS:-"MOE_STATIC_TEAMS=2,2" "MOE_STATIC_TEAMS=1,1" "MOE_STATIC_SKIP=tasks"}; do
-        step "variant-${v//[=,]/-}" 200 env ${v//;/ } "${BENCH[@]}" --preset $STATIC_PRESETS --tokens $STATIC_TOKENS --kernels moe-static --no-check
-      done ;;
-    generic-variants)
-      for v in "MOE_GENERIC_WARPS64=8" "MOE_GENERIC_WARPS64=4"; do
-        step "gvariant-${v//=/-}" 300 env $v "${BENCH[@]}" --preset deepseek-v3 qwen3-30b-a3b --tokens 2048 8192 --kernels auto --no-check
-      done ;;
-    generic-tiles)  # GENERIC_VARIANTS: env settings of moe-generic's prefill tile, one bench each
-      for v in ${GENERIC_VARIANTS:-"MOE_GENERIC_WARPS64=8" "MOE_GENERIC_WARPS64=16"}; do
-        step "gtile-${v//[=,]/-}" 300 env ${v//,/ } "${BENCH[@]}" --preset ${GENERIC_PRESETS:-deepseek-v3 qwen3-30b-a3b} --tokens 8192 --kernels moe-generic --no-check
-      done ;;
-    ncu-generic)  # FC1 of the second call (GroupedGemm launches alternate FC1, FC2); NCU_ENV: e.g. MOE_GENERIC_TALL_MIN_KT=0
-      step "ncu-generic${NCU_TAG:-}" 300 env ${NCU_ENV:-MOE_GENERIC_MMA=sync} ncu --clock-control none --kernel-name regex:GroupedGemm --launch-skip 2 -c 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section Occupancy --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,lts__t_sectors_srcunit_tex.sum,lts__throughput.avg.pct_of_peak_sustained_elapsed" python3 tools/profile_layer.py --kernel generic --tokens 4096 --experts 32 --calls 2 ;;
+    ncu-generic)  # FC1 of the second call (GroupedGemm launches alternate FC1, FC2)
+      step "ncu-generic${NCU_TAG:-}" 300 ncu --clock-control none --kernel-name regex:GroupedGemm --launch-skip 2 -c 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section Occupancy --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,lts__t_sectors_srcunit_tex.sum,lts__throughput.avg.pct_of_peak_sustained_elapsed" python3 tools/profile_layer.py --kernel generic --tokens 4096 --experts 32 --calls 2 ;;
     bench-large) step bench-large 400 "${BENCH[@]}" --preset deepseek-v3 qwen3-30b-a3b --tokens 512 2048 8192 --kernels auto torch-bf16 --no-check --json "$OUT/bench-large.json" ;;
     ncu-stalls) step ncu-stalls 300 ncu --clock-control none --kernel-name regex:StaticMoE --launch-skip 1 -c 1 --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__issue_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed,gpu__time_duration.sum" python3 tools/profile_layer.py ;;
     ncu-static2)  # PROFILE_ARGS: the layer (see ncu-static-src); pipe counts and utilization
@@ -151,10 +114,6 @@ for s in "$@"; do
     routing-shape)  # moe-gated on random against balanced routing (tools/gated_routing_shape.py)
       step routing-shape-ds 200 python3 tools/gated_routing_shape.py --preset deepseek-v3 --tokens 8192 8704
       step routing-shape-oss 120 python3 tools/gated_routing_shape.py --preset gpt-oss-120b --tokens 8192 ;;
-    static-spread)  # per-warp phase-end timestamps (tools/static_spread.py), Qwen3-30B-A3B-sized T=8:
-                    # one routing replayed, then a fresh routing per call
-      step static-spread 150 python3 tools/static_spread.py --tokens 8
-      step static-spread-fresh 150 python3 tools/static_spread.py --tokens 8 --fresh-routing ;;
     ncu-static) step ncu-static 300 ncu --clock-control none --kernel-name regex:StaticMoE --launch-skip 1 -c 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section Occupancy python3 tools/profile_layer.py ;;
     profile) step profile 200 python3 tools/profile_split.py --preset deepseek-v3 --tokens 8192 ;;
     *) echo "unknown step $s" ;;

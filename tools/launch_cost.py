@@ -1,10 +1,10 @@
 """What one launch of moe-static's shape costs with no work in it (development tool).
 
-moe-static with every part skipped (tools/static_fixed_cost.py) takes 1.8 us per call in
-CUDA-graph replay. This times an empty kernel with the same grid (one CTA per SM): cooperative
-or not, with moe-static's 231688 B of dynamic shared memory, less or none, 512 or 256 threads.
-Each CTA writes one word so the kernel is not empty. Measured on the H200: 1.07-1.38 us in
-every variant (at 4f755aa; benchmarks/HISTORY.md).
+moe-static with every part left out (a timing build measured at 24a91be, benchmarks/HISTORY.md)
+took 1.8 us per call in CUDA-graph replay. This times an empty kernel with the same grid (one CTA
+per SM): cooperative or not, with moe-static's 231688 B of dynamic shared memory, less or
+none, 512 or 256 threads. Each CTA writes one word so the kernel is not empty. Measured on the
+H200: 1.07-1.38 us in every variant (at 4f755aa; benchmarks/HISTORY.md).
 
     python3 tools/launch_cost.py
 """

@@ -67,7 +67,23 @@ def test_route_pairs_buffers_and_launch(monkeypatch):
     assert hist.shape == (MAX_SPLIT_CTAS + 1, 16) and num_tiles.shape == (1,)
     assert routed.order is order and routed.tiles is tiles and routed.num_tiles is num_tiles
     assert routed.slots is slots
-    assert routed.tile_args == (tiles[0].data_ptr(), tiles[1].data_ptr(), tiles[2].data_ptr(),
-                                num_tiles.data_ptr())
+    assert routed.tile_operands == dict(
+        tile_expert=tiles[0].data_ptr(), tile_start=tiles[1].data_ptr(),
+        tile_end=tiles[2].data_ptr(), num_tiles=num_tiles.data_ptr(), order=order.data_ptr())
     ws.freeze()  # the same call again is served from the frozen workspace
     route_pairs(Buffers("k", ws, "cpu"), ids, 8, 16, 64, 37, "stream")
+
+
+def test_routing_tables_reach_the_kernels_in_field_order():
+    """jit.route's RoutingTables arrive as RoutingKernel's and RoutingScan's parameters, one per
+    field, in order and with their values, after the scalars ahead of them (checked without a
+    GPU)."""
+    from moe_common.cute import jit
+    from moe_common.cute.routing import RoutingTables
+    from moe_common.testing import check_operands_marshal
+
+    stream = jit.example_stream()
+    check_operands_marshal(jit.routing(4), RoutingTables, stream,
+                           before=(1 << 40, 7, 0, 128, 8, 1 << 41, 1 << 42))
+    _, scan, _ = jit.routing_split(8)
+    check_operands_marshal(scan, RoutingTables, stream, before=(1 << 40, 3, 128, 8))

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from moe_common.testing import make_shape, ptxas_report
+from moe_common.cute import jit
+from moe_common.testing import check_operands_marshal, make_shape, ptxas_report
 from moe_common.types import PRIORITY_GATED, PRIORITY_GENERIC, Activation
 from moe_gated.limits import CUTOVER_ROWS_PER_EXPERT, priority, unsupported_reason
 
@@ -18,6 +19,16 @@ def test_every_dispatchable_config_compiles_for_sm90a():
     assert len(configs) == 16  # 2 geometries x 2 formats x (3 gated FC1 activations + FC2)
     for cfg in configs:
         assert compile_config(cfg) is not None, cfg
+
+
+def test_operands_reach_the_kernel_in_field_order():
+    """The runner's GatedOperands arrive as the kernel's parameters, one per field, in order
+    and with their values (the launcher's marshalling, checked without a GPU)."""
+    from moe_gated.compile_cache import compile_config, config
+    from moe_gated.kernel import GatedOperands
+
+    compiled = compile_config(config("fc2", "nvfp4", "none", "tall"))
+    check_operands_marshal(compiled, GatedOperands, jit.example_stream())
 
 
 _PTX_PROBE = """

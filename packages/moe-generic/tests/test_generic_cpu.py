@@ -9,7 +9,8 @@ from moe_common.fragments import (
     _fragment_index, gated_row_order, repack_codes, repack_scales, unpack_word_codes,
 )
 from moe_common.formats import pack_e2m1
-from moe_common.testing import make_shape
+from moe_common.cute import jit
+from moe_common.testing import check_operands_marshal, make_shape
 from moe_common.types import Activation
 from moe_generic.limits import unsupported_reason
 
@@ -17,15 +18,24 @@ from moe_generic.limits import unsupported_reason
 _shape = make_shape
 
 
-@pytest.mark.parametrize("wgmma", [False, True], ids=["mma_sync", "wgmma"])
-def test_every_dispatchable_config_compiles_for_sm90a(wgmma):
+def test_every_dispatchable_config_compiles_for_sm90a():
     from moe_generic.compile_cache import all_configs, compile_config
 
-    configs = all_configs(wgmma)
-    # 2 formats x 4 tile widths x (4 FC1 activations + FC2), + the 256-row tiles (mma.sync)
-    assert len(configs) == (40 if wgmma else 50)
+    configs = all_configs()
+    # 2 formats x 4 tile widths x (4 FC1 activations + FC2), + the 256-row tiles
+    assert len(configs) == 50
     for cfg in configs:
         assert compile_config(cfg) is not None, cfg
+
+
+def test_operands_reach_the_kernel_in_field_order():
+    """The runner's GemmOperands arrive as the kernel's parameters, one per field, in order and
+    with their values (the launcher's marshalling, checked without a GPU)."""
+    from moe_generic.compile_cache import compile_config, config
+    from moe_generic.grouped_gemm import GemmOperands
+
+    compiled = compile_config(config("fc2", "nvfp4", "none", 8))
+    check_operands_marshal(compiled, GemmOperands, 2, 3, jit.example_stream())
 
 
 def test_tall_tiles_only_for_long_k_and_dividing_rows():

@@ -129,19 +129,6 @@ def test_routing_kernel_tiles_cover_every_local_pair_once(bn, id_dtype):
     assert torch.equal(seen, local.to(torch.int32))
 
 
-@pytest.mark.parametrize("case", [
-    ((1, 8, 256, 128, 2), "silu", "nvfp4", "w4a16", False),
-    ((300, 16, 512, 704, 4), "swigluoai", "mxfp4", "w4a16", True),
-    ((2048, 8, 1024, 256, 4), "relu2", "nvfp4", "w4a4", False),
-    ((64, 8, 2880, 256, 4), "gelu_tanh", "mxfp4", "w4a4", True),
-])
-def test_wgmma_mainloop_matches_reference(case, monkeypatch):
-    from moe_generic import compile_cache
-
-    monkeypatch.setattr(compile_cache, "USE_WGMMA", True)
-    _run_case(*case)
-
-
 @pytest.mark.parametrize("bn", [8, 16, 32, 64])
 @pytest.mark.parametrize("case", [
     # (T, E, H, I, top_k), activation, format, mode, bias, skew: widths the width rule picks

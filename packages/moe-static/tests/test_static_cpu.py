@@ -7,7 +7,8 @@ import re
 import pytest
 import torch
 
-from moe_common.testing import make_shape, ptxas_report
+from moe_common.cute import jit
+from moe_common.testing import check_operands_marshal, make_shape, ptxas_report
 from moe_common.types import PRIORITY_GENERIC, PRIORITY_STATIC, Activation
 from moe_static.limits import CUTOVER_TOKENS, priority, unsupported_reason
 
@@ -22,6 +23,16 @@ def test_every_dispatchable_config_compiles_for_sm90a():
     assert len(configs) == 64  # 2 formats x 4 activations x (int32, int64 ids) x 4 team shapes
     for cfg in configs:
         assert compile_config(cfg) is not None, cfg
+
+
+def test_operands_reach_the_kernel_in_field_order():
+    """The runner's StaticOperands arrive as the kernel's parameters, one per field, in order
+    and with their values (the launcher's marshalling, checked without a GPU)."""
+    from moe_static.compile_cache import compile_config, config
+    from moe_static.kernel import StaticOperands
+
+    compiled = compile_config(config("nvfp4", "silu"))
+    check_operands_marshal(compiled, StaticOperands, 132, jit.example_stream())
 
 
 _PTX_PROBE = """

@@ -83,10 +83,12 @@ class RoutedPairs(NamedTuple):
     num_tiles: torch.Tensor  # [1] int32
 
     @property
-    def tile_args(self) -> tuple:
-        """The tile table as the grouped GEMMs take it: expert, start, end, count pointers."""
-        return (self.tiles[0].data_ptr(), self.tiles[1].data_ptr(), self.tiles[2].data_ptr(),
-                self.num_tiles.data_ptr())
+    def tile_operands(self) -> dict:
+        """The tile table and the pair order as the grouped GEMMs' operand bundles name them
+        (moe_common.cute.jit.operands): expert, start, end, count and order pointers."""
+        return dict(tile_expert=self.tiles[0].data_ptr(), tile_start=self.tiles[1].data_ptr(),
+                    tile_end=self.tiles[2].data_ptr(), num_tiles=self.num_tiles.data_ptr(),
+                    order=self.order.data_ptr())
 
 
 def route_pairs(bufs: Buffers, topk_ids, expert_offset: int, experts: int, bn: int,

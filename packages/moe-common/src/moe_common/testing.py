@@ -233,3 +233,28 @@ def ptxas_report(probe: str, args, kernel_glob: str, tmp_path) -> str:
                           str(Path(tmp_path) / "k.cubin")], capture_output=True, text=True,
                          check=True)
     return res.stdout + res.stderr
+
+
+def check_operands_marshal(compiled, bundle: type, *launch_args, before: tuple = ()) -> None:
+    """Assert that a compiled kernel launcher passes every field of an operand bundle
+    (moe_common.cute.jit.operands) to the kernel as its own parameter, in field order, with its
+    value: fields numbered 0, 1, 2, ... (pointers from 0x7f0000000000, floats + 0.5) are built
+    with jit.operands and read back from the launcher's marshalled arguments (no GPU needed).
+    before: the launcher's scalar arguments ahead of the bundle (one marshalled argument each);
+    launch_args: those after it (grid, stream)."""
+    import ctypes
+
+    from .cute import jit
+
+    types = jit.field_types(bundle)
+    ctype = {"Int64": ctypes.c_int64, "Int32": ctypes.c_int32, "Float32": ctypes.c_float}
+    values = {}
+    for i, (name, ty) in enumerate(types.items()):
+        values[name] = {"Int64": 0x7F0000000000 + i, "Float32": i + 0.5}.get(ty.__name__, i)
+    args, _ = compiled.generate_execution_args(*before, jit.operands(bundle, **values),
+                                               *launch_args)
+    args = args[len(before):]
+    assert len(args) >= len(values), (len(args), len(values))
+    got = {name: ctypes.cast(p, ctypes.POINTER(ctype[types[name].__name__])).contents.value
+           for name, p in zip(types, args)}
+    assert got == values, {k: (got[k], values[k]) for k in values if got[k] != values[k]}

@@ -1,7 +1,7 @@
 """The moe-gated CuTe DSL kernel: a persistent grouped GEMM with large tiles on warpgroup MMA.
 
-    FC1: inter[p, j]  = act(scale_2[e] * (src[order[p] // row_div] @ w13[e]^T) + b13[e])  (bf16)
-    FC2: y[order[p], h] = scale_2[e] * (inter[p] @ w2[e]^T) + b2[e]                      (fp32)
+    FC1: inter[p, j]  = act(gscale[e] * (src[order[p] // row_div] @ w13[e]^T) + b13[e])  (bf16)
+    FC2: y[order[p], h] = gscale[e] * (inter[p] @ w2[e]^T) + b2[e]                       (fp32)
 
 p runs over routed pairs sorted by expert (moe_common.cute.routing, tiles of up to bn pairs);
 y's columns are in the paired order of y_block(geometry) and the top-k reduce applies the router
@@ -49,7 +49,6 @@ it.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import cutlass
@@ -61,29 +60,23 @@ from moe_common.cute import fragment_mma as fm
 from moe_common.cute import jit
 from moe_common.cute import ptx
 from moe_common.cute.wgmma_decode import wgmma_decode_k128
+from moe_common.fragments import TILE_K
 
-TILE_K = 128
 # Tile geometries, (tokens per tile, 16-row weight groups per consumer warp): "wide" (288 x 1:
 # 128 weight rows) pays the decode once per up to 288 tokens and is the faster one when experts
 # get whole tiles; "tall" (128 x 2: 256 weight rows) does twice the decode per FLOP but moves
 # half the B bytes per FLOP and gives each warp two independent decode+MMA chains, so it wins
-# where tiles are partly filled (BENCHMARKS.md, seventh session). The runner picks one per call
-# from the routed pairs per expert. Wide was 256 tokens until the nineteenth session: at 256
+# where tiles are partly filled (BENCHMARKS.md, c8035d3 and 1ed3350). The runner picks one per
+# call from the routed pairs per expert. Wide was 256 tokens before 58bc6d3: at 256
 # +- 16 routed pairs per expert (DeepSeek-V3, gpt-oss-120b at T=8192) half the experts then
 # had a leftover tile of a few tokens costing ~40% of a full one; 288 takes them in one pass,
 # 7.8-8.0% faster there (BENCHMARKS.md). 320 makes ptxas serialize the wgmmas (C7512).
-WIDE_BN = int(os.environ.get("MOE_GATED_WIDE_BN", "288"))  # development knob: 256 (measuring)
-GEOMETRIES = {"wide": (WIDE_BN, 1), "tall": (128, 2)}
+GEOMETRIES = {"wide": (288, 1), "tall": (128, 2)}
 # MMA widths per tile size: a tile's token count is rounded up to one of these. Widths above
 # 256 issue two wgmmas per slab, 256 + the rest, on one decoded A; beside them, a 192 width
 # made ptxas serialize the wgmmas (C7512) or spill (every width is its own mainloop)
-WIDTHS = {128: (128, 96, 64, 32), 256: (256, 192, 128, 64, 32), 288: (288, 256, 128, 64, 32)}
-if os.environ.get("MOE_GATED_WIDE_WIDTHS"):  # development knob (measuring): "256,240,..."
-    WIDTHS[WIDE_BN] = tuple(int(v) for v in os.environ["MOE_GATED_WIDE_WIDTHS"].split(","))
-MAX_STAGES = 4  # (2 stages measured 29-32% slower at T=8192: BENCHMARKS.md, eighth session)
-# development knobs (measuring): a cap on the stage count; "1" splits every wide K-tile's stage
-STAGES_CAP = int(os.environ.get("MOE_GATED_STAGES", "8"))
-FORCE_SPLIT = os.environ.get("MOE_GATED_SPLIT") == "1"
+WIDTHS = {128: (128, 96, 64, 32), 288: (288, 256, 128, 64, 32)}
+MAX_STAGES = 4  # (2 stages measured 29-32% slower at T=8192: BENCHMARKS.md, 8f0f6f9)
 # B (tokens) in shared memory and in the tile-blocked buffers: per K-tile two 64-column halves
 # (HALF_BYTES x tokens apart), each 8 tokens x 64 columns = 1024 bytes per 8-token group: FC1's
 # token rows in the 128-byte swizzle (moe_gated.row_scatter), FC2's intermediate as K-major
@@ -103,7 +96,6 @@ PRODUCER_REGS = 40
 CONSUMER_REGS = 232
 STG_TOKENS = 32  # FC1 epilogue: tokens per staged chunk (512 bytes per warp)
 SMEM_LIMIT = 227 * 1024  # sm_90's largest dynamic shared memory per CTA
-MIN_BLOCKS = int(os.environ.get("MOE_GATED_MIN_BLOCKS", "1"))  # 0: no .minnctapersm (measuring)
 ITEM_SLOTS = 8  # work-item ring from the producer to the consumers (it leads by <= stages items)
 # a ring slot: (item, expert, first pair, end pair), the tile facts the producer has loaded
 # anyway, so a consumer starts an item without a global round trip
@@ -141,21 +133,31 @@ def row_tile(geometry: str) -> int:
     return CONSUMER_WARPS * GEOMETRIES[geometry][1] * 16
 
 
+GatedOperands = jit.grouped_gemm_operands("GatedOperands", """The runtime operands of one GEMM
+launch (FC1 or FC2), in kernel-parameter order: the runner builds them per launch
+(jit.operands), GatedGemm.__call__ and .kernel take them whole, and the compile cache compiles
+with jit.example(GatedOperands).""", [
+    # (first jit.GROUPED_GEMM_FIELDS: the GEMM's packed weights and the routing's tiles)
+    # B, tile-blocked (FC1: row_scatter's token rows; FC2: FC1's intermediate), its K-tiles,
+    # and the GEMM's 16-row weight groups per expert
+    ("b_blocked", Int64), ("k_tiles", Int32), ("row_groups", Int32),
+    # the output: FC1 the tile-blocked intermediate (stride in K-tiles, Ip rows), FC2 y [P, H]
+    # fp32 (stride H, H rows)
+    ("out", Int64), ("out_stride", Int32), ("out_rows", Int32),
+    # the activation's run-time parameters (FC1; moe_common.types.Activation)
+    ("act_alpha", Float32), ("act_beta", Float32), ("act_limit", Float32),
+    # the work queue's two counters (zeroed once, left at zero by every launch) and the grid:
+    # persistent CTAs, at most one per SM
+    ("queue", Int64), ("grid", Int32),
+])
+
+
 @dataclass(frozen=True)
 class GatedConfig:
     phase: str  # "fc1" | "fc2"
     weight_format: str  # "nvfp4" | "mxfp4"
     activation: str = "silu"  # fc1: silu | gelu_tanh | swigluoai (alpha/beta/limit at run time)
     geometry: str = "wide"  # see GEOMETRIES
-    # wgmma slabs left in flight when a K-tile's block returns (None: the geometry's default).
-    # wide: 2, measured 1.2-1.7% faster than 1 at T=8192 (BENCHMARKS.md, 6073ca8), except at
-    # MMA widths above 256 (1). tall: 1. Where the accumulators and 3 slabs' A registers do
-    # not fit (two groups per warp; 288 tokens), 2 makes ptxas serialize every wgmma (C7512,
-    # checked by tests/test_gated_cpu.py)
-    pending: int | None = None
-    # timing-only variants (wrong results): "nodecode" feeds raw codes to the MMA, "nomma" skips
-    # it, "nostore" skips the epilogues' global stores
-    variant: str = "full"
 
 
 class GatedGemm:
@@ -166,7 +168,12 @@ class GatedGemm:
         self.bn, self.gpw = GEOMETRIES[cfg.geometry]
         self.row_tile = row_tile(cfg.geometry)
         self.widths = WIDTHS[self.bn]
-        self.pending = cfg.pending if cfg.pending is not None else (2 if self.gpw == 1 else 1)
+        # wgmma slabs left in flight when a K-tile's block returns. wide: 2, measured 1.2-1.7%
+        # faster than 1 at T=8192 (BENCHMARKS.md, 6073ca8), except at MMA widths above 256 (1).
+        # tall: 1. Where the accumulators and 3 slabs' A registers do not fit (two groups per
+        # warp; 288 tokens), 2 makes ptxas serialize every wgmma (C7512, checked by
+        # tests/test_gated_cpu.py)
+        self.pending = 2 if self.gpw == 1 else 1
         self.b_bytes = self.bn * TILE_K * 2  # a K-tile's B in the tile-blocked buffers
         # FC1's B is 128B-swizzled (read by a swizzled descriptor from 1024-byte aligned halves)
         self.b_swizzle = cfg.phase == "fc1"
@@ -178,13 +185,12 @@ class GatedGemm:
         fixed = 8 * ITEM_SLOTS + ITEM_BYTES * ITEM_SLOTS + ep_bytes
         # A stage is a K-tile [B | A] where 3 of them fit (tall: 4 x 50 KiB), else half a
         # K-tile (`split`: wide, 288 tokens: 4 x 46 KiB, [B's first half | A], then [B's second
-        # half]); 2 whole-K-tile stages measured 29-32% slower (eighth session). One CTA per SM.
+        # half]); 2 whole-K-tile stages measured 29-32% slower (8f0f6f9). One CTA per SM.
         self.stage_bytes = _align(self.b_bytes + self.a_bytes)
-        self.split = 3 * (self.stage_bytes + 16) > SMEM_LIMIT - fixed or \
-            (FORCE_SPLIT and self.gpw == 1)
+        self.split = 3 * (self.stage_bytes + 16) > SMEM_LIMIT - fixed
         if self.split:
             self.stage_bytes = _align(self.b_bytes // 2 + self.a_bytes)
-        max_stages = min(STAGES_CAP, 2 * MAX_STAGES if self.split else MAX_STAGES)
+        max_stages = 2 * MAX_STAGES if self.split else MAX_STAGES
         self.stages = min(max_stages, (SMEM_LIMIT - fixed) // (self.stage_bytes + 16))
         # shared memory: the stages, then 8-byte mbarriers (full[stages], empty[stages],
         # item_full[ITEM_SLOTS]), the work-item ring (ITEM_BYTES per slot), then per phase
@@ -211,8 +217,8 @@ class GatedGemm:
         K-tiles per stage 0 (and the second half's offset 0: it is its stage's start).
         A narrow item streams the same A bytes per K-tile with a fraction of the MMA, so with
         one K-tile per stage it is bound by the copies' latency (`stages` K-tiles in flight):
-        an expert's leftover tile of a few tokens cost ~40% of a full one (BENCHMARKS.md,
-        eighteenth session). Its stages therefore hold as many consecutive K-tiles as fit.
+        an expert's leftover tile of a few tokens cost ~40% of a full one (BENCHMARKS.md, before
+        dbabba6). Its stages therefore hold as many consecutive K-tiles as fit.
         Measured 1.6% faster at DeepSeek-V3 and gpt-oss-120b T=8192 (about half their experts
         had a leftover tile): most of a leftover tile's cost is not the copies' latency."""
         half = _align(width * HALF_BYTES)
@@ -225,38 +231,19 @@ class GatedGemm:
 
     # ------------------------------------------------------------------ host entry
     @cute.jit
-    def __call__(
-        self,
-        wblob: Int64, sblob: Int64, gscale: Int64, bias: Int64,
-        tile_expert: Int64, tile_start: Int64, tile_end: Int64, num_tiles: Int64,
-        order: Int64, b_blocked: Int64, k_tiles: Int32, row_groups: Int32,
-        out: Int64, out_stride: Int32, out_rows: Int32,
-        act_alpha: Float32, act_beta: Float32, act_limit: Float32,
-        queue: Int64, grid: Int32, stream,
-    ):
-        self.kernel(
-            wblob, sblob, gscale, bias, tile_expert, tile_start, tile_end, num_tiles,
-            order, b_blocked, k_tiles, row_groups,
-            out, out_stride, out_rows, act_alpha, act_beta, act_limit, queue, grid,
-        ).launch(grid=[grid, 1, 1], block=[THREADS, 1, 1], smem=self.smem_bytes, stream=stream,
-                 use_pdl=jit.PDL,
-                 # .minnctapersm 1 pins the kernel's entry register count (168) for ptxas, which
-                 # the setmaxnreg regions are allocated against (NVIDIA/cutlass#3406). Measured
-                 # 1.3-1.4% faster at T=8192 (BENCHMARKS.md); the consumers' SASS changes only a
-                 # little (highest register R218 -> R223 in FC1 NVFP4 silu)
-                 min_blocks_per_mp=MIN_BLOCKS)
+    def __call__(self, ops: GatedOperands, stream):
+        self.kernel(ops).launch(
+            grid=[ops.grid, 1, 1], block=[THREADS, 1, 1], smem=self.smem_bytes, stream=stream,
+            use_pdl=jit.PDL,
+            # .minnctapersm 1 pins the kernel's entry register count (168) for ptxas, which the
+            # setmaxnreg regions are allocated against (NVIDIA/cutlass#3406). Measured 1.3-1.4%
+            # faster at T=8192 (BENCHMARKS.md); the consumers' SASS changes only a little
+            # (highest register R218 -> R223 in FC1 NVFP4 silu)
+            min_blocks_per_mp=1)
 
     # ------------------------------------------------------------------ device
     @cute.kernel
-    def kernel(
-        self,
-        wblob: Int64, sblob: Int64, gscale: Int64, bias: Int64,
-        tile_expert: Int64, tile_start: Int64, tile_end: Int64, num_tiles: Int64,
-        order: Int64, b_blocked: Int64, k_tiles: Int32, row_groups: Int32,
-        out: Int64, out_stride: Int32, out_rows: Int32,
-        act_alpha: Float32, act_beta: Float32, act_limit: Float32,
-        queue: Int64, grid: Int32,
-    ):
+    def kernel(self, ops):  # a GatedOperands (see jit.operands: why it is not annotated)
         tidx, _, _ = cute.arch.thread_idx()
         ptx.grid_dependency_wait()  # first: see jit.PDL
         warp = tidx // 32
@@ -273,79 +260,77 @@ class GatedGemm:
             ptx.fence_mbarrier_init()
         cute.arch.sync_threads()  # the only CTA-wide barrier
 
-        row_tiles = (row_groups + (self.row_tile // 16 - 1)) // (self.row_tile // 16)
-        total = Int32(ptx.ld_u32(num_tiles)) * row_tiles
+        row_tiles = (ops.row_groups + (self.row_tile // 16 - 1)) // (self.row_tile // 16)
+        total = Int32(ptx.ld_u32(ops.num_tiles)) * row_tiles
         if warp >= PRODUCER_WARP:
             cute.arch.setmaxregister_decrease(PRODUCER_REGS)
             if warp == PRODUCER_WARP:
-                self._producer(s_base, lane, total, row_tiles, wblob, sblob, tile_expert, tile_start,
-                               tile_end, b_blocked, k_tiles, row_groups, queue, grid)
+                self._producer(s_base, lane, total, row_tiles, ops)
         else:
             cute.arch.setmaxregister_increase(CONSUMER_REGS)
-            self._consumer(s_base, warp, lane, total, row_tiles, gscale, bias, order, k_tiles,
-                           row_groups, out, out_stride, out_rows, act_alpha, act_beta, act_limit)
+            self._consumer(s_base, warp, lane, total, row_tiles, ops)
 
     # ------------------------------------------------------------------ producer warp
     @cute.jit
-    def _producer(self, s_base, lane, total, row_tiles, wblob, sblob, tile_expert, tile_start,
-                  tile_end, b_blocked, k_tiles, row_groups, queue, grid):
+    def _producer(self, s_base, lane, total, row_tiles, ops):
         """Takes tickets from the device queue, hands each to the consumers through the item
         ring, and streams the item's K-tiles into the stages as the consumers free them."""
         i = Int32(0)  # items handed out
         g = Int32(0)  # K-tiles issued
         item = Int32(0)
         if lane == 0:
-            item = ptx.atom_add_global(queue, 1)
+            item = ptx.atom_add_global(ops.queue, 1)
         item = cute.arch.shuffle_sync(item, 0)
         while item < total:
             tile = item // row_tiles
             rt = item % row_tiles
-            e = ptx.ld_u32(tile_expert + Int64(tile) * 4)
-            p0 = ptx.ld_u32(tile_start + Int64(tile) * 4)
-            p1 = ptx.ld_u32(tile_end + Int64(tile) * 4)
+            e = ptx.ld_u32(ops.tile_expert + Int64(tile) * 4)
+            p0 = ptx.ld_u32(ops.tile_start + Int64(tile) * 4)
+            p1 = ptx.ld_u32(ops.tile_end + Int64(tile) * 4)
             self._post_item(s_base, lane, i, item, e, p0, p1)
             width, per, sub, a_off, half = self._item_layout(p1 - p0)
             b_copy = width * HALF_BYTES  # each half's first (MMA width) tokens
             # lane l < 2 x groups copies group l // 2 of the row tile: l even its codes, l odd
             # its scales
             cgroup = rt * (self.row_tile // 16) + lane // 2
-            ctile = (Int64(e) * Int64(row_groups) + Int64(cgroup)) * Int64(k_tiles)
-            csrc = wblob + ctile * 1024
+            ctile = (Int64(e) * Int64(ops.row_groups) + Int64(cgroup)) * Int64(ops.k_tiles)
+            csrc = ops.wblob + ctile * 1024
             cbytes = Int32(1024)
             cdst = a_off + (lane // 2) * self.a_group_bytes
             cstep = Int64(1024)
             if lane % 2 == 1:
-                csrc = sblob + ctile * self.scale_bytes
+                csrc = ops.sblob + ctile * self.scale_bytes
                 cbytes = Int32(self.scale_bytes)
                 cdst = cdst + 1024
                 cstep = Int64(self.scale_bytes)
-            copy_ok = lane < 2 * self.groups and cgroup < row_groups
-            groups_here = row_groups - rt * (self.row_tile // 16)
+            copy_ok = lane < 2 * self.groups and cgroup < ops.row_groups
+            groups_here = ops.row_groups - rt * (self.row_tile // 16)
             if groups_here > self.row_tile // 16:
                 groups_here = Int32(self.row_tile // 16)
             a_tx = groups_here * self.a_group_bytes
-            b_tile = b_blocked + Int64(tile) * Int64(k_tiles) * self.b_bytes
+            b_tile = ops.b_blocked + Int64(tile) * Int64(ops.k_tiles) * self.b_bytes
             src = (b_tile, b_copy, half, sub, csrc, cstep, cdst, cbytes, copy_ok, a_tx)
             if per > 0:
-                for kt0 in cutlass.range(0, k_tiles, per, unroll=1):
-                    self._produce(s_base, lane, g, kt0, cutlass.min(per, k_tiles - kt0), 0, src)
+                for kt0 in cutlass.range(0, ops.k_tiles, per, unroll=1):
+                    self._produce(s_base, lane, g, kt0, cutlass.min(per, ops.k_tiles - kt0), 0,
+                                  src)
                     g = g + 1
             else:  # a K-tile over two stages: [B's first half | A], [B's second half]
-                for kt in cutlass.range(k_tiles, unroll=1):
+                for kt in cutlass.range(ops.k_tiles, unroll=1):
                     for h in cutlass.range_constexpr(2):
                         self._produce(s_base, lane, g, kt, 1, h + 1, src)
                         g = g + 1
             i = i + 1
             if lane == 0:
-                item = ptx.atom_add_global(queue, 1)
+                item = ptx.atom_add_global(ops.queue, 1)
             item = cute.arch.shuffle_sync(item, 0)
         self._post_item(s_base, lane, i, item, 0, 0, 0)  # past the end: the consumers stop
         # queue[0]: next ticket; queue[1]: CTAs finished. The last CTA to finish sets both back
         # to 0, so the next launch (or CUDA-graph replay) starts from a clean queue.
         if lane == 0:
-            if ptx.atom_add_global(queue + 4, 1) == grid - 1:
-                ptx.st_u32(queue, 0)
-                ptx.st_u32(queue + 4, 0)
+            if ptx.atom_add_global(ops.queue + 4, 1) == ops.grid - 1:
+                ptx.st_u32(ops.queue, 0)
+                ptx.st_u32(ops.queue + 4, 0)
 
     @cute.jit
     def _produce(self, s_base, lane, g, kt0, n_kt, halves: cutlass.Constexpr, src):
@@ -473,30 +458,22 @@ class GatedGemm:
              slabs: cutlass.Constexpr):
         """acc += this warp's decoded groups (words) x B at b_at (second half `half` further
         on, see wgmma_decode_k128) over `slabs`, the wgmmas left in flight (`pending`)."""
-        cfg = self.cfg
-        if cutlass.const_expr(cfg.variant == "nomma"):
-            for gi in cutlass.range_constexpr(self.gpw):
-                acc[gi, 0, 0] = acc[gi, 0, 0] + Float32(ptx.f32_bits(words[gi][0] ^ words[gi][9]))
-        else:
-            accs = [[acc[gi, j // 4, j % 4] for j in range(n_tok // 2)] for gi in range(self.gpw)]
-            res = wgmma_decode_k128(accs, [w[:8] for w in words], [w[8:] for w in words],
-                                    cfg.weight_format, b_at, n_tok,
-                                    pending=self.pending if n_tok <= 256 else 1,
-                                    decode=cfg.variant != "nodecode", b_half=half,
-                                    b_swizzle=self.b_swizzle, slabs=slabs)
-            _store_fragments(acc, res)
+        accs = [[acc[gi, j // 4, j % 4] for j in range(n_tok // 2)] for gi in range(self.gpw)]
+        res = wgmma_decode_k128(accs, [w[:8] for w in words], [w[8:] for w in words],
+                                self.cfg.weight_format, b_at, n_tok,
+                                pending=self.pending if n_tok <= 256 else 1, b_half=half,
+                                b_swizzle=self.b_swizzle, slabs=slabs)
+        _store_fragments(acc, res)
 
     @cute.jit
-    def _consumer(self, s_base, warp, lane, total, row_tiles, gscale, bias, order, k_tiles,
-                  row_groups, out, out_stride, out_rows, act_alpha, act_beta, act_limit):
+    def _consumer(self, s_base, warp, lane, total, row_tiles, ops):
         i = Int32(0)
         g = Int32(0)  # K-tiles consumed
         item, e, p0, p1 = self._next_item(s_base, i)
         while item < total:
             self._work_item(item // row_tiles, item % row_tiles, e, p0, p1, i, g, s_base, warp,
-                            lane, gscale, bias, order, k_tiles, row_groups, out, out_stride,
-                            out_rows, act_alpha, act_beta, act_limit)
-            g = g + self._item_stages(self._item_layout(p1 - p0)[1], k_tiles)
+                            lane, ops)
+            g = g + self._item_stages(self._item_layout(p1 - p0)[1], ops.k_tiles)
             i = i + 1
             item, e, p0, p1 = self._next_item(s_base, i)
 
@@ -514,15 +491,14 @@ class GatedGemm:
             ptx.mbarrier_arrive(s_base + self.empty_off + (g % self.stages) * 8)
 
     @cute.jit
-    def _work_item(self, tile, rt, e, p0, p1, i, g0, s_base, warp, lane, gscale, bias, order,
-                   k_tiles, row_groups, out, out_stride, out_rows, act_alpha, act_beta, act_limit):
+    def _work_item(self, tile, rt, e, p0, p1, i, g0, s_base, warp, lane, ops):
         cfg = self.cfg
         # warp w owns groups gpw * w .. gpw * w + gpw - 1 of the row tile. Rows are padded to
         # 128, so a wide row tile is always full and in a tall one a whole warpgroup (128 rows)
         # may be past the real rows: it sits out but still waits for and releases every stage,
         # which keeps the barrier phases in step.
         group0 = rt * (self.row_tile // 16) + warp * self.gpw
-        active = group0 < row_groups
+        active = group0 < ops.row_groups
         warp_a_off = warp * self.gpw * self.a_group_bytes  # from A's offset in a K-tile
 
         # FC2's token table (pair indices): consumer thread c owns token slots c + 256 u. The
@@ -535,11 +511,12 @@ class GatedGemm:
                  for u in range(-(-self.bn // (32 * CONSUMER_WARPS)))]
         pair_c = [Int32(0) for _ in slots]
         if cutlass.const_expr(cfg.phase == "fc2"):  # (slots past the tile read its last pair)
-            pair_c = [ptx.ld_u32(order + Int64(cutlass.min(p0 + c, p1 - 1)) * 4) for c in slots]
+            pair_c = [ptx.ld_u32(ops.order + Int64(cutlass.min(p0 + c, p1 - 1)) * 4)
+                      for c in slots]
 
         # the epilogue's global scale and biases, loaded now: they arrive during the mainloop
         # instead of after it, when both warpgroups would wait on them with the tensor cores idle
-        gs, bv = self._epilogue_constants(e, group0, lane, gscale, bias, row_groups)
+        gscale, bv = self._epilogue_constants(e, group0, lane, ops.gscale, ops.bias, ops.row_groups)
 
         acc = cute.make_rmem_tensor(cute.make_layout((self.gpw, self.bn // 8, 4)), Float32)
         acc.fill(0.0)
@@ -550,7 +527,8 @@ class GatedGemm:
         for w in cutlass.range_constexpr(len(self.widths)):
             below = self.widths[w + 1] if w + 1 < len(self.widths) else 0
             if cnt > below and cnt <= self.widths[w]:
-                self._mainloop(self.widths[w], acc, active, g0, s_base, lane, warp_a_off, k_tiles)
+                self._mainloop(self.widths[w], acc, active, g0, s_base, lane, warp_a_off,
+                               ops.k_tiles)
 
         if cutlass.const_expr(cfg.phase == "fc2"):
             for u, c in enumerate(slots):
@@ -565,14 +543,14 @@ class GatedGemm:
         if active:
             if cutlass.const_expr(cfg.phase == "fc1"):
                 stg = s_base + self.ep_off + warp * (STG_TOKENS * 16)
-                self._epilogue_fc1(acc, tile, p0, p1, group0, gs, bv, stg, lane, out, out_stride,
-                                   act_alpha, act_beta, act_limit)
+                self._epilogue_fc1(acc, tile, p0, p1, group0, gscale, bv, stg, lane, ops.out,
+                                   ops.out_stride, ops.act_alpha, ops.act_beta, ops.act_limit)
             else:
-                self._epilogue_fc2(acc, p0, p1, group0, gs, bv, tok, lane, out, out_stride,
-                                   out_rows)
+                self._epilogue_fc2(acc, p0, p1, group0, gscale, bv, tok, lane, ops.out,
+                                   ops.out_stride, ops.out_rows)
 
     @cute.jit
-    def _epilogue_constants(self, e, group0, lane, gscale, bias, row_groups):
+    def _epilogue_constants(self, e, group0, lane, gscale_at, bias, row_groups):
         """Expert e's global scale and the biases of this thread's rows 16 (group0 + gi) + r +
         8 h, as [gi, h] (gi < gpw, h < 2; r = lane // 4): FC1's gate (h = 0) and up (h = 1)
         rows, FC2's output rows. A tall tile's warps past the real rows read group 0's (in
@@ -581,12 +559,12 @@ class GatedGemm:
         if g >= row_groups:
             g = Int32(0)
         brow = bias + (Int64(e) * Int64(row_groups * 16) + Int64(g * 16 + lane // 4)) * 4
-        gs = ptx.ld_nc_f32(gscale + Int64(e) * 4)
-        return gs, [ptx.ld_nc_f32(brow + (16 * gi + 8 * h) * 4)
+        gscale = ptx.ld_nc_f32(gscale_at + Int64(e) * 4)
+        return gscale, [ptx.ld_nc_f32(brow + (16 * gi + 8 * h) * 4)
                     for gi in range(self.gpw) for h in range(2)]
 
     @cute.jit
-    def _epilogue_fc1(self, acc, tile, p0, p1, group0, gs, bv, stg, lane, out, out_stride,
+    def _epilogue_fc1(self, acc, tile, p0, p1, group0, gscale, bv, stg, lane, out, out_stride,
                       act_alpha, act_beta, act_limit):
         """Group g's 8 intermediate columns j = 8g .. 8g + 7 are chunk c = g % 16 of K-tile
         g // 16 in FC2's tile-blocked B (token n's 16 bytes at (c // 8) * bn * HALF_BYTES +
@@ -607,34 +585,31 @@ class GatedGemm:
                     regs = []
                     for i in cutlass.range_constexpr(STG_TOKENS // 8):
                         nb = (STG_TOKENS // 8) * m + i
-                        hv = [act.gated(cfg.activation, acc[gi, nb, c] * gs + b_lo,
-                                        acc[gi, nb, 2 + c] * gs + b_hi, act_alpha, act_beta, act_limit)
+                        hv = [act.gated(cfg.activation, acc[gi, nb, c] * gscale + b_lo,
+                                        acc[gi, nb, 2 + c] * gscale + b_hi, act_alpha, act_beta,
+                                        act_limit)
                               for c in range(2)]
                         regs.append(ptx.bf16x2_from_f32(hv[0], hv[1]))
                     ptx.stmatrix_x4_trans(stg + lane * 16, regs[0], regs[1], regs[2], regs[3])
                     cute.arch.sync_warp()
                     v = ptx.ld_shared_v4(stg + lane * 16)
-                    if cutlass.const_expr(cfg.variant != "nostore"):
-                        ptx.st_v4(chunk + m * (STG_TOKENS // 8) * GROUP_BYTES, v[0], v[1], v[2], v[3])
+                    ptx.st_v4(chunk + m * (STG_TOKENS // 8) * GROUP_BYTES, v[0], v[1], v[2], v[3])
                     cute.arch.sync_warp()  # the staging buffer is rewritten by the next block
 
     @cute.jit
-    def _epilogue_fc2(self, acc, p0, p1, group0, gs, bv, tok, lane, out, out_stride, out_rows):
+    def _epilogue_fc2(self, acc, p0, p1, group0, gscale, bv, tok, lane, out, out_stride, out_rows):
         """y[pair, row] = acc * scale + bias straight from the fragment, with y's rows in
         the paired order of y_block(geometry) (moe_common.cute.topk_reduce): thread (r, q) holds
         rows r and r + 8 of each of its groups for tokens 2q and 2q + 1 of each 8-token block,
         and those sit side by side there, so a lane writes a token's values with one store:
         8 bytes (wide, one group: 4 tokens x 64 contiguous bytes per warp instruction) or 16
         (tall, two groups: 4 tokens x 128). In row order that took two or four 4-byte stores,
-        and the store phase, 16% of FC2 at Qwen3-30B-A3B T=8192 (nostore, seventh session),
+        and the store phase, 16% of FC2 at Qwen3-30B-A3B T=8192 (no-store build, 9f8f33f),
         behaved as if paid per cache line an instruction touches: FC2 took 520 us there, 470.5
-        with 8-byte stores (BENCHMARKS.md, fifteenth session). A wide warp's 8-byte stores in
+        with 8-byte stores (BENCHMARKS.md, 0fff0f8, a4189a2). A wide warp's 8-byte stores in
         the 32-column order would fill half of each sector they touch (measured slower)."""
         r = lane // 4
         q = lane % 4
-        # nostore: a bound no row meets, but one the compiler cannot see through (with the
-        # results dead, ptxas shrinks the wgmmas to N=8)
-        bound = out_rows if cutlass.const_expr(self.cfg.variant != "nostore") else out_rows - (1 << 30)
         # the warp's groups are one block (out_rows is a multiple of 32: a block is in or out)
         row0 = group0 * 16
         col = fc2_y_position(row0, r, 0, 0, self.gpw)  # values (gi, h) at col + 2 gi + h
@@ -647,9 +622,9 @@ class GatedGemm:
             for c in cutlass.range_constexpr(2):
                 n = nb * 8 + 2 * q + c
                 dst = out + (Int64(pairs[c]) * Int64(out_stride) + Int64(col)) * 4
-                v = [acc[gi, nb, 2 * h + c] * gs + bv[2 * gi + h]
+                v = [acc[gi, nb, 2 * h + c] * gscale + bv[2 * gi + h]
                      for gi in range(self.gpw) for h in range(2)]
-                ok = Int32(p0 + n < p1) & Int32(row0 < bound)
+                ok = Int32(p0 + n < p1) & Int32(row0 < out_rows)
                 if cutlass.const_expr(self.gpw == 1):
                     ptx.st_v2_f32_if(dst, v[0], v[1], ok)
                 else:

@@ -15,7 +15,7 @@ DIM_MULTIPLE = 32
 # Mean routed rows per local expert (T * top_k / E) from which moe-gated bids above moe-generic.
 # Below 256 rows per expert its tiles are 128 tokens wide (MMA 32..128 wide, the tall geometry);
 # below a tile or so per expert moe-generic's narrow tiles win. Measured on the H200
-# (BENCHMARKS.md, 2026-11-30 seventh session, commit 1ed3350), moe-gated against moe-generic:
+# (BENCHMARKS.md, commit 1ed3350), moe-gated against moe-generic:
 # at 4-8 rows 47-105% slower (every gated preset at T=128); at 16 rows 9-23% slower (T=512); at
 # 32 rows level (Qwen3-30B-A3B T=512: 278.0 against 277.3 us); at 64-128 rows 1.30-1.49x faster
 # (T=2048). The cutover was 48 rows at 05b2530 and 32 since 49e7d0d.

@@ -27,7 +27,7 @@ from cutlass import Int32, Int64
 
 from moe_common.cute import jit, ptx
 
-from .kernel import TILE_K
+from moe_common.fragments import TILE_K
 
 SCATTER_WARPS = 8
 SEG = 8  # 16-byte chunks per lane per pass: a warp moves 4 KiB of its row per pass

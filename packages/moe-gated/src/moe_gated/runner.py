@@ -17,32 +17,24 @@ import torch
 from moe_common.cute import jit
 from moe_common.fragments import TILE_K
 from moe_common.formats import get_format
-from moe_common.knobs import choice, knob
 from moe_common.kernel_package import Buffers, quantize_rows, route_pairs, w4a4_fc1_rows
 from moe_common.packed import pack
 from moe_common.types import Activation
 from moe_common.weights import MoEWeights
 
 from . import compile_cache
-from .kernel import GEOMETRIES, row_tile, y_block
+from .kernel import GEOMETRIES, GatedOperands, row_tile, y_block
 from .limits import KERNEL_NAME
 
 # Mean routed pairs per local expert from which the wide geometry (288-token tiles) is used.
-# Measured on the H200 (BENCHMARKS.md, seventh session, 1ed3350), each geometry forced, wide
+# Measured on the H200 (BENCHMARKS.md, 1ed3350), each geometry forced, wide
 # against tall: at 256 pairs per expert 2.5-7% faster (Qwen3-30B-A3B T=4096, DeepSeek-V3 and
 # gpt-oss-120b T=8192); at 128, 1-3% slower (DeepSeek-V3, gpt-oss-120b T=4096, Qwen3-30B-A3B
 # T=2048); at 64, 24-26% slower (DeepSeek-V3, gpt-oss-120b T=2048).
 WIDE_MIN_PAIRS_PER_EXPERT = 256
 
 
-# MOE_GATED_GEOMETRY=wide|tall forces one geometry (tuning knob, for measuring; read once)
-FORCED_GEOMETRY = knob("MOE_GATED_GEOMETRY", None, choice(tuple(GEOMETRIES)),
-                       allowed=", ".join(GEOMETRIES))
-
-
 def geometry_for(pairs: int, local_experts: int) -> str:
-    if FORCED_GEOMETRY is not None:
-        return FORCED_GEOMETRY
     return "wide" if pairs >= WIDE_MIN_PAIRS_PER_EXPERT * local_experts else "tall"
 
 
@@ -91,8 +83,7 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
 
     # 1. routing tables: (expert, up to bn sorted pairs) tiles
     routed = route_pairs(bufs, ids, off, E, bn, _table_tiles(P, E), stream)
-    order, tiles = routed.order, routed.tiles
-    tile_args = routed.tile_args
+    tiles = routed.tiles
     queues = bufs.get("queues", (2, 2), torch.int32, zeroed=True)
 
     # 2. token rows scattered into tile-blocked B (two bulk copies per tile and K-tile): each
@@ -112,10 +103,12 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     limit = activation.limit if activation.limit is not None else math.inf
     _, fc1 = compile_cache.get("fc1", weights.weight_format, activation.name, geometry)
     grid1 = _persistent_grid(dev, cap * -(-prep.fc1_rows // row_tile(geometry)))
-    fc1(prep.w13.data_ptr(), prep.w13_scale.data_ptr(), prep.fc1_alpha[quant_mode].data_ptr(),
-        prep.w13_bias.data_ptr(), *tile_args, order.data_ptr(), x_blocked.data_ptr(), kt1,
-        prep.fc1_rows // 16, inter.data_ptr(), kt2, Ip, activation.alpha, activation.beta, limit,
-        queues[0].data_ptr(), grid1, stream)
+    fc1(jit.operands(GatedOperands, wblob=prep.w13.data_ptr(), sblob=prep.w13_scale.data_ptr(),
+                     gscale=prep.fc1_alpha[quant_mode].data_ptr(), bias=prep.w13_bias.data_ptr(),
+                     **routed.tile_operands, b_blocked=x_blocked.data_ptr(), k_tiles=kt1,
+                     row_groups=prep.fc1_rows // 16, out=inter.data_ptr(), out_stride=kt2,
+                     out_rows=Ip, act_alpha=activation.alpha, act_beta=activation.beta,
+                     act_limit=limit, queue=queues[0].data_ptr(), grid=grid1), stream)
 
     if quant_mode == "w4a4":
         w4a4_requantize_blocked(inter[:cap], weights, tiles[0][:cap], bn)
@@ -125,10 +118,12 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     y = bufs.get("y", (P, H), torch.float32)
     _, fc2 = compile_cache.get("fc2", weights.weight_format, "none", geometry)
     grid2 = _persistent_grid(dev, cap * -(-prep.fc2_rows // row_tile(geometry)))
-    fc2(prep.w2.data_ptr(), prep.w2_scale.data_ptr(), prep.fc2_alpha[quant_mode].data_ptr(),
-        prep.w2_bias.data_ptr(), *tile_args, order.data_ptr(), inter.data_ptr(), kt2,
-        prep.fc2_rows // 16, y.data_ptr(), H, H, 1.0, 1.0, math.inf,
-        queues[1].data_ptr(), grid2, stream)
+    fc2(jit.operands(GatedOperands, wblob=prep.w2.data_ptr(), sblob=prep.w2_scale.data_ptr(),
+                     gscale=prep.fc2_alpha[quant_mode].data_ptr(), bias=prep.w2_bias.data_ptr(),
+                     **routed.tile_operands, b_blocked=inter.data_ptr(), k_tiles=kt2,
+                     row_groups=prep.fc2_rows // 16, out=y.data_ptr(), out_stride=H, out_rows=H,
+                     act_alpha=1.0, act_beta=1.0, act_limit=math.inf,
+                     queue=queues[1].data_ptr(), grid=grid2), stream)
 
     # 5. out[t] = sum over the top-k of router weight x y, fixed order, one rounding
     if out is None:

@@ -1,16 +1,16 @@
 """The moe-generic CuTe DSL kernel: one grouped GEMM over (expert, token-tile) work, used twice.
 
-    FC1: inter[p, j]  = act(scale_2[e] * (src[order[p] // row_div] @ w13[e]^T) + b13[e])  (bf16)
-    FC2: y[pair[p], h] = w[pair[p]] * (scale_2[e] * (inter[p] @ w2[e]^T) + b2[e])    (fp32)
+    FC1: inter[p, j]  = act(gscale[e] * (src[order[p] // row_div] @ w13[e]^T) + b13[e])  (bf16)
+    FC2: y[pair[p], h] = w[pair[p]] * (gscale[e] * (inter[p] @ w2[e]^T) + b2[e])     (fp32)
 
 p runs over routed pairs sorted by expert; a tile is (expert e, rows p0..p1 of that expert,
-at most BN of them), listed by the device-side routing so no host sync is needed; CTAs whose
+at most bn of them), listed by the device-side routing so no host sync is needed; CTAs whose
 tile index is past the device-side tile count return at once.
 
 Swap A/B: the weights are the MMA's A operand (M = weight rows), tokens are B (N = tokens), so
 an expert with a handful of tokens still runs a 16 x 8 MMA instead of padding tokens to 64.
-Per CTA: 4 warps (8 for BN=64 tiles, 16 where the K loop is long: 256 weight rows), each owning
-MW groups of 16 weight rows and all BN tokens of the tile. The mainloop comes in one body per
+Per CTA: 4 warps (8 for bn=64 tiles, 16 where the K loop is long: 256 weight rows), each owning
+mw groups of 16 weight rows and all bn tokens of the tile. The mainloop comes in one body per
 16-token width class, picked per tile, so an expert's partly filled last tile skips the MMAs and
 B reads past its tokens.
 A 4-stage cp.async ring holds, per 128-deep K-tile:
@@ -20,10 +20,8 @@ A 4-stage cp.async ring holds, per 128-deep K-tile:
     are exactly its A fragments for the 8 k16 slabs) and the group's bf16 block scales.
 Per K-tile each lane reads its codes and scales from shared memory, decodes e2m1 -> bf16 in
 registers (decode_fragment_word: shifts and masks), multiplies by the block scale (bf16x2, exact),
-and feeds the tensor cores:
-  - mma.sync.m16n8k16 with B fragments by ldmatrix from padded [BN][128 + 8] rows (default), or
-  - wgmma m64nBNk16 with A from registers and B as K-major core matrices, decode and wgmma of
-    the whole K-tile in one PTX block (MOE_GENERIC_MMA=wgmma; slower today, BENCHMARKS.md).
+and feeds the tensor cores: mma.sync.m16n8k16 with B fragments by ldmatrix from padded
+[bn][128 + 8] rows.
 Epilogues apply the fp32 global scale (x the activation global scale in w4a4) and bias; FC1
 applies the activation with gate (row r) and up (row r + 8) of the same j in the same lane
 (weights repacked so), FC2 the router weight and writes each (pair, h) exactly once, so the
@@ -40,10 +38,28 @@ from cutlass import Float32, Int32, Int64
 from moe_common.cute import jit, ptx
 from moe_common.cute import activation as act
 from moe_common.cute import fragment_mma as fm
-from moe_common.cute.wgmma_decode import wgmma_decode_k128
+from moe_common.fragments import TILE_K
 
-TILE_K = 128
 SMEM_ROW_BYTES = fm.B_ROW_BYTES  # 272: conflict-free ldmatrix B-fragment reads
+
+
+GemmOperands = jit.grouped_gemm_operands("GemmOperands", """The runtime operands of one GEMM
+launch (FC1 or FC2), in kernel-parameter order: the runner builds them per launch
+(jit.operands), GroupedGemm.__call__ and .kernel take them whole, and the compile cache compiles
+with jit.example(GemmOperands).""", [
+    # (first jit.GROUPED_GEMM_FIELDS: the GEMM's packed weights and the routing's tiles)
+    # B's rows: FC1 token row order[p] // row_div of src (w4a16: x, row_div = k; w4a4: the
+    # pairs' quantized rows, 1), FC2 row p of the intermediate; the row stride in elements, the
+    # real K (columns past it read as 0), the K-tiles and the 16-row weight groups per expert
+    ("row_div", Int32), ("src", Int64), ("src_stride", Int32), ("k_real", Int32),
+    ("k_tiles", Int32), ("row_groups", Int32),
+    # the output: FC1 the bf16 intermediate [P, Ip], FC2 y [P, H] fp32 (stride, rows), with
+    # FC2's original pair index per sorted position and the router weights (fp32 [P])
+    ("out", Int64), ("out_stride", Int32), ("out_rows", Int32), ("pair_orig", Int64),
+    ("route_w", Int64),
+    # the activation's run-time parameters (FC1; moe_common.types.Activation)
+    ("act_alpha", Float32), ("act_beta", Float32), ("act_limit", Float32),
+])
 
 
 @dataclass(frozen=True)
@@ -53,7 +69,6 @@ class GemmConfig:
     activation: str = "silu"  # fc1 only; swiglu alpha/beta/limit are run-time arguments
     bn: int = 64  # tokens per tile (multiple of 8)
     mw: int = 2  # 16-row groups per warp (1 for decode tiles: twice the CTAs on the weights)
-    wgmma: bool = False  # warpgroup MMA (sm_90a) instead of mma.sync
     warps: int = 4  # per CTA (8 with mw=1: the same 128-row tile with twice the warps)
     stages: int = 4  # cp.async ring depth; bn=64, 8 warps, NVFP4: 4 x 27 KiB, two CTAs per SM
 
@@ -73,11 +88,9 @@ class GemmConfig:
 class GroupedGemm:
     def __init__(self, cfg: GemmConfig):
         assert cfg.phase in ("fc1", "fc2") and cfg.bn % 8 == 0 and cfg.bn <= 64
-        assert cfg.warps == 4 or not cfg.wgmma  # the wgmma mainloop is one warpgroup
         self.cfg = cfg
         self.nb = cfg.bn // 8
-        # mma.sync reads B with ldmatrix from padded rows; wgmma from unpadded core matrices
-        self.b_bytes = cfg.bn * (TILE_K * 2 if cfg.wgmma else SMEM_ROW_BYTES)
+        self.b_bytes = cfg.bn * SMEM_ROW_BYTES  # padded rows: conflict-free ldmatrix
         self.a_group_bytes = fm.group_tile_bytes(cfg.weight_format)
         self.threads = cfg.warps * 32
         self.stage_bytes = self.b_bytes + cfg.warps * cfg.mw * self.a_group_bytes
@@ -88,43 +101,25 @@ class GroupedGemm:
 
     # ------------------------------------------------------------------ host entry
     @cute.jit
-    def __call__(
-        self,
-        wblob: Int64, sblob: Int64, gscale: Int64, bias: Int64,
-        tile_expert: Int64, tile_start: Int64, tile_end: Int64, num_tiles: Int64,
-        order: Int64, row_div: Int32, src: Int64, src_stride: Int32, k_real: Int32,
-        k_tiles: Int32, row_groups: Int32,
-        out: Int64, out_stride: Int32, out_rows: Int32, pair_orig: Int64, route_w: Int64,
-        act_alpha: Float32, act_beta: Float32, act_limit: Float32,
-        grid_m: Int32, max_tiles: Int32, stream,
-    ):
-        self.kernel(
-            wblob, sblob, gscale, bias, tile_expert, tile_start, tile_end, num_tiles,
-            order, row_div, src, src_stride, k_real, k_tiles, row_groups,
-            out, out_stride, out_rows, pair_orig, route_w, act_alpha, act_beta, act_limit,
-        ).launch(grid=[grid_m, max_tiles, 1], block=[self.threads, 1, 1],
-                 smem=self.cfg.stages * self.stage_bytes, stream=stream, use_pdl=jit.PDL)
+    def __call__(self, ops: GemmOperands, grid_m: Int32, max_tiles: Int32, stream):
+        """grid: grid_m row tiles x max_tiles token tiles (a bound: CTAs past the device-side
+        tile count return at once)."""
+        self.kernel(ops).launch(grid=[grid_m, max_tiles, 1], block=[self.threads, 1, 1],
+                                smem=self.cfg.stages * self.stage_bytes, stream=stream,
+                                use_pdl=jit.PDL)
 
     # ------------------------------------------------------------------ device
     @cute.kernel
-    def kernel(
-        self,
-        wblob: Int64, sblob: Int64, gscale: Int64, bias: Int64,
-        tile_expert: Int64, tile_start: Int64, tile_end: Int64, num_tiles: Int64,
-        order: Int64, row_div: Int32, src: Int64, src_stride: Int32, k_real: Int32,
-        k_tiles: Int32, row_groups: Int32,
-        out: Int64, out_stride: Int32, out_rows: Int32, pair_orig: Int64, route_w: Int64,
-        act_alpha: Float32, act_beta: Float32, act_limit: Float32,
-    ):
+    def kernel(self, ops):  # a GemmOperands (see jit.operands: why it is not annotated)
         cfg = self.cfg
         tidx, _, _ = cute.arch.thread_idx()
         ptx.grid_dependency_wait()  # first: see jit.PDL
         bidx, bidy, _ = cute.arch.block_idx()
         tile = bidy
-        if tile < ptx.ld_u32(num_tiles):
-            e = ptx.ld_u32(tile_expert + Int64(tile) * 4)
-            p0 = ptx.ld_u32(tile_start + Int64(tile) * 4)
-            p1 = ptx.ld_u32(tile_end + Int64(tile) * 4)
+        if tile < ptx.ld_u32(ops.num_tiles):
+            e = ptx.ld_u32(ops.tile_expert + Int64(tile) * 4)
+            p0 = ptx.ld_u32(ops.tile_start + Int64(tile) * 4)
+            p1 = ptx.ld_u32(ops.tile_end + Int64(tile) * 4)
             warp = tidx // 32
             lane = tidx % 32
             r = lane // 4
@@ -139,11 +134,11 @@ class GroupedGemm:
             # Each warp copies its groups' tiles into its own slice of the stage.
             group0 = bidx * (cfg.warps * cfg.mw) + warp * cfg.mw
             sbpr = cfg.scale_bytes_per_row
-            tile_idx0 = (Int64(e) * Int64(row_groups) + Int64(group0)) * Int64(k_tiles)
-            w_warp = wblob + tile_idx0 * 1024
-            s_warp = sblob + tile_idx0 * (16 * sbpr)
-            group_w_stride = Int64(k_tiles) * 1024
-            group_s_stride = Int64(k_tiles) * (16 * sbpr)
+            tile_idx0 = (Int64(e) * Int64(ops.row_groups) + Int64(group0)) * Int64(ops.k_tiles)
+            w_warp = ops.wblob + tile_idx0 * 1024
+            s_warp = ops.sblob + tile_idx0 * (16 * sbpr)
+            group_w_stride = Int64(ops.k_tiles) * 1024
+            group_s_stride = Int64(ops.k_tiles) * (16 * sbpr)
             a_warp_off = self.b_bytes + warp * cfg.mw * self.a_group_bytes
 
             acc = cute.make_rmem_tensor(cute.make_layout((cfg.mw, self.nb, 4)), Float32)
@@ -151,7 +146,8 @@ class GroupedGemm:
 
             b_lane = fm.ldmatrix_lane_offset(lane)  # this lane's ldmatrix row in a B stage
 
-            sources = [self._chunk_source(tidx + it * self.threads, p0, p1, order, row_div, src, src_stride)
+            sources = [self._chunk_source(tidx + it * self.threads, p0, p1, ops.order, ops.row_div,
+                                          ops.src, ops.src_stride)
                        for it in range(self.b_iters)]
 
             # ---- mainloop, specialised on the tile's live width: an expert's last tile is partly
@@ -159,10 +155,10 @@ class GroupedGemm:
             # and B reads of 16-token column blocks past it are skipped. One body per width class,
             # chosen once per tile (a branch per K-tile instead kept every body's registers live:
             # 144 per thread, one CTA per SM). The decode is the same in every body.
-            loop_args = (acc, k_tiles, s_base, lane, b_lane, sources, src, k_real, w_warp, s_warp,
+            loop_args = (acc, ops.k_tiles, s_base, lane, b_lane, sources, ops.src, ops.k_real, w_warp, s_warp,
                          group_w_stride, group_s_stride, a_warp_off)
             width = p1 - p0
-            if cutlass.const_expr(cfg.wgmma or cfg.bn < 32):
+            if cutlass.const_expr(cfg.bn < 32):
                 self._mainloop(self.nb, *loop_args)
             elif width > cfg.bn - 16:
                 self._mainloop(self.nb, *loop_args)
@@ -178,29 +174,29 @@ class GroupedGemm:
             ptx.cp_async_wait(0)
 
             # ---- epilogue
-            gs = ptx.ld_nc_f32(gscale + Int64(e) * 4)
+            gscale = ptx.ld_nc_f32(ops.gscale + Int64(e) * 4)
             for g in cutlass.range_constexpr(cfg.mw):
                 row0 = (group0 + g) * 16 + r  # blob row of acc[..., 0/1]; +8 for acc[..., 2/3]
                 # bias is always read (zeros when the layer has none): one less compile variant
-                brow = bias + (Int64(e) * Int64(row_groups * 16) + Int64(row0)) * 4
+                brow = ops.bias + (Int64(e) * Int64(ops.row_groups * 16) + Int64(row0)) * 4
                 b_lo = ptx.ld_nc_f32(brow)
                 b_hi = ptx.ld_nc_f32(brow + 32)
                 for nb in cutlass.range_constexpr(self.nb):
                     for c in cutlass.range_constexpr(2):
                         p = p0 + nb * 8 + 2 * q + c
                         if p < p1:
-                            v_lo = acc[g, nb, c] * gs + b_lo
-                            v_hi = acc[g, nb, 2 + c] * gs + b_hi
+                            v_lo = acc[g, nb, c] * gscale + b_lo
+                            v_hi = acc[g, nb, 2 + c] * gscale + b_hi
                             if cutlass.const_expr(cfg.phase == "fc1"):
-                                self._fc1_store(out, out_stride, p, group0 + g, r, v_lo, v_hi,
-                                               act_alpha, act_beta, act_limit)
+                                self._fc1_store(ops.out, ops.out_stride, p, group0 + g, r, v_lo, v_hi,
+                                               ops.act_alpha, ops.act_beta, ops.act_limit)
                             else:
-                                pair = ptx.ld_u32(pair_orig + Int64(p) * 4)
-                                wgt = ptx.ld_nc_f32(route_w + Int64(pair) * 4)
-                                dst = out + (Int64(pair) * Int64(out_stride)) * 4
-                                if row0 < out_rows:
+                                pair = ptx.ld_u32(ops.pair_orig + Int64(p) * 4)
+                                wgt = ptx.ld_nc_f32(ops.route_w + Int64(pair) * 4)
+                                dst = ops.out + (Int64(pair) * Int64(ops.out_stride)) * 4
+                                if row0 < ops.out_rows:
                                     ptx.st_f32(dst + Int64(row0) * 4, v_lo * wgt)
-                                if row0 + 8 < out_rows:
+                                if row0 + 8 < ops.out_rows:
                                     ptx.st_f32(dst + Int64(row0 + 8) * 4, v_hi * wgt)
 
     # ------------------------------------------------------------------ pieces
@@ -218,8 +214,6 @@ class GroupedGemm:
             ptx.cp_async_commit()
         for kt in cutlass.range(k_tiles, unroll=1):
             ptx.cp_async_wait(cfg.stages - 2)
-            if cutlass.const_expr(cfg.wgmma):
-                ptx.fence_proxy_async_shared()  # cp.async writes -> wgmma (async proxy) reads
             cute.arch.sync_threads()  # stage kt landed for every thread; stage kt-1 is free
             nxt = kt + cfg.stages - 1
             if nxt < k_tiles:
@@ -230,15 +224,7 @@ class GroupedGemm:
             stage = s_base + (kt % cfg.stages) * self.stage_bytes
             words = [fm.load_group_words(stage + a_warp_off + g * self.a_group_bytes, lane,
                                          cfg.weight_format) for g in range(cfg.mw)]
-            if cutlass.const_expr(cfg.wgmma):
-                accs = [[acc[g, i // 4, i % 4] for i in range(4 * self.nb)] for g in range(cfg.mw)]
-                res = wgmma_decode_k128(accs, [w[:8] for w in words], [w[8:] for w in words],
-                                        cfg.weight_format, stage, cfg.bn)
-                for g in cutlass.range_constexpr(cfg.mw):
-                    for i in cutlass.range_constexpr(4 * self.nb):
-                        acc[g, i // 4, i % 4] = res[g][i]
-            else:
-                fm.mma_ktile(acc, words, stage + b_lane, live_nb, cfg.weight_format)
+            fm.mma_ktile(acc, words, stage + b_lane, live_nb, cfg.weight_format)
 
     @cute.jit
     def _chunk_source(self, c, p0, p1, order, row_div, src, src_stride):
@@ -247,17 +233,9 @@ class GroupedGemm:
         Computed once per tile, outside the K loop: the row gather (order[p] // row_div) is a
         dependent global load that would otherwise stall every K-tile's copies.
         """
-        if cutlass.const_expr(self.cfg.wgmma):
-            # a warp copies 8 tokens x 4 chunks: 64 contiguous bytes per token row in global
-            # memory, and each 8-thread phase writes one 128-byte core-matrix row block
-            blk = c // 32
-            n = (blk % self.nb) * 8 + (c % 8)
-            ch = (blk // self.nb) * 4 + (c % 32) // 8
-            dst = (ch * self.cfg.bn + n) * 16
-        else:
-            n = c // 16
-            ch = c % 16
-            dst = n * SMEM_ROW_BYTES + ch * 16
+        n = c // 16
+        ch = c % 16
+        dst = n * SMEM_ROW_BYTES + ch * 16
         p = p0 + n
         base = src
         ok = Int32(0)

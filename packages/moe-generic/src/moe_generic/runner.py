@@ -23,6 +23,7 @@ from moe_common.weights import MoEWeights
 
 from . import compile_cache
 from .compile_cache import BN_CHOICES
+from .grouped_gemm import GemmOperands
 from .limits import KERNEL_NAME
 
 # Cost of one tile of each width, relative to width 8, when every expert fits in one tile: a
@@ -96,7 +97,7 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     # monotone in P (it drops where a larger bn starts), and a workspace warmed at one T must
     # hold every smaller T.
     routed = route_pairs(bufs, ids, off, E, bn, tiles_capacity(P, E), stream)
-    order, tile_args = routed.order, routed.tile_args
+    order = routed.order
 
     # 2. FC1 (+ activation) -> intermediate [P, Ip] bf16 in sorted order
     if quant_mode == "w4a4":
@@ -108,10 +109,13 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     limit = activation.limit if activation.limit is not None else math.inf
     cfg1, fc1 = compile_cache.get("fc1", weights.weight_format, activation.name, bn,
                                   prep.fc1_rows, Hp // TILE_K)
-    fc1(prep.w13.data_ptr(), prep.w13_scale.data_ptr(), prep.fc1_alpha[quant_mode].data_ptr(),
-        prep.w13_bias.data_ptr(), *tile_args, order.data_ptr(), row_div, src.data_ptr(),
-        src.stride(0), H, Hp // TILE_K, prep.fc1_rows // 16,
-        inter.data_ptr(), Ip, Ip, 0, 0, activation.alpha, activation.beta, limit,
+    fc1(jit.operands(GemmOperands, wblob=prep.w13.data_ptr(), sblob=prep.w13_scale.data_ptr(),
+                     gscale=prep.fc1_alpha[quant_mode].data_ptr(), bias=prep.w13_bias.data_ptr(),
+                     **routed.tile_operands, row_div=row_div, src=src.data_ptr(),
+                     src_stride=src.stride(0), k_real=H, k_tiles=Hp // TILE_K,
+                     row_groups=prep.fc1_rows // 16, out=inter.data_ptr(), out_stride=Ip,
+                     out_rows=Ip, pair_orig=0, route_w=0, act_alpha=activation.alpha,
+                     act_beta=activation.beta, act_limit=limit),
         prep.fc1_rows // cfg1.cta_rows, max_tiles, stream)
 
     if quant_mode == "w4a4":
@@ -123,11 +127,13 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     route_w = route_w.contiguous()
     cfg2, fc2 = compile_cache.get("fc2", weights.weight_format, "none", bn, prep.fc2_rows,
                                   Ip // TILE_K)
-    fc2(prep.w2.data_ptr(), prep.w2_scale.data_ptr(), prep.fc2_alpha[quant_mode].data_ptr(),
-        prep.w2_bias.data_ptr(), *tile_args, order.data_ptr(), 1, inter.data_ptr(),
-        Ip, Ip, Ip // TILE_K, prep.fc2_rows // 16,
-        y.data_ptr(), H, H, order.data_ptr(), route_w.data_ptr(),
-        1.0, 1.0, math.inf, prep.fc2_rows // cfg2.cta_rows, max_tiles, stream)
+    fc2(jit.operands(GemmOperands, wblob=prep.w2.data_ptr(), sblob=prep.w2_scale.data_ptr(),
+                     gscale=prep.fc2_alpha[quant_mode].data_ptr(), bias=prep.w2_bias.data_ptr(),
+                     **routed.tile_operands, row_div=1, src=inter.data_ptr(), src_stride=Ip,
+                     k_real=Ip, k_tiles=Ip // TILE_K, row_groups=prep.fc2_rows // 16,
+                     out=y.data_ptr(), out_stride=H, out_rows=H, pair_orig=order.data_ptr(),
+                     route_w=route_w.data_ptr(), act_alpha=1.0, act_beta=1.0, act_limit=math.inf),
+        prep.fc2_rows // cfg2.cta_rows, max_tiles, stream)
 
     # 4. out[t] = sum over the top-k, fixed order, one rounding
     if out is None:

@@ -12,14 +12,14 @@ the stream over every warp of the GPU.
    of 2 K-tiles through its own ring of two shared-memory slots, filled by bulk copies (the
    step's codes and scales and the chunk's token rows) that complete on the slot's mbarrier, so
    no CTA barrier stands in the stream; it decodes e2m1 and runs mma.sync with the token rows
-   as B (ldmatrix). The team adds its
-   partial sums in a fixed order through shared memory, applies scale_2, bias and the activation
-   and writes the bf16 intermediate inter[pair, column] to a global workspace (at decode sizes
-   a few KiB, L2-resident), one row per routed pair.
+   as B (ldmatrix). The team adds its partial sums in a fixed order through shared memory,
+   applies the per-expert global scale (gscale), bias and the activation and writes the bf16
+   intermediate inter[pair, column] to a global workspace (at decode sizes a few KiB,
+   L2-resident), one row per routed pair.
 3. Grid barrier.
 4. FC2: units (active expert, 16 rows of H), the same stream over the intermediate's K-tiles,
-   B from inter[pair]; the epilogue writes y[pair, h] = w[pair] * (scale_2 * acc + b2) (fp32), each
-   element once.
+   B from inter[pair]; the epilogue writes y[pair, h] = w[pair] * (gscale * acc + b2) (fp32),
+   each element once.
 5. Grid barrier, then out[t, h] = bf16(sum_j y[t * k + j, h]) over the local routes of token t
    in the order j = 0..k-1: bitwise deterministic, one rounding, every element written (0 when no
    route of t is local).
@@ -30,7 +30,7 @@ takes an even share; a unit is then cut at most once, and its two pieces add int
 meet in their CTA before the activation (FC1, see _meet_leave). Either way a + b in one fixed
 pairing keeps the layer bitwise deterministic.
 
-An expert with more than BN tokens is done in chunks of BN (its weights re-read from L2).
+An expert with more than CHUNK tokens is done in chunks of CHUNK (its weights re-read from L2).
 Units of 16 rows keep every warp of the GPU on the stream even at T=1 (Qwen3-30B-A3B: 8 experts
 x 96 FC1 groups = 768 units), where the first version's (expert, 128-column slice) tasks kept
 48 SMs busy; the per-stage CTA barrier of its shared ring is gone.
@@ -38,6 +38,7 @@ x 96 FC1 groups = 768 units), where the first version's (expert, 128-column slic
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import cutlass
 import cutlass.cute as cute
@@ -49,23 +50,23 @@ from moe_common.cute import jit
 from moe_common.cute import ptx
 from moe_common.cute.routing import local_expert
 from moe_common.cute.scan import exclusive_scan2
+from moe_common.fragments import TILE_K
 
 
 WARPS = 16
 THREADS = WARPS * 32
-TILE_K = fm.TILE_K
-BN = 8  # tokens per unit chunk: one n8 MMA block
+CHUNK = 8  # tokens per unit chunk: one n8 MMA block (the other kernels' token tiles are bn)
 # A ring slot holds a step of up to STEP consecutive K-tiles of one unit: their codes, their
-# scales and the chunk's BN token rows, each filled by one bulk copy, so the copies, the
+# scales and the chunk's CHUNK token rows, each filled by one bulk copy, so the copies, the
 # mbarrier wait and the slot bookkeeping are paid once per step.
 STEP = 2
 SCALE_OFF = STEP * 1024
 B_OFF = SCALE_OFF + STEP * 256  # NVFP4 scales: 256 B per K-tile (MXFP4 128)
 B_ROW_BYTES = (STEP * TILE_K + 8) * 2  # a token row of one step, padded: conflict-free ldmatrix
-SLOT_BYTES = B_OFF + BN * B_ROW_BYTES  # 6784
+SLOT_BYTES = B_OFF + CHUNK * B_ROW_BYTES  # 6784
 # Ring slots per warp: one step in flight while the other is consumed, two while the warp waits
 # (see _next_step). 16 warps x 2 x 6784 B is what shared memory holds (one-tile slots measured 2
-# the same as 3, third session). A power of two: slot and phase parity by bit operations.
+# the same as 3, at 0db0d90). A power of two: slot and phase parity by bit operations.
 DEPTH = 2
 MAX_LOCAL_EXPERTS = 512
 MAX_PAIRS = 2048  # pair ids (< MAX_PAIRS) are kept as u16 in shared memory
@@ -73,10 +74,84 @@ SMEM_LIMIT = 227 * 1024
 EXPERTS_PER_THREAD = MAX_LOCAL_EXPERTS // THREADS
 # FC1 unit cut in two (see _meet_leave): the fragment (32 lanes x 4 fp32) of its piece from the cut
 MEET_BYTES = 512
-# where the "stamps" variant reads %globaltimer (each warp, in this order)
-STAMPS = ("start", "routed", "fc1 end", "fc2 start", "fc2 end", "reduce start", "end")
-STAMP_WORDS = len(STAMPS) + 1  # 8-byte words per warp in the meet workspace: the stamps, %smid
 REDUCE_BATCH = 8  # top-k routes the final reduce loads at once (k <= 8: one round trip)
+# The least gain, in percent of the busiest warp's K-tiles, for which a GEMM is split in even
+# shares (see StaticMoE._even_share)
+EVEN_GAIN_PERCENT = 10
+
+
+class StaticOperands(NamedTuple):
+    """The runtime operands of one launch, in kernel-parameter order: runner.run builds them
+    once per call (jit.operands), StaticMoE.__call__ and .kernel take them whole, and the
+    compile cache compiles with jit.example(StaticOperands)."""
+    # the packed weights (moe_common.packed): FC1 and FC2 codes, block scales, per-expert global
+    # scales gscale (fp32 [E]: packed fc1_alpha / fc2_alpha, the weights' scale_2, in w4a4 times
+    # the activation's) and biases (fp32 [E, rows])
+    w13: Int64
+    s13: Int64
+    gscale13: Int64
+    b13: Int64
+    w2: Int64
+    s2: Int64
+    gscale2: Int64
+    b2: Int64
+    # the call: topk_ids (int32 or int64, StaticConfig.ids_bytes), router weights (fp32), the
+    # bf16 token rows x and their stride in elements, T, k and the local experts
+    ids: Int64
+    route_w: Int64
+    x: Int64
+    x_stride: Int32
+    tokens: Int32
+    top_k: Int32
+    expert_offset: Int32
+    experts: Int32
+    # the layer: H, FC1's K-tiles and 16-row groups per expert, FC2's groups and K-tiles
+    hidden: Int32
+    k_tiles1: Int32
+    groups1: Int32
+    groups2: Int32
+    k_tiles2: Int32
+    # the workspace (see runner) and the bf16 output [T, H]
+    inter: Int64
+    y: Int64
+    out: Int64
+    barrier: Int64
+    meet: Int64
+    # the activation's run-time parameters (moe_common.types.Activation)
+    act_alpha: Float32
+    act_beta: Float32
+    act_limit: Float32
+
+
+class _Gemm(NamedTuple):
+    """One GEMM's operands as its units read them (device values, bundled at trace time)."""
+    n_groups: Int32  # units per active expert: FC1 the blob's 16-row groups, FC2 ceil(H / 16)
+    blob_groups: Int32  # 16-row groups per expert in the weight blob
+    k_tiles: Int32
+    w: Int64  # codes, scales, per-expert global scale, bias (see StaticOperands)
+    s: Int64
+    gscale: Int64
+    bias: Int64
+    src: Int64  # B's rows: FC1 x (a row per token), FC2 inter (a row per routed pair)
+    src_stride: Int32  # in elements
+
+
+class _Tables(NamedTuple):
+    """The routing tables in shared memory (addresses; see StaticMoE.kernel)."""
+    s_base: Int32
+    s_cnt: Int32
+    s_off: Int32
+    s_act: Int32
+    s_ord: Int32
+
+
+class _WarpPlace(NamedTuple):
+    """Where this warp stands in a GEMM: its team and place in it, its ring and mbarriers."""
+    my_team: Int32
+    member: Int32
+    ring: Int32
+    mbar: Int32
+    lane: Int32
 
 
 @dataclass(frozen=True)
@@ -89,17 +164,6 @@ class StaticConfig:
     # T=1 111.7 vs 104.2 us at 0db0d90, BENCHMARKS.md)
     team_fc1: int = 2
     team_fc2: int = 2
-    # timing the fixed cost (wrong results): parts left out, a subset of "tasks" (FC1 and FC2
-    # units), "route", "barriers", "reduce"
-    skip: frozenset = frozenset()
-    # timing variants (wrong results): "nodecode" feeds raw code words as A, "nob" skips the B
-    # ldmatrix, "nomma" skips the MMAs (the decode still runs: its results are summed into acc);
-    # "stamps" (right results) leaves each warp's %globaltimer at each of STAMPS and its %smid
-    # in the meet workspace at the end (tools/static_spread.py)
-    variant: str = ""
-    # the least gain, in percent of the busiest warp's K-tiles, for which a GEMM is split in
-    # even shares (_even_share)
-    even_gain: int = 10
 
     @property
     def gated(self) -> bool:
@@ -128,40 +192,18 @@ class StaticMoE:
 
     # ------------------------------------------------------------------ host entry
     @cute.jit
-    def __call__(
-        self,
-        w13: Int64, s13: Int64, alpha1: Int64, b13: Int64,
-        w2: Int64, s2: Int64, alpha2: Int64, b2: Int64,
-        ids: Int64, route_w: Int64, x: Int64, x_stride: Int32,
-        tokens: Int32, top_k: Int32, expert_offset: Int32, experts: Int32,
-        hidden: Int32, k_tiles1: Int32, groups1: Int32, groups2: Int32, k_tiles2: Int32,
-        inter: Int64, y: Int64, out: Int64, barrier: Int64, meet: Int64,
-        act_alpha: Float32, act_beta: Float32, act_limit: Float32,
-        grid: Int32, stream,
-    ):
-        self.kernel(
-            w13, s13, alpha1, b13, w2, s2, alpha2, b2, ids, route_w, x, x_stride,
-            tokens, top_k, expert_offset, experts, hidden, k_tiles1, groups1, groups2, k_tiles2,
-            inter, y, out, barrier, meet, act_alpha, act_beta, act_limit,
-        ).launch(grid=[grid, 1, 1], block=[THREADS, 1, 1], smem=self.smem_bytes, stream=stream,
-                 cooperative=True, use_pdl=jit.PDL,
-                 # .minnctapersm 1: without it ptxas may hold a 512-thread kernel to 64
-                 # registers (2 CTAs per SM, which the shared memory never allows); the MXFP4
-                 # swigluoai (1,2) build then spilled. With it: 72-79 registers, no spills
-                 min_blocks_per_mp=1)
+    def __call__(self, ops: StaticOperands, grid: Int32, stream):
+        self.kernel(ops).launch(
+            grid=[grid, 1, 1], block=[THREADS, 1, 1], smem=self.smem_bytes, stream=stream,
+            cooperative=True, use_pdl=jit.PDL,
+            # .minnctapersm 1: without it ptxas may hold a 512-thread kernel to 64 registers (2
+            # CTAs per SM, which the shared memory never allows); the MXFP4 swigluoai (1,2) build
+            # then spilled. With it: 72-79 registers, no spills
+            min_blocks_per_mp=1)
 
     # ------------------------------------------------------------------ device
     @cute.kernel
-    def kernel(
-        self,
-        w13: Int64, s13: Int64, alpha1: Int64, b13: Int64,
-        w2: Int64, s2: Int64, alpha2: Int64, b2: Int64,
-        ids: Int64, route_w: Int64, x: Int64, x_stride: Int32,
-        tokens: Int32, top_k: Int32, expert_offset: Int32, experts: Int32,
-        hidden: Int32, k_tiles1: Int32, groups1: Int32, groups2: Int32, k_tiles2: Int32,
-        inter: Int64, y: Int64, out: Int64, barrier: Int64, meet: Int64,
-        act_alpha: Float32, act_beta: Float32, act_limit: Float32,
-    ):
+    def kernel(self, ops):  # a StaticOperands (see jit.operands: why it is not annotated)
         cfg = self.cfg
         ptx.grid_dependency_wait()  # first: see jit.PDL
         tid, _, _ = cute.arch.thread_idx()
@@ -178,70 +220,42 @@ class StaticMoE:
         s_max = s_nact + 4                        # most routed pairs of one expert
         s_cur = s_base                            # routing scratch in the ring: [E] cursors,
         s_scan = s_cur + MAX_LOCAL_EXPERTS * 4    # [2][THREADS] scan
-        pairs = tokens * top_k
-        stamps = []  # the "stamps" variant's %globaltimer readings, in STAMPS order
-        self._stamp(stamps)
+        pairs = ops.tokens * ops.top_k
 
         if tid % 32 == 0:  # one mbarrier per ring slot of each warp (the routing syncs after)
             for i in cutlass.range_constexpr(DEPTH):
                 ptx.mbarrier_init(s_base + self.mbar_off + ((tid // 32) * DEPTH + i) * 8, 1)
             ptx.fence_mbarrier_init()
             ptx.st_shared_u32(s_base + self.flag_off + (tid // 32) * 4, 0)
-        if cutlass.const_expr("route" not in cfg.skip):
-            self._route(ids, pairs, expert_offset, experts, tid, s_cnt, s_off, s_cur, s_act,
-                        s_ord, s_scan, s_nact, s_max)
-        else:
-            if tid == 0:
-                ptx.st_shared_u32(s_nact, 0)
-                ptx.st_shared_u32(s_max, 0)
-            cute.arch.sync_threads()
-        self._stamp(stamps)
+        self._route(ops.ids, pairs, ops.expert_offset, ops.experts, tid, s_cnt, s_off, s_cur,
+                    s_act, s_ord, s_scan, s_nact, s_max)
         # ring steps this warp has consumed so far (slot = count % DEPTH, parity = its use count)
         steps = cute.make_rmem_tensor(cute.make_layout(1), Int32)
         steps[0] = Int32(0)
         n_act = ptx.ld_shared_u32(s_nact)
-        if cutlass.const_expr("tasks" in cfg.skip):
-            n_act = Int32(0)
-        inter_stride = k_tiles2 * TILE_K  # bf16 columns per intermediate row
-        self._zero_y(y, pairs, hidden, n_act, (hidden + 15) // 16, k_tiles2, bid, grid, tid)
+        inter_stride = ops.k_tiles2 * TILE_K  # bf16 columns per intermediate row
+        self._zero_y(ops.y, pairs, ops.hidden, n_act, (ops.hidden + 15) // 16, ops.k_tiles2, bid,
+                     grid, tid)
         max_cnt = ptx.ld_shared_u32(s_max)
-        self._phase(True, n_act, groups1, groups1, k_tiles1, w13, s13, alpha1, b13, x, x_stride,
-                    hidden, inter, inter_stride, y, route_w, top_k, act_alpha, act_beta, act_limit,
-                    s_base, s_cnt, s_off, s_act, s_ord, steps, bid, grid, tid, max_cnt, meet)
-        self._stamp(stamps)
+        tables = _Tables(s_base, s_cnt, s_off, s_act, s_ord)
+        fc1 = _Gemm(ops.groups1, ops.groups1, ops.k_tiles1, ops.w13, ops.s13, ops.gscale13, ops.b13,
+                    ops.x, ops.x_stride)
+        self._phase(True, fc1, ops, inter_stride, tables, n_act, steps, bid, grid, tid, max_cnt)
         ptx.fence_proxy_async_global()  # inter (generic stores) is read by bulk copies next
-        self._grid_sync(barrier, bid, grid, tid)
-        self._stamp(stamps)
-        self._phase(False, n_act, (hidden + 15) // 16, groups2, k_tiles2, w2, s2, alpha2, b2,
-                    inter, inter_stride, hidden, inter, inter_stride, y, route_w, top_k,
-                    act_alpha, act_beta, act_limit, s_base, s_cnt, s_off, s_act, s_ord, steps, bid,
-                    grid, tid, max_cnt, meet)
-        self._stamp(stamps)
-        self._grid_sync(barrier, bid, grid, tid)
-        self._stamp(stamps)
-        if cutlass.const_expr("reduce" not in cfg.skip):
-            self._reduce(ids, y, out, tokens, top_k, expert_offset, experts, hidden, bid, grid, tid)
-        self._stamp(stamps)
-        if cutlass.const_expr(cfg.variant == "stamps"):
-            if tid % 32 == 0:  # the meetings are over: their workspace holds the stamps
-                at = meet + Int64(bid * WARPS + tid // 32) * (8 * STAMP_WORDS)
-                for i in cutlass.range_constexpr(len(STAMPS)):
-                    ptx.st_v2(at + 8 * i, stamps[i][0], stamps[i][1])
-                ptx.st_v2(at + 8 * len(STAMPS), stamps[0][2], 0)
-
-    @cute.jit
-    def _stamp(self, stamps):
-        """The "stamps" variant: this warp's %globaltimer (and %smid) at the next of STAMPS."""
-        if cutlass.const_expr(self.cfg.variant == "stamps"):
-            stamps.append(ptx.globaltimer_lo_hi())
+        self._grid_sync(ops.barrier, bid, grid, tid)
+        fc2 = _Gemm((ops.hidden + 15) // 16, ops.groups2, ops.k_tiles2, ops.w2, ops.s2, ops.gscale2,
+                    ops.b2, ops.inter, inter_stride)
+        self._phase(False, fc2, ops, inter_stride, tables, n_act, steps, bid, grid, tid, max_cnt)
+        self._grid_sync(ops.barrier, bid, grid, tid)
+        self._reduce(ops.ids, ops.y, ops.out, ops.tokens, ops.top_k, ops.expert_offset,
+                     ops.experts, ops.hidden, bid, grid, tid)
 
     @cute.jit
     def _grid_sync(self, barrier, bid, grid, tid):
         cute.arch.sync_threads()  # the CTA's writes are ordered before thread 0's release
-        if cutlass.const_expr("barriers" not in self.cfg.skip):
-            if tid == 0:
-                ptx.grid_barrier_arrive_wait(barrier, bid == 0, grid - 1)
-            cute.arch.sync_threads()
+        if tid == 0:
+            ptx.grid_barrier_arrive_wait(barrier, bid == 0, grid - 1)
+        cute.arch.sync_threads()
 
     # ------------------------------------------------------------------ routing (per CTA)
     @cute.jit
@@ -289,30 +303,30 @@ class StaticMoE:
 
     # ------------------------------------------------------------------ FC1 / FC2 units
     @cute.jit
-    def _phase(self, fc1: cutlass.Constexpr, n_act, n_groups, blob_groups, k_tiles, w, s, alpha,
-               bias, src, src_stride, hidden, inter, inter_stride, y, route_w, top_k,
-               act_alpha, act_beta, act_limit, s_base, s_cnt, s_off, s_act, s_ord, steps, bid, grid,
-               tid, max_cnt, meet):
+    def _phase(self, fc1: cutlass.Constexpr, gemm, ops, inter_stride, tables, n_act, steps, bid,
+               grid, tid, max_cnt):
         """Every unit (active expert a, 16-row group g) of one GEMM, by teams of `team` warps.
 
-        B (tokens) comes from src: FC1 the rows x[pair // k] (read-only, stride src_stride),
-        FC2 the rows inter[sorted position] this launch wrote before the grid barrier.
+        gemm (a _Gemm) says where B (tokens) comes from: FC1 the rows x[pair // k] (read-only),
+        FC2 the rows inter[pair] this launch wrote before the grid barrier.
         """
         cfg = self.cfg
+        n_groups, k_tiles = gemm.n_groups, gemm.k_tiles
         team = cfg.team_fc1 if fc1 else cfg.team_fc2
         teams = WARPS // team
         warp = tid // 32
         lane = tid % 32
         my_team = warp // team
         member = warp - my_team * team
-        ring = s_base + warp * (DEPTH * SLOT_BYTES)
-        mbar = s_base + self.mbar_off + warp * (DEPTH * 8)
+        ring = tables.s_base + warp * (DEPTH * SLOT_BYTES)
+        mbar = tables.s_base + self.mbar_off + warp * (DEPTH * 8)
+        wp = _WarpPlace(my_team, member, ring, mbar, lane)
         acc = cute.make_rmem_tensor(cute.make_layout(4), Float32)
         n_units = n_act * n_groups
         share = Int32(0)
         if cutlass.const_expr(team == 1):
             if cutlass.const_expr(fc1):
-                if max_cnt <= BN:  # FC1's cut units meet per chunk of BN tokens: one chunk only
+                if max_cnt <= CHUNK:  # FC1's cut units meet per chunk: one chunk only
                     share = self._even_share(n_units, k_tiles, grid, per_cta=True)
             else:
                 share = self._even_share(n_units, k_tiles, grid)
@@ -330,8 +344,8 @@ class StaticMoE:
             else:
                 start = (bid * WARPS + warp) * share
                 end = cutlass.min(start + share, n_units * k_tiles)
-            meet_cta = meet + Int64(bid * WARPS) * MEET_BYTES
-            s_flag = s_base + self.flag_off
+            meet_cta = ops.meet + Int64(bid * WARPS) * MEET_BYTES
+            s_flag = tables.s_base + self.flag_off
             for u in cutlass.range(start // k_tiles, (end + k_tiles - 1) // k_tiles, unroll=1):
                 k0 = cutlass.max(start - u * k_tiles, 0)
                 k1 = cutlass.min(end - u * k_tiles, k_tiles)
@@ -340,20 +354,15 @@ class StaticMoE:
                 cut = warp
                 if k0 == 0:
                     cut = warp + 1
-                self._unit(fc1, acc, u, k0, k1 - k0, n_groups, blob_groups, k_tiles, w, s, alpha,
-                           bias, src, src_stride, hidden, inter, inter_stride, y, route_w, top_k,
-                           act_alpha, act_beta, act_limit, s_base, s_cnt, s_off, s_act, s_ord,
-                           steps, my_team, member, team, ring, mbar, lane, meet_cta, s_flag, cut)
+                self._unit(fc1, acc, u, k0, k1 - k0, gemm, ops, inter_stride, tables, steps, wp,
+                           meet_cta, s_flag, cut)
         else:
             # Unit u goes to team u // grid of CTA u % grid: with fewer units than teams every
             # SM still gets a share (Qwen3-30B-A3B T=1: 768 FC1 units on 5-6 teams of each of
             # 132 CTAs, where CTA-major dealing filled 96 CTAs and left 36 SMs idle).
             for u in cutlass.range(my_team * grid + bid, n_act * n_groups, grid * teams, unroll=1):
-                self._unit(fc1, acc, u, Int32(0), k_tiles, n_groups, blob_groups, k_tiles, w, s,
-                           alpha, bias, src, src_stride, hidden, inter, inter_stride, y, route_w,
-                           top_k, act_alpha, act_beta, act_limit, s_base, s_cnt, s_off, s_act,
-                           s_ord, steps, my_team, member, team, ring, mbar, lane, meet,
-                           Int32(0), Int32(0))
+                self._unit(fc1, acc, u, Int32(0), k_tiles, gemm, ops, inter_stride, tables,
+                           steps, wp, ops.meet, Int32(0), Int32(0))
 
     @cute.jit
     def _even_share(self, n_units, k_tiles, grid, per_cta: cutlass.Constexpr = False):
@@ -362,8 +371,9 @@ class StaticMoE:
         (DeepSeek-V3 T=1: 3584 units of 16 K-tiles for 2112 warps, the busiest warps stream 32
         K-tiles against an even 28: 73.3 -> 70.9 us) but measured slower where units per warp
         are many (Qwen3-30B-A3B T=64, 48 against 47 K-tiles: 160.8 -> 183.3 us, cause not
-        found; BENCHMARKS.md, eighth session). So it is taken only where it shortens the busiest
-        warp's stream by at least 10%. (Measured on FC2 first; FC1 takes the same rule.)
+        found; BENCHMARKS.md, 13b4b70 against bd933fd). So it is taken only where it shortens the
+        busiest warp's stream by at least EVEN_GAIN_PERCENT. (Measured on FC2 first; FC1 takes
+        the same rule.)
         per_cta (FC1): CTA b takes units [b U / G, (b + 1) U / G) and its warps split their
         K-tiles, so the share is that of the CTA with the most units; the same for every CTA."""
         w = grid * WARPS
@@ -373,7 +383,7 @@ class StaticMoE:
         else:
             share = cutlass.max((n_units * k_tiles + w - 1) // w, k_tiles)
         whole = (n_units + w - 1) // w * k_tiles
-        if 100 * share > (100 - self.cfg.even_gain) * whole:
+        if 100 * share > (100 - EVEN_GAIN_PERCENT) * whole:
             share = Int32(0)
         return share
 
@@ -388,28 +398,30 @@ class StaticMoE:
                     ptx.st_v4(y + Int64(i) * 16, 0, 0, 0, 0)
 
     @cute.jit
-    def _unit(self, fc1: cutlass.Constexpr, acc, u, k0, k_count, n_groups, blob_groups, k_tiles,
-              w, s, alpha, bias, src, src_stride, hidden, inter, inter_stride, y, route_w, top_k,
-              act_alpha, act_beta, act_limit, s_base, s_cnt, s_off, s_act, s_ord, steps,
-              my_team, member, team, ring, mbar, lane, meet, s_flag, cut):
+    def _unit(self, fc1: cutlass.Constexpr, acc, u, k0, k_count, gemm, ops, inter_stride, tables,
+              steps, wp, meet, s_flag, cut):
         """K-tiles [k0, k0 + k_count) of unit u (active expert a, 16-row group g), every chunk
-        of BN of the expert's tokens; member 0 of the team writes the results (of an FC1 unit
-        cut in two: the piece from K-tile 0, see _meet_take)."""
+        of CHUNK of the expert's tokens; member 0 of the team writes the results (of an FC1 unit
+        cut in two: the piece from K-tile 0, see _meet_take). gemm: the GEMM's _Gemm; tables:
+        the routing's _Tables; wp: this warp's _WarpPlace; meet, s_flag, cut: see _phase."""
         cfg = self.cfg
+        team = cfg.team_fc1 if fc1 else cfg.team_fc2
+        lane, s_ord, n_groups, k_tiles = wp.lane, tables.s_ord, gemm.n_groups, gemm.k_tiles
         r = lane // 4
         q = lane % 4
         sbpr = fm.scale_bytes_per_row(cfg.weight_format)
         a = u // n_groups
         g = u - a * n_groups
-        e = ptx.ld_shared_u32(s_act + a * 4)
-        cnt = ptx.ld_shared_u32(s_cnt + e * 4)
-        first = ptx.ld_shared_u32(s_off + e * 4)
-        tile0 = (Int64(e) * Int64(blob_groups) + Int64(g)) * Int64(k_tiles)
-        for c0 in cutlass.range(0, cnt, BN, unroll=1):
-            nch = cutlass.min(cnt - c0, BN)
+        e = ptx.ld_shared_u32(tables.s_act + a * 4)
+        cnt = ptx.ld_shared_u32(tables.s_cnt + e * 4)
+        first = ptx.ld_shared_u32(tables.s_off + e * 4)
+        tile0 = (Int64(e) * Int64(gemm.blob_groups) + Int64(g)) * Int64(k_tiles)
+        for c0 in cutlass.range(0, cnt, CHUNK, unroll=1):
+            nch = cutlass.min(cnt - c0, CHUNK)
             # this lane's B column n = lane // 4 (columns past the chunk repeat column 0:
             # finite values whose results are never stored)
-            b_src = self._b_source(fc1, src, src_stride, top_k, s_ord, first + c0, nch, lane)
+            b_src = self._b_source(fc1, gemm.src, gemm.src_stride, ops.top_k, s_ord, first + c0,
+                                   nch, lane)
             # ldmatrix row of this lane: B rows past the chunk read row 0 (finite values
             # whose MMA columns are never stored)
             row = lane % 8
@@ -419,16 +431,17 @@ class StaticMoE:
             acc.fill(0.0)
             # the team's members take contiguous K-ranges of the unit's [k0, k0 + k_count)
             per = (k_count + team - 1) // team
-            ka = k0 + member * per
+            ka = k0 + wp.member * per
             kb = cutlass.min(ka + per, k0 + k_count)
             # the epilogue's global loads go out before the stream, which hides their latency
             # (after it, every warp of a T=1 launch would wait on them at once)
-            ep = self._epilogue_constants(fc1, alpha, bias, route_w, e, blob_groups, g, s_ord,
-                                          first + c0, nch, r, q)
-            self._stream(fc1, acc, w + tile0 * 1024, s + tile0 * (16 * sbpr), ka, kb, k_tiles,
-                         b_src, nch, b_off, hidden, ring, mbar, steps, lane)
+            ep = self._epilogue_constants(fc1, gemm.gscale, gemm.bias, ops.route_w, e,
+                                          gemm.blob_groups, g, s_ord, first + c0, nch, r, q)
+            self._stream(fc1, acc, gemm.w + tile0 * 1024, gemm.s + tile0 * (16 * sbpr), ka, kb,
+                         k_tiles, b_src, nch, b_off, ops.hidden, wp.ring, wp.mbar, steps, lane)
             if cutlass.const_expr(team > 1):
-                self._team_sum(acc, s_base + self.team_off, my_team, member, team, lane)
+                self._team_sum(acc, tables.s_base + self.team_off, wp.my_team, wp.member, team,
+                               lane)
             last = Int32(1)
             if cutlass.const_expr(fc1 and team == 1):
                 if k_count < k_tiles:  # a piece of a cut unit (one chunk: see _phase)
@@ -437,14 +450,14 @@ class StaticMoE:
                         last = Int32(0)
                     else:
                         self._meet_take(acc, meet, s_flag, cut, lane)
-            if member == 0:
+            if wp.member == 0:
                 if last != 0:
                     if cutlass.const_expr(fc1):
-                        self._fc1_epilogue(acc, ep, g, inter, inter_stride, s_ord, first + c0,
-                                           nch, r, q, act_alpha, act_beta, act_limit)
+                        self._fc1_epilogue(acc, ep, g, ops.inter, inter_stride, s_ord, first + c0,
+                                           nch, r, q, ops.act_alpha, ops.act_beta, ops.act_limit)
                     else:
-                        self._fc2_epilogue(acc, ep, g, y, s_ord, first + c0, nch, hidden, r, q, k0,
-                                           k_count < k_tiles)
+                        self._fc2_epilogue(acc, ep, g, ops.y, s_ord, first + c0, nch, ops.hidden,
+                                           r, q, k0, k_count < k_tiles)
 
     @cute.jit
     def _meet_leave(self, acc, meet_cta, s_flag, cut, lane):
@@ -454,7 +467,7 @@ class StaticMoE:
         alike, so the fragments line up lane by lane, and the flag is a CTA-scope release in
         shared memory: no device-scope fence and no atomic round trip to L2 (the grid-wide
         meeting this replaces, a fence and an atomic per piece, took ~6.6% of the warp samples
-        at Qwen3-30B-A3B T=8, BENCHMARKS.md, thirteenth session)."""
+        at Qwen3-30B-A3B T=8 at 9a491ca, BENCHMARKS.md)."""
         ptx.st_v4_f32(meet_cta + cut * MEET_BYTES + lane * 16, acc[0], acc[1], acc[2], acc[3])
         ptx.sync_warp()
         if lane == 0:
@@ -551,7 +564,7 @@ class StaticMoE:
         """Start filling ring slot t % DEPTH (the warp's t-th step) with the unit's K-tiles
         [kt, min(kt + STEP, kb)) by bulk copies: one elected lane the codes, the scales and
         token row 0 (ptx.bulk_copies_g2s_elected: issued from uniform registers, FC1 loop 357 ->
-        338 SASS, BENCHMARKS.md twentieth session), lane n in 1..nch-1 token row n (FC1: only
+        338 SASS, 85968a0), lane n in 1..nch-1 token row n (FC1: only
         the columns below H)."""
         sl = t & (DEPTH - 1)
         slot = ring + sl * SLOT_BYTES
@@ -582,10 +595,7 @@ class StaticMoE:
         words = self._slot_words(slot, i, lane)
         b = []
         for sp in cutlass.range_constexpr(4):  # slabs 2sp, 2sp + 1: lo and hi k-halves
-            if cutlass.const_expr(cfg.variant == "nob"):
-                m = (Int32(0x3F803F80),) * 4
-            else:
-                m = ptx.ldmatrix_x4(slot + B_OFF + b_off + i * (TILE_K * 2) + sp * 64)
+            m = ptx.ldmatrix_x4(slot + B_OFF + b_off + i * (TILE_K * 2) + sp * 64)
             for h in cutlass.range_constexpr(2):
                 if cutlass.const_expr(masked):
                     ok = valid > 2 * sp + h
@@ -593,17 +603,10 @@ class StaticMoE:
                 else:
                     b.append((m[2 * h], m[2 * h + 1]))
         for k16 in cutlass.range_constexpr(8):
-            if cutlass.const_expr(cfg.variant == "nodecode"):
-                a = (words[k16], words[k16], words[k16], words[k16])
-            else:
-                a = fm.a_fragment(words, k16, cfg.weight_format)
-            if cutlass.const_expr(cfg.variant == "nomma"):
-                for c in cutlass.range_constexpr(4):
-                    acc[c] = acc[c] + ptx.f32_bits(a[c] ^ b[k16][c % 2])
-            else:
-                d = ptx.mma_bf16_16816((acc[0], acc[1], acc[2], acc[3]), a, b[k16])
-                for c in cutlass.range_constexpr(4):
-                    acc[c] = d[c]
+            a = fm.a_fragment(words, k16, cfg.weight_format)
+            d = ptx.mma_bf16_16816((acc[0], acc[1], acc[2], acc[3]), a, b[k16])
+            for c in cutlass.range_constexpr(4):
+                acc[c] = d[c]
 
     @cute.jit
     def _slot_words(self, slot, i, lane):
@@ -635,13 +638,13 @@ class StaticMoE:
         ptx.named_barrier(1 + my_team, team * 32)
 
     @cute.jit
-    def _epilogue_constants(self, fc1: cutlass.Constexpr, alpha, bias, route_w, e, groups, g,
+    def _epilogue_constants(self, fc1: cutlass.Constexpr, gscale_at, bias, route_w, e, groups, g,
                             s_ord, pos0, nch, r, q):
         """What a unit's epilogue reads from global memory: expert e's global scale, the biases
         of its blob rows 16g + r and 16g + r + 8, and (FC2) the routing weights of this lane's
         token columns 2q, 2q + 1 (a column past the chunk reads column 0's: never stored)."""
         brow = bias + (Int64(e) * Int64(groups * 16) + Int64(g * 16 + r)) * 4
-        gs = ptx.ld_nc_f32(alpha + Int64(e) * 4)
+        gscale = ptx.ld_nc_f32(gscale_at + Int64(e) * 4)
         b_lo = ptx.ld_nc_f32(brow)
         b_hi = ptx.ld_nc_f32(brow + 32)
         wr = []
@@ -652,24 +655,24 @@ class StaticMoE:
                     n = Int32(0)
                 pair = ptx.ld_shared_u16(s_ord + (pos0 + n) * 2)
                 wr.append(ptx.ld_nc_f32(route_w + Int64(pair) * 4))
-        return (gs, b_lo, b_hi) + tuple(wr)
+        return (gscale, b_lo, b_hi) + tuple(wr)
 
     @cute.jit
     def _fc1_epilogue(self, acc, ep, g, inter, inter_stride, s_ord, pos0, nch, r, q, act_alpha,
                       act_beta, act_limit):
-        """scale_2 x acc + bias, activation -> bf16 inter[pair, column]. Gated groups hold
+        """gscale x acc + bias, activation -> bf16 inter[pair, column]. Gated groups hold
         gate (row r) and up (row r + 8) of column 8g + r; relu2 groups columns 16g + r, + 8.
         Rows are keyed by pair id, not sorted position: each CTA orders an expert's pairs with
         shared-memory atomics, so positions differ between the CTAs of FC1 and FC2."""
         cfg = self.cfg
-        gs, b_lo, b_hi = ep
+        gscale, b_lo, b_hi = ep
         for c in cutlass.range_constexpr(2):
             n = 2 * q + c
             if n < nch:
                 pair = ptx.ld_shared_u16(s_ord + (pos0 + n) * 2)
                 row = inter + Int64(pair) * Int64(inter_stride) * 2
-                v_lo = acc[c] * gs + b_lo
-                v_hi = acc[2 + c] * gs + b_hi
+                v_lo = acc[c] * gscale + b_lo
+                v_hi = acc[2 + c] * gscale + b_hi
                 if cutlass.const_expr(cfg.gated):
                     h = act.gated(cfg.activation, v_lo, v_hi, act_alpha, act_beta, act_limit)
                     ptx.st_u16(row + Int64(g * 8 + r) * 2, ptx.bf16x2_from_f32(h, h))
@@ -681,12 +684,12 @@ class StaticMoE:
 
     @cute.jit
     def _fc2_epilogue(self, acc, ep, g, y, s_ord, pos0, nch, hidden, r, q, k0, piece):
-        """y[pair, h] = w[pair] * (scale_2 * acc + b2[e, h]) for rows h = 16g + r, + 8 < H. A
+        """y[pair, h] = w[pair] * (gscale * acc + b2[e, h]) for rows h = 16g + r, + 8 < H. A
         piece of a unit cut in two (piece: K-tiles from k0, see _phase) adds its part into the
         zeroed y instead, the bias with the piece from K-tile 0: two fp32 adds into 0 give the
         same bits in either order, so the result stays deterministic."""
         h0 = g * 16 + r
-        gs, b_lo, b_hi = ep[0], ep[1], ep[2]
+        gscale, b_lo, b_hi = ep[0], ep[1], ep[2]
         if k0 > 0:
             b_lo = Float32(0.0)
             b_hi = Float32(0.0)
@@ -696,8 +699,8 @@ class StaticMoE:
                 pair = ptx.ld_shared_u16(s_ord + (pos0 + n) * 2)
                 wr = ep[3 + c]
                 dst = y + (Int64(pair) * Int64(hidden) + Int64(h0)) * 4
-                v_lo = wr * (acc[c] * gs + b_lo)
-                v_hi = wr * (acc[2 + c] * gs + b_hi)
+                v_lo = wr * (acc[c] * gscale + b_lo)
+                v_hi = wr * (acc[2 + c] * gscale + b_hi)
                 if piece:
                     if h0 < hidden:
                         ptx.red_add_f32(dst, v_lo)
@@ -722,7 +725,7 @@ class StaticMoE:
         quads = hidden // 4
         # CTA b takes quads [b * per, (b + 1) * per): every SM's load path shares the reduce (dealt
         # CTA-major, T=1 put all 512 quads of H = 2048 on CTA 0, whose last warp then ended
-        # ~0.9 us after every other CTA's, BENCHMARKS.md eighteenth session)
+        # ~0.9 us after every other CTA's: per-warp timestamps at 22ea6fc; changed in b0c7921)
         total = tokens * quads
         per = (total + grid - 1) // grid
         end = cutlass.min(bid * per + per, total)

@@ -9,15 +9,14 @@ MAX_LOCAL_EXPERTS = 512  # shared-memory routing tables (kernel.MAX_LOCAL_EXPERT
 MAX_PAIRS = 2048  # routed pairs T * top_k held in shared memory (kernel.MAX_PAIRS)
 DIM_MULTIPLE = 32
 # Tokens up to which moe-static bids above the other kernels. Measured on the H200 (BENCHMARKS.md,
-# 2026-11-30 tenth session, 5b8dce0, one run against moe-generic, T = 1..128, five presets;
-# generic time / static time): ahead at every T <= 16 point (1.01-1.54), at T=32 ahead or level
-# on all five (0.99-1.08), mixed at T=64 (0.95-1.08), behind on four of five at T=128 (0.87-0.99).
-# Checked again at 840fc42 (twelfth session): ahead at every T <= 32 point (1.02-1.54), mixed at
-# T=64 (0.99-1.07), behind at T=128 on all five (0.87-0.99); and at b122685 (thirteenth): ahead
-# at every T <= 32 point (1.02-1.56), mixed at T=64 (0.99-1.06), behind at T=128 (0.88-0.98).
-# It was 16 after the ninth session (T=32 then 0.97-1.05). The cutover counts tokens, not routed
-# pairs: the kernels' balance differs by preset at equal pairs (gpt-oss-120b has k=4, the rest
-# 6-8).
+# 5b8dce0, one run against moe-generic, T = 1..128, five presets; generic time / static time):
+# ahead at every T <= 16 point (1.01-1.54), at T=32 ahead or level on all five (0.99-1.08),
+# mixed at T=64 (0.95-1.08), behind on four of five at T=128 (0.87-0.99). Checked again at
+# 840fc42: ahead at every T <= 32 point (1.02-1.54), mixed at T=64 (0.99-1.07), behind at T=128
+# on all five (0.87-0.99); and at b122685: ahead at every T <= 32 point (1.02-1.56), mixed at
+# T=64 (0.99-1.06), behind at T=128 (0.88-0.98). It was 16 at 1ef1a68 (T=32 then 0.97-1.05).
+# The cutover counts tokens, not routed pairs: the kernels' balance differs by preset at equal
+# pairs (gpt-oss-120b has k=4, the rest 6-8).
 CUTOVER_TOKENS = 32
 
 

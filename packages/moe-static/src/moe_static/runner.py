@@ -21,7 +21,7 @@ from moe_common.types import Activation
 from moe_common.weights import MoEWeights
 
 from .compile_cache import get
-from .kernel import MEET_BYTES, WARPS
+from .kernel import MEET_BYTES, WARPS, StaticOperands
 from .limits import KERNEL_NAME
 
 
@@ -38,7 +38,7 @@ def choose_teams(tokens: int, top_k: int, local_experts: int, fc1_groups: int, f
     a unit's K-tiles, which pays only while units are scarcer than warps. The active experts
     are bounded by min(T * k, local experts): the host does not see the routing.
 
-    Measured on the H200 with every team shape forced (BENCHMARKS.md, ninth session, 24a91be,
+    Measured on the H200 with every team shape forced (BENCHMARKS.md, 24a91be,
     one run, five presets at T = 1, 2, 4): this choice is the fastest or within 2.5% at every
     point. Units per warp where team 2 was faster: 0.24-0.48 (e.g. Qwen3-30B-A3B T=1, FC1 0.36
     and FC2 0.48: 18.4 us against 19.5 with FC2 teams of 1); where team 1 was: 0.66 and up
@@ -79,12 +79,18 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     teams = choose_teams(T, k, weights.num_local_experts, prep.fc1_rows // 16, -(-H // 16),
                          grid * WARPS)
     _, kernel = get(weights.weight_format, activation.name, ids.element_size(), teams)
-    kernel(prep.w13.data_ptr(), prep.w13_scale.data_ptr(), prep.fc1_alpha[quant_mode].data_ptr(),
-           prep.w13_bias.data_ptr(), prep.w2.data_ptr(), prep.w2_scale.data_ptr(),
-           prep.fc2_alpha[quant_mode].data_ptr(), prep.w2_bias.data_ptr(),
-           ids.data_ptr(), route_w.data_ptr(), x.data_ptr(), x.stride(0),
-           T, k, weights.local_expert_offset, weights.num_local_experts,
-           H, prep.hidden_padded // TILE_K, prep.fc1_rows // 16, prep.fc2_rows // 16, ip // TILE_K,
-           inter.data_ptr(), y.data_ptr(), out.data_ptr(), barrier.data_ptr(), meet.data_ptr(),
-           activation.alpha, activation.beta, limit, grid, jit.current_stream(dev))
+    ops = jit.operands(
+        StaticOperands,
+        w13=prep.w13.data_ptr(), s13=prep.w13_scale.data_ptr(),
+        gscale13=prep.fc1_alpha[quant_mode].data_ptr(), b13=prep.w13_bias.data_ptr(),
+        w2=prep.w2.data_ptr(), s2=prep.w2_scale.data_ptr(),
+        gscale2=prep.fc2_alpha[quant_mode].data_ptr(), b2=prep.w2_bias.data_ptr(),
+        ids=ids.data_ptr(), route_w=route_w.data_ptr(), x=x.data_ptr(), x_stride=x.stride(0),
+        tokens=T, top_k=k, expert_offset=weights.local_expert_offset,
+        experts=weights.num_local_experts, hidden=H, k_tiles1=prep.hidden_padded // TILE_K,
+        groups1=prep.fc1_rows // 16, groups2=prep.fc2_rows // 16, k_tiles2=ip // TILE_K,
+        inter=inter.data_ptr(), y=y.data_ptr(), out=out.data_ptr(), barrier=barrier.data_ptr(),
+        meet=meet.data_ptr(), act_alpha=activation.alpha, act_beta=activation.beta,
+        act_limit=limit)
+    kernel(ops, grid, jit.current_stream(dev))
     return out

@@ -11,10 +11,10 @@ These are plain trace-time helpers (static control flow only), inlined where the
 """
 from __future__ import annotations
 
+from ..fragments import TILE_K
 from . import ptx
 from .decode import decode_fragment_word
 
-TILE_K = 128
 B_ROW_BYTES = (TILE_K + 8) * 2  # 272
 
 

@@ -11,11 +11,21 @@ Two per-thread modes change what `compiled` does (FusedMoE uses both, see dispat
   probing(s)  nothing is compiled or launched: each key a runner asks for is added to the set
               s and a no-op stands in for the kernel, so a runner's host logic can be run to
               learn which variants a call would use.
+
+A kernel's runtime operands (pointers and scalars) are one typing.NamedTuple of DSL scalar
+types, defined once beside the kernel: the runner builds it with `operands`, the kernel's
+__call__ and kernel take it whole, and the compile cache compiles with `example`, so the four
+places cannot disagree on an operand's place or type. The DSL passes a NamedTuple's fields as
+separate kernel parameters, in field order. The kernel's own parameter is left unannotated:
+the DSL names the kernel after its arguments, and an unannotated tuple adds to that name what
+its fields given one by one would, so the kernel's PTX is the same as with separate parameters
+(annotated, the name would carry the tuple's repr).
 """
 from __future__ import annotations
 
 import contextlib
 import threading
+import typing
 from typing import Callable
 
 import torch
@@ -88,6 +98,57 @@ def compile_kernel(kernel, *example_args):
     return cute.compile(kernel, *example_args, options=ARCH_OPTIONS)
 
 
+def field_types(bundle: type) -> dict:
+    """An operand bundle's field -> DSL type (resolved: the kernels' modules use postponed
+    annotations)."""
+    return typing.get_type_hints(bundle)
+
+
+def operands(bundle: type, **values):
+    """bundle(**values) with each value converted to its field's DSL type (Int64, Int32,
+    Float32). The compiled launcher marshals a NamedTuple's fields by their values' types, so
+    a plain Python int or float in one would not be passed as its field's type."""
+    fields = bundle._fields
+    missing = [f for f in fields if f not in values]
+    unknown = [k for k in values if k not in fields]
+    if missing or unknown:
+        raise ValueError(f"{bundle.__name__}: missing {missing}, unknown {unknown}; "
+                         f"the fields are {list(fields)}")
+    types = field_types(bundle)
+    return bundle(**{f: types[f](values[f]) for f in fields})
+
+
+def example(bundle: type):
+    """A bundle for cute.compile: every field a value of its type (pointers 0, integers 1,
+    floats 1.0; only the types matter, every field being a run-time kernel parameter)."""
+    from cutlass import Float32, Int64
+
+    def value(ty):
+        return ty(0) if ty is Int64 else ty(1.0) if ty is Float32 else ty(1)
+
+    types = field_types(bundle)
+    return bundle(**{f: value(types[f]) for f in bundle._fields})
+
+
+# The fields every grouped GEMM's bundle (moe-gated, moe-generic) starts with, all pointers:
+# the GEMM's packed weights (moe_common.packed): codes, block scales, the per-expert global scale
+# gscale (fp32 [E]) and the bias (fp32 [E, rows]); then the routing's tiles
+# (moe_common.cute.routing, kernel_package.RoutedPairs.tile_operands): each tile's expert, first
+# and end sorted pair, the tile count (int32 on the device) and the sorted pair order.
+GROUPED_GEMM_FIELDS = ("wblob", "sblob", "gscale", "bias", "tile_expert", "tile_start", "tile_end",
+                       "num_tiles", "order")
+
+
+def grouped_gemm_operands(name: str, doc: str, fields: list) -> type:
+    """A grouped GEMM's operand bundle: GROUPED_GEMM_FIELDS, then the kernel's own (field, DSL
+    type) pairs, in kernel-parameter order."""
+    from cutlass import Int64
+
+    bundle = typing.NamedTuple(name, [(f, Int64) for f in GROUPED_GEMM_FIELDS] + list(fields))
+    bundle.__doc__ = doc
+    return bundle
+
+
 def example_stream():
     from cuda.bindings import driver as cuda
 
@@ -107,19 +168,19 @@ def ids_bytes(topk_ids: torch.Tensor) -> int:
 def routing(ids_nbytes: int):
     from cutlass import Int32, Int64
 
-    from .routing import RoutingKernel
+    from .routing import RoutingKernel, RoutingTables
 
     z = Int64(0)
     return compiled(("routing", ids_nbytes), lambda: compile_kernel(
-        RoutingKernel(ids_nbytes), z, Int32(1), Int32(0), Int32(1), Int32(8), z, z, z, z, z, z,
-        z, example_stream()))
+        RoutingKernel(ids_nbytes), z, Int32(1), Int32(0), Int32(1), Int32(8), z, z,
+        example(RoutingTables), example_stream()))
 
 
 def routing_split(ids_nbytes: int):
     """The split routing path's (histogram, scan, scatter) kernels (see routing.py)."""
     from cutlass import Int32, Int64
 
-    from .routing import RoutingScan, RoutingSlices
+    from .routing import RoutingScan, RoutingSlices, RoutingTables
 
     z = Int64(0)
     one = Int32(1)
@@ -127,7 +188,7 @@ def routing_split(ids_nbytes: int):
         RoutingSlices(ids_nbytes, scatter), z, one, Int32(0), one, one, z, z, z, example_stream()))
         for scatter in (False, True)]
     scan = compiled(("routing_split", "scan"), lambda: compile_kernel(
-        RoutingScan(), z, one, one, Int32(8), z, z, z, z, z, example_stream()))
+        RoutingScan(), z, one, one, Int32(8), example(RoutingTables), example_stream()))
     return passes[0], scan, passes[1]
 
 
@@ -137,19 +198,20 @@ def route(ids, pairs: int, expert_offset: int, experts: int, bn: int, order, slo
     split path over routing.split_ctas(pairs) CTAs otherwise. ids: topk_ids (contiguous);
     order/slots/counts/num_tiles: int32 tensors; tiles: int32 [3, capacity]; hist: int32
     [routing.MAX_SPLIT_CTAS + 1, experts] scratch."""
-    from .routing import split_ctas
+    from .routing import RoutingTables, split_ctas
 
     idb = ids.element_size()
-    tile_ptrs = (tiles[0].data_ptr(), tiles[1].data_ptr(), tiles[2].data_ptr())
+    tables = operands(RoutingTables, counts=counts.data_ptr(), tile_expert=tiles[0].data_ptr(),
+                      tile_start=tiles[1].data_ptr(), tile_end=tiles[2].data_ptr(),
+                      num_tiles=num_tiles.data_ptr())
     ctas = split_ctas(pairs)
     if ctas == 0:
         routing(idb)(ids.data_ptr(), pairs, expert_offset, experts, bn, order.data_ptr(),
-                     slots.data_ptr(), counts.data_ptr(), *tile_ptrs, num_tiles.data_ptr(), stream)
+                     slots.data_ptr(), tables, stream)
         return
     histogram, scan, scatter = routing_split(idb)
     histogram(ids.data_ptr(), pairs, expert_offset, experts, ctas, hist.data_ptr(), 0, 0, stream)
-    scan(hist.data_ptr(), ctas, experts, bn, counts.data_ptr(), *tile_ptrs, num_tiles.data_ptr(),
-         stream)
+    scan(hist.data_ptr(), ctas, experts, bn, tables, stream)
     scatter(ids.data_ptr(), pairs, expert_offset, experts, ctas, hist.data_ptr(),
             order.data_ptr(), slots.data_ptr(), stream)
 

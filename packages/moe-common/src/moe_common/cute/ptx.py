@@ -5,6 +5,11 @@ kernels can do their own index math exactly as they would in CUDA C++. Pure oper
 emitted without side effects so LLVM may schedule, CSE and hoist them; loads from memory that
 other threads (or an earlier launch) write are marked volatile-free `.nc` only where the data
 is read-only for the whole launch (weights, scales, token rows).
+
+Sections: integer ops and warp shuffles; bf16 / e4m3 conversions; global loads; global stores
+and atomics; shared memory and ldmatrix; cp.async; tensor cores (mma.sync, wgmma waits);
+synchronization and fences (warp, named barriers, CTA flags, proxies, the grid barrier, PDL);
+mbarriers and bulk copies (cp.async.bulk, the TMA engine's 1-D copy).
 """
 from __future__ import annotations
 
@@ -34,7 +39,7 @@ def _unpack(struct, n, ty):
     return tuple(llvm.extractvalue(ty, struct, [i]) for i in range(n))
 
 
-# ---------------------------------------------------------------- integer / bit ops
+# ---------------------------------------------------------------- integer ops, warp shuffles
 @dsl_user_op
 def prmt(a, b, sel, *, loc=None, ip=None) -> Int32:
     """Byte permute: bytes {b:a} (a = bytes 0..3) picked by the low 4 nibbles of sel."""
@@ -56,7 +61,21 @@ def or_and(a, b, mask, *, loc=None, ip=None) -> Int32:
                       "lop3.b32 $0, $1, $2, $3, 0xF8;", "=r,r,r,r"))
 
 
-# ---------------------------------------------------------------- bf16x2 / conversions
+@dsl_user_op
+def shfl_up_i32(v, delta, *, loc=None, ip=None) -> Int32:
+    """v of lane (lane - delta); lanes below delta get their own v (shfl.sync.up, full warp)."""
+    return Int32(_asm(T.i32(), [_i32(v, loc, ip), _i32(delta, loc, ip)],
+                      "shfl.sync.up.b32 $0, $1, $2, 0x0, 0xffffffff;", "=r,r,r", side_effects=True))
+
+
+@dsl_user_op
+def shfl_idx_i32(v, src_lane, *, loc=None, ip=None) -> Int32:
+    """v of lane src_lane (shfl.sync.idx, full warp)."""
+    return Int32(_asm(T.i32(), [_i32(v, loc, ip), _i32(src_lane, loc, ip)],
+                      "shfl.sync.idx.b32 $0, $1, $2, 0x1f, 0xffffffff;", "=r,r,r", side_effects=True))
+
+
+# ---------------------------------------------------------------- bf16 / e4m3 conversions
 @dsl_user_op
 def mul_bf16x2(a, b, *, loc=None, ip=None) -> Int32:
     """Packed bf16x2 multiply, round to nearest (exact for e2m1 x e4m3 / e8m0 products)."""
@@ -121,6 +140,14 @@ def f32_bits(v, *, loc=None, ip=None) -> Float32:
     return Float32(_asm(T.f32(), [_i32(v, loc, ip)], "mov.b32 $0, $1;", "=f,r"))
 
 
+# ---------------------------------------------------------------- global loads
+@dsl_user_op
+def ld_u32(addr, *, loc=None, ip=None) -> Int32:
+    """Coherent 4-byte global load (for data written earlier in the same stream)."""
+    return Int32(_asm(T.i32(), [Int64(addr).ir_value(loc=loc, ip=ip)],
+                      "ld.global.u32 $0, [$1];", "=r,l", side_effects=True))
+
+
 @dsl_user_op
 def ld_nc_u32(addr, *, loc=None, ip=None) -> Int32:
     return Int32(_asm(T.i32(), [Int64(addr).ir_value(loc=loc, ip=ip)],
@@ -134,15 +161,54 @@ def ld_nc_f32(addr, *, loc=None, ip=None) -> Float32:
 
 
 @dsl_user_op
-def ld_u32(addr, *, loc=None, ip=None) -> Int32:
-    """Coherent 4-byte global load (for data written earlier in the same stream)."""
+def ld_nc_s64_as_s32(addr, *, loc=None, ip=None) -> Int32:
+    """Low 32 bits of a read-only int64 (expert ids stored as int64)."""
     return Int32(_asm(T.i32(), [Int64(addr).ir_value(loc=loc, ip=ip)],
-                      "ld.global.u32 $0, [$1];", "=r,l", side_effects=True))
+                      "{ .reg .b64 t; ld.global.nc.b64 t, [$1]; cvt.u32.u64 $0, t; }", "=r,l"))
 
 
 @dsl_user_op
-def st_v4(addr, a, b, c, d, *, loc=None, ip=None):
-    _stmt([Int64(addr).ir_value(loc=loc, ip=ip)] + [_i32(x, loc, ip) for x in (a, b, c, d)], "st.global.v4.u32 [$0], {$1, $2, $3, $4};", "l,r,r,r,r")
+def ld_v4(addr, *, loc=None, ip=None):
+    """Coherent 16-byte global load (data written by an earlier kernel of the same stream)."""
+    s = _asm(llvm.StructType.get_literal([T.i32()] * 4), [Int64(addr).ir_value(loc=loc, ip=ip)],
+             "ld.global.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l", side_effects=True)
+    return tuple(Int32(x) for x in _unpack(s, 4, T.i32()))
+
+
+@dsl_user_op
+def ld_nc_v4(addr, *, loc=None, ip=None):
+    """16-byte read-only global load."""
+    s = _asm(llvm.StructType.get_literal([T.i32()] * 4), [Int64(addr).ir_value(loc=loc, ip=ip)],
+             "ld.global.nc.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l")
+    return tuple(Int32(x) for x in _unpack(s, 4, T.i32()))
+
+
+@dsl_user_op
+def ld_cg_v4(addr, *, loc=None, ip=None):
+    """16-byte global load through L2 only (data other CTAs of this launch wrote before a
+    grid barrier; L1 is not coherent across SMs)."""
+    s = _asm(llvm.StructType.get_literal([T.i32()] * 4), [Int64(addr).ir_value(loc=loc, ip=ip)],
+             "ld.global.cg.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l", side_effects=True)
+    return tuple(Int32(x) for x in _unpack(s, 4, T.i32()))
+
+
+@dsl_user_op
+def ld_cg_v4_if(addr, pred, *, loc=None, ip=None):
+    """ld_cg_v4 where pred != 0, else four zeros and no load (the access is predicated off)."""
+    s = _asm(llvm.StructType.get_literal([T.i32()] * 4),
+             [Int64(addr).ir_value(loc=loc, ip=ip), _i32(pred, loc, ip)],
+             "{\n.reg .pred p;\nsetp.ne.u32 p, $5, 0;\n"
+             "mov.u32 $0, 0;\nmov.u32 $1, 0;\nmov.u32 $2, 0;\nmov.u32 $3, 0;\n"
+             "@p ld.global.cg.v4.u32 {$0, $1, $2, $3}, [$4];\n}",
+             "=r,=r,=r,=r,l,r", side_effects=True)
+    return tuple(Int32(x) for x in _unpack(s, 4, T.i32()))
+
+
+# ---------------------------------------------------------------- global stores, atomics
+@dsl_user_op
+def st_u16(addr, a, *, loc=None, ip=None):
+    """Store the low 16 bits of a."""
+    _stmt([Int64(addr).ir_value(loc=loc, ip=ip), _i32(a, loc, ip)], "{ .reg .b16 t; cvt.u16.u32 t, $1; st.global.u16 [$0], t; }", "l,r")
 
 
 @dsl_user_op
@@ -151,20 +217,19 @@ def st_u32(addr, a, *, loc=None, ip=None):
 
 
 @dsl_user_op
-def st_u16(addr, a, *, loc=None, ip=None):
-    """Store the low 16 bits of a."""
-    _stmt([Int64(addr).ir_value(loc=loc, ip=ip), _i32(a, loc, ip)], "{ .reg .b16 t; cvt.u16.u32 t, $1; st.global.u16 [$0], t; }", "l,r")
-
-
-@dsl_user_op
 def st_f32(addr, a, *, loc=None, ip=None):
     _stmt([Int64(addr).ir_value(loc=loc, ip=ip), Float32(a).ir_value(loc=loc, ip=ip)], "st.global.f32 [$0], $1;", "l,f")
 
 
 @dsl_user_op
-def red_add_f32(addr, a, *, loc=None, ip=None):
-    """Atomic fp32 add at L2, no result (relaxed, gpu scope)."""
-    _stmt([Int64(addr).ir_value(loc=loc, ip=ip), Float32(a).ir_value(loc=loc, ip=ip)], "red.global.add.f32 [$0], $1;", "l,f")
+def st_v2(addr, a, b, *, loc=None, ip=None):
+    _stmt([Int64(addr).ir_value(loc=loc, ip=ip), _i32(a, loc, ip), _i32(b, loc, ip)],
+          "st.global.v2.u32 [$0], {$1, $2};", "l,r,r")
+
+
+@dsl_user_op
+def st_v4(addr, a, b, c, d, *, loc=None, ip=None):
+    _stmt([Int64(addr).ir_value(loc=loc, ip=ip)] + [_i32(x, loc, ip) for x in (a, b, c, d)], "st.global.v4.u32 [$0], {$1, $2, $3, $4};", "l,r,r,r,r")
 
 
 @dsl_user_op
@@ -192,9 +257,114 @@ def st_v4_f32_if(addr, a, b, c, d, pred, *, loc=None, ip=None):
 
 
 @dsl_user_op
+def st_cs_v4(addr, a, b, c, d, *, loc=None, ip=None):
+    """16-byte streaming store (st.cs: its lines are allocated evict-first, so a stream of
+    them does not push out lines that are read again)."""
+    _stmt([Int64(addr).ir_value(loc=loc, ip=ip)] + [_i32(x, loc, ip) for x in (a, b, c, d)],
+          "st.global.cs.v4.u32 [$0], {$1, $2, $3, $4};", "l,r,r,r,r")
+
+
+@dsl_user_op
+def red_add_f32(addr, a, *, loc=None, ip=None):
+    """Atomic fp32 add at L2, no result (relaxed, gpu scope)."""
+    _stmt([Int64(addr).ir_value(loc=loc, ip=ip), Float32(a).ir_value(loc=loc, ip=ip)], "red.global.add.f32 [$0], $1;", "l,f")
+
+
+@dsl_user_op
+def atom_add_global(addr, v, *, loc=None, ip=None) -> Int32:
+    """Relaxed device-scope atomic add on a global int32; returns the old value."""
+    return Int32(_asm(T.i32(), [Int64(addr).ir_value(loc=loc, ip=ip), _i32(v, loc, ip)],
+                      "atom.global.add.u32 $0, [$1], $2;", "=r,l,r", side_effects=True))
+
+
+# ---------------------------------------------------------------- shared memory, ldmatrix
+@dsl_user_op
+def ld_shared_u16(addr, *, loc=None, ip=None) -> Int32:
+    """A zero-extended 16-bit shared-memory value."""
+    return Int32(_asm(T.i32(), [Int32(addr).ir_value(loc=loc, ip=ip)],
+                      "{\n.reg .u16 h;\nld.shared.u16 h, [$1];\ncvt.u32.u16 $0, h;\n}", "=r,r",
+                      side_effects=True))
+
+
+@dsl_user_op
+def ld_shared_u32(addr, *, loc=None, ip=None) -> Int32:
+    return Int32(_asm(T.i32(), [Int32(addr).ir_value(loc=loc, ip=ip)],
+                      "ld.shared.u32 $0, [$1];", "=r,r", side_effects=True))
+
+
+@dsl_user_op
+def ld_shared_v2(addr, *, loc=None, ip=None):
+    s = _asm(llvm.StructType.get_literal([T.i32()] * 2), [Int32(addr).ir_value(loc=loc, ip=ip)],
+             "ld.shared.v2.u32 {$0, $1}, [$2];", "=r,=r,r", side_effects=True)
+    return tuple(Int32(x) for x in _unpack(s, 2, T.i32()))
+
+
+@dsl_user_op
+def ld_shared_v4(addr, *, loc=None, ip=None):
+    s = _asm(llvm.StructType.get_literal([T.i32()] * 4), [Int32(addr).ir_value(loc=loc, ip=ip)],
+             "ld.shared.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,r", side_effects=True)
+    return tuple(Int32(x) for x in _unpack(s, 4, T.i32()))
+
+
+@dsl_user_op
+def st_shared_u16(addr, v, *, loc=None, ip=None):
+    """The low 16 bits of v."""
+    _stmt([Int32(addr).ir_value(loc=loc, ip=ip), _i32(v, loc, ip)],
+          "{\n.reg .u16 h;\ncvt.u16.u32 h, $1;\nst.shared.u16 [$0], h;\n}", "r,r")
+
+
+@dsl_user_op
+def st_shared_u32(addr, v, *, loc=None, ip=None):
+    _stmt([Int32(addr).ir_value(loc=loc, ip=ip), _i32(v, loc, ip)], "st.shared.u32 [$0], $1;", "r,r")
+
+
+@dsl_user_op
 def st_shared_f32(addr, v, *, loc=None, ip=None):
     _stmt([Int32(addr).ir_value(loc=loc, ip=ip), Float32(v).ir_value(loc=loc, ip=ip)],
           "st.shared.f32 [$0], $1;", "r,f")
+
+
+@dsl_user_op
+def st_shared_v4(addr, a, b, c, d, *, loc=None, ip=None):
+    _stmt([Int32(addr).ir_value(loc=loc, ip=ip)] + [_i32(x, loc, ip) for x in (a, b, c, d)],
+          "st.shared.v4.u32 [$0], {$1, $2, $3, $4};", "r,r,r,r,r")
+
+
+@dsl_user_op
+def st_shared_v4_f32(addr, a, b, c, d, *, loc=None, ip=None):
+    _stmt([Int32(addr).ir_value(loc=loc, ip=ip)] + [Float32(x).ir_value(loc=loc, ip=ip) for x in (a, b, c, d)],
+          "st.shared.v4.f32 [$0], {$1, $2, $3, $4};", "r,f,f,f,f")
+
+
+@dsl_user_op
+def atom_add_shared(addr, v, *, loc=None, ip=None) -> Int32:
+    """Atomic add on a shared-memory int32; returns the old value."""
+    return Int32(_asm(T.i32(), [Int32(addr).ir_value(loc=loc, ip=ip), _i32(v, loc, ip)],
+                      "atom.shared.add.u32 $0, [$1], $2;", "=r,r,r", side_effects=True))
+
+
+@dsl_user_op
+def atom_max_shared(addr, v, *, loc=None, ip=None) -> Int32:
+    """Atomic unsigned max on a shared-memory int32; returns the old value."""
+    return Int32(_asm(T.i32(), [Int32(addr).ir_value(loc=loc, ip=ip), _i32(v, loc, ip)],
+                      "atom.shared.max.u32 $0, [$1], $2;", "=r,r,r", side_effects=True))
+
+
+@dsl_user_op
+def ldmatrix_x2(addr, *, loc=None, ip=None):
+    """Two 8x8 b16 matrices (lanes 0..15 supply the row addresses)."""
+    s = _asm(llvm.StructType.get_literal([T.i32()] * 2), [Int32(addr).ir_value(loc=loc, ip=ip)],
+             "ldmatrix.sync.aligned.m8n8.x2.shared.b16 {$0, $1}, [$2];", "=r,=r,r", side_effects=True)
+    return tuple(Int32(x) for x in _unpack(s, 2, T.i32()))
+
+
+@dsl_user_op
+def ldmatrix_x4(addr, *, loc=None, ip=None):
+    """Four 8x8 b16 matrices from shared memory; lane l supplies row l % 8 of matrix l // 8."""
+    s = _asm(llvm.StructType.get_literal([T.i32()] * 4), [Int32(addr).ir_value(loc=loc, ip=ip)],
+             "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,r",
+             side_effects=True)
+    return tuple(Int32(x) for x in _unpack(s, 4, T.i32()))
 
 
 @dsl_user_op
@@ -206,12 +376,7 @@ def stmatrix_x4_trans(addr, r0, r1, r2, r3, *, loc=None, ip=None):
           "stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [$0], {$1, $2, $3, $4};", "r,r,r,r,r")
 
 
-@dsl_user_op
-def ld_shared_u32(addr, *, loc=None, ip=None) -> Int32:
-    return Int32(_asm(T.i32(), [Int32(addr).ir_value(loc=loc, ip=ip)],
-                      "ld.shared.u32 $0, [$1];", "=r,r", side_effects=True))
-
-
+# ---------------------------------------------------------------- cp.async
 @dsl_user_op
 def cp_async_16(smem_addr, gmem_addr, *, loc=None, ip=None):
     """Asynchronous 16-byte global -> shared copy (L2 only: token rows are reused via smem)."""
@@ -231,6 +396,13 @@ def cp_async_commit(*, loc=None, ip=None):
 
 
 @dsl_user_op
+def cp_async_wait(n: int, *, loc=None, ip=None):
+    """Wait until at most n committed cp.async groups are still in flight (n: compile-time)."""
+    _stmt([], f"cp.async.wait_group {int(n)};", "")
+
+
+# ---------------------------------------------------------------- tensor cores
+@dsl_user_op
 def mma_bf16_16816(d, a, b, *, loc=None, ip=None):
     """d += A(16x16, row) @ B(16x8, col), bf16 in, fp32 accumulate (mma.sync, m16n8k16).
 
@@ -246,54 +418,24 @@ def mma_bf16_16816(d, a, b, *, loc=None, ip=None):
 
 
 @dsl_user_op
-def ldmatrix_x4(addr, *, loc=None, ip=None):
-    """Four 8x8 b16 matrices from shared memory; lane l supplies row l % 8 of matrix l // 8."""
-    s = _asm(llvm.StructType.get_literal([T.i32()] * 4), [Int32(addr).ir_value(loc=loc, ip=ip)],
-             "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,r",
-             side_effects=True)
-    return tuple(Int32(x) for x in _unpack(s, 4, T.i32()))
+def wgmma_wait(n: int, *, loc=None, ip=None):
+    """Wait until at most n committed wgmma groups of this warp are in flight (n: compile-time)."""
+    _stmt([], f"wgmma.wait_group.sync.aligned {int(n)};", "")
+
+
+# ---------------------------------------------------------------- synchronization, fences
+@dsl_user_op
+def sync_warp(*, loc=None, ip=None):
+    """bar.warp.sync over the whole warp: orders the lanes' shared-memory accesses (cp.async
+    data one lane copied and another reads, after each lane's cp.async.wait_group)."""
+    _stmt([], "bar.warp.sync -1;", "")
 
 
 @dsl_user_op
-def ldmatrix_x2(addr, *, loc=None, ip=None):
-    """Two 8x8 b16 matrices (lanes 0..15 supply the row addresses)."""
-    s = _asm(llvm.StructType.get_literal([T.i32()] * 2), [Int32(addr).ir_value(loc=loc, ip=ip)],
-             "ldmatrix.sync.aligned.m8n8.x2.shared.b16 {$0, $1}, [$2];", "=r,=r,r", side_effects=True)
-    return tuple(Int32(x) for x in _unpack(s, 2, T.i32()))
-
-
-@dsl_user_op
-def st_shared_u32(addr, v, *, loc=None, ip=None):
-    _stmt([Int32(addr).ir_value(loc=loc, ip=ip), _i32(v, loc, ip)], "st.shared.u32 [$0], $1;", "r,r")
-
-
-@dsl_user_op
-def ld_shared_u16(addr, *, loc=None, ip=None) -> Int32:
-    """A zero-extended 16-bit shared-memory value."""
-    return Int32(_asm(T.i32(), [Int32(addr).ir_value(loc=loc, ip=ip)],
-                      "{\n.reg .u16 h;\nld.shared.u16 h, [$1];\ncvt.u32.u16 $0, h;\n}", "=r,r",
-                      side_effects=True))
-
-
-@dsl_user_op
-def st_shared_u16(addr, v, *, loc=None, ip=None):
-    """The low 16 bits of v."""
-    _stmt([Int32(addr).ir_value(loc=loc, ip=ip), _i32(v, loc, ip)],
-          "{\n.reg .u16 h;\ncvt.u16.u32 h, $1;\nst.shared.u16 [$0], h;\n}", "r,r")
-
-
-@dsl_user_op
-def atom_add_shared(addr, v, *, loc=None, ip=None) -> Int32:
-    """Atomic add on a shared-memory int32; returns the old value."""
-    return Int32(_asm(T.i32(), [Int32(addr).ir_value(loc=loc, ip=ip), _i32(v, loc, ip)],
-                      "atom.shared.add.u32 $0, [$1], $2;", "=r,r,r", side_effects=True))
-
-
-@dsl_user_op
-def atom_max_shared(addr, v, *, loc=None, ip=None) -> Int32:
-    """Atomic unsigned max on a shared-memory int32; returns the old value."""
-    return Int32(_asm(T.i32(), [Int32(addr).ir_value(loc=loc, ip=ip), _i32(v, loc, ip)],
-                      "atom.shared.max.u32 $0, [$1], $2;", "=r,r,r", side_effects=True))
+def named_barrier(barrier_id, threads, *, loc=None, ip=None):
+    """bar.sync on hardware barrier barrier_id (1..15; 0 is the CTA barrier) for `threads`
+    threads (a multiple of 32): the warps of one team meet without stopping the others."""
+    _stmt([_i32(barrier_id, loc, ip), _i32(threads, loc, ip)], "bar.sync $0, $1;", "r,r")
 
 
 @dsl_user_op
@@ -315,110 +457,16 @@ def flag_wait_acquire_cta(addr, *, loc=None, ip=None):
 
 
 @dsl_user_op
-def globaltimer_lo_hi(*, loc=None, ip=None):
-    """%globaltimer (ns) as two u32 halves, and %smid (timing diagnostics)."""
-    s = _asm(llvm.StructType.get_literal([T.i32()] * 3), [],
-             "{ .reg .b64 t; mov.u64 t, %globaltimer; mov.b64 {$0, $1}, t; mov.u32 $2, %smid; }",
-             "=r,=r,=r", side_effects=True)
-    return tuple(Int32(x) for x in _unpack(s, 3, T.i32()))
-
-
-@dsl_user_op
-def atom_add_global(addr, v, *, loc=None, ip=None) -> Int32:
-    """Relaxed device-scope atomic add on a global int32; returns the old value."""
-    return Int32(_asm(T.i32(), [Int64(addr).ir_value(loc=loc, ip=ip), _i32(v, loc, ip)],
-                      "atom.global.add.u32 $0, [$1], $2;", "=r,l,r", side_effects=True))
-
-
-@dsl_user_op
-def wgmma_wait(n: int, *, loc=None, ip=None):
-    """Wait until at most n committed wgmma groups of this warp are in flight (n: compile-time)."""
-    _stmt([], f"wgmma.wait_group.sync.aligned {int(n)};", "")
-
-
-@dsl_user_op
-def ld_nc_s64_as_s32(addr, *, loc=None, ip=None) -> Int32:
-    """Low 32 bits of a read-only int64 (expert ids stored as int64)."""
-    return Int32(_asm(T.i32(), [Int64(addr).ir_value(loc=loc, ip=ip)],
-                      "{ .reg .b64 t; ld.global.nc.b64 t, [$1]; cvt.u32.u64 $0, t; }", "=r,l"))
-
-
-@dsl_user_op
-def ld_v4(addr, *, loc=None, ip=None):
-    """Coherent 16-byte global load (data written by an earlier kernel of the same stream)."""
-    s = _asm(llvm.StructType.get_literal([T.i32()] * 4), [Int64(addr).ir_value(loc=loc, ip=ip)],
-             "ld.global.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l", side_effects=True)
-    return tuple(Int32(x) for x in _unpack(s, 4, T.i32()))
-
-
-@dsl_user_op
-def ld_shared_v4(addr, *, loc=None, ip=None):
-    s = _asm(llvm.StructType.get_literal([T.i32()] * 4), [Int32(addr).ir_value(loc=loc, ip=ip)],
-             "ld.shared.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,r", side_effects=True)
-    return tuple(Int32(x) for x in _unpack(s, 4, T.i32()))
-
-
-@dsl_user_op
-def ld_shared_v2(addr, *, loc=None, ip=None):
-    s = _asm(llvm.StructType.get_literal([T.i32()] * 2), [Int32(addr).ir_value(loc=loc, ip=ip)],
-             "ld.shared.v2.u32 {$0, $1}, [$2];", "=r,=r,r", side_effects=True)
-    return tuple(Int32(x) for x in _unpack(s, 2, T.i32()))
-
-
-@dsl_user_op
-def cp_async_wait(n: int, *, loc=None, ip=None):
-    """Wait until at most n committed cp.async groups are still in flight (n: compile-time)."""
-    _stmt([], f"cp.async.wait_group {int(n)};", "")
-
-
-@dsl_user_op
 def fence_proxy_async_shared(*, loc=None, ip=None):
     """Order this thread's generic-proxy shared-memory writes before async-proxy reads (wgmma)."""
     _stmt([], "fence.proxy.async.shared::cta;", "")
 
 
-# ---------------------------------------------------------------- persistent-kernel helpers
 @dsl_user_op
-def ld_cg_v4(addr, *, loc=None, ip=None):
-    """16-byte global load through L2 only (data other CTAs of this launch wrote before a
-    grid barrier; L1 is not coherent across SMs)."""
-    s = _asm(llvm.StructType.get_literal([T.i32()] * 4), [Int64(addr).ir_value(loc=loc, ip=ip)],
-             "ld.global.cg.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l", side_effects=True)
-    return tuple(Int32(x) for x in _unpack(s, 4, T.i32()))
-
-
-@dsl_user_op
-def ld_cg_v4_if(addr, pred, *, loc=None, ip=None):
-    """ld_cg_v4 where pred != 0, else four zeros and no load (the access is predicated off)."""
-    s = _asm(llvm.StructType.get_literal([T.i32()] * 4),
-             [Int64(addr).ir_value(loc=loc, ip=ip), _i32(pred, loc, ip)],
-             "{\n.reg .pred p;\nsetp.ne.u32 p, $5, 0;\n"
-             "mov.u32 $0, 0;\nmov.u32 $1, 0;\nmov.u32 $2, 0;\nmov.u32 $3, 0;\n"
-             "@p ld.global.cg.v4.u32 {$0, $1, $2, $3}, [$4];\n}",
-             "=r,=r,=r,=r,l,r", side_effects=True)
-    return tuple(Int32(x) for x in _unpack(s, 4, T.i32()))
-
-
-@dsl_user_op
-def ld_nc_v4(addr, *, loc=None, ip=None):
-    """16-byte read-only global load."""
-    s = _asm(llvm.StructType.get_literal([T.i32()] * 4), [Int64(addr).ir_value(loc=loc, ip=ip)],
-             "ld.global.nc.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l")
-    return tuple(Int32(x) for x in _unpack(s, 4, T.i32()))
-
-
-@dsl_user_op
-def st_cs_v4(addr, a, b, c, d, *, loc=None, ip=None):
-    """16-byte streaming store (st.cs: its lines are allocated evict-first, so a stream of
-    them does not push out lines that are read again)."""
-    _stmt([Int64(addr).ir_value(loc=loc, ip=ip)] + [_i32(x, loc, ip) for x in (a, b, c, d)],
-          "st.global.cs.v4.u32 [$0], {$1, $2, $3, $4};", "l,r,r,r,r")
-
-
-@dsl_user_op
-def st_v2(addr, a, b, *, loc=None, ip=None):
-    _stmt([Int64(addr).ir_value(loc=loc, ip=ip), _i32(a, loc, ip), _i32(b, loc, ip)],
-          "st.global.v2.u32 [$0], {$1, $2};", "l,r,r")
+def fence_proxy_async_global(*, loc=None, ip=None):
+    """Order this thread's generic-proxy global writes before async-proxy (bulk copy) reads of
+    them that a later barrier makes happen after."""
+    _stmt([], "fence.proxy.async.global;", "")
 
 
 @dsl_user_op
@@ -452,13 +500,6 @@ def grid_barrier_arrive_wait(state, master, last, *, loc=None, ip=None):
           "}", "l,r,r")
 
 
-# ---------------------------------------------------------------- mbarrier + bulk copy (TMA 1D)
-@dsl_user_op
-def mbarrier_init(addr, count, *, loc=None, ip=None):
-    _stmt([Int32(addr).ir_value(loc=loc, ip=ip), _i32(count, loc, ip)],
-          "mbarrier.init.shared::cta.b64 [$0], $1;", "r,r")
-
-
 @dsl_user_op
 def grid_dependency_wait(*, loc=None, ip=None):
     """Programmatic dependent launch (kernels launched with `use_pdl`, jit.PDL): wait until the
@@ -467,6 +508,13 @@ def grid_dependency_wait(*, loc=None, ip=None):
     launch. (No griddepcontrol.launch_dependents: issued at each kernel's start, b6e5a8a, it made
     the layer 14-18% slower at T = 128-512 in a same-run `kernel-ab`; benchmarks/HISTORY.md.)"""
     _stmt([], "griddepcontrol.wait;", "~{memory}")
+
+
+# ---------------------------------------------------------------- mbarriers, bulk copies
+@dsl_user_op
+def mbarrier_init(addr, count, *, loc=None, ip=None):
+    _stmt([Int32(addr).ir_value(loc=loc, ip=ip), _i32(count, loc, ip)],
+          "mbarrier.init.shared::cta.b64 [$0], $1;", "r,r")
 
 
 @dsl_user_op
@@ -527,51 +575,3 @@ def bulk_copies_g2s_elected(mbar, tx_bytes, copies, *, loc=None, ip=None):
                 _i32(n, loc, ip)]
         text.append(f"@p {_BULK_G2S} [${k}], [${k + 1}], ${k + 2}, [$0];")
     _stmt(ops, "\n".join(text + ["}"]), ",".join(["r", "r"] + ["r", "l", "r"] * len(copies)))
-
-
-# ---------------------------------------------------------------- per-warp streams (moe-static)
-@dsl_user_op
-def named_barrier(barrier_id, threads, *, loc=None, ip=None):
-    """bar.sync on hardware barrier barrier_id (1..15; 0 is the CTA barrier) for `threads`
-    threads (a multiple of 32): the warps of one team meet without stopping the others."""
-    _stmt([_i32(barrier_id, loc, ip), _i32(threads, loc, ip)], "bar.sync $0, $1;", "r,r")
-
-
-@dsl_user_op
-def st_shared_v4_f32(addr, a, b, c, d, *, loc=None, ip=None):
-    _stmt([Int32(addr).ir_value(loc=loc, ip=ip)] + [Float32(x).ir_value(loc=loc, ip=ip) for x in (a, b, c, d)],
-          "st.shared.v4.f32 [$0], {$1, $2, $3, $4};", "r,f,f,f,f")
-
-
-@dsl_user_op
-def st_shared_v4(addr, a, b, c, d, *, loc=None, ip=None):
-    _stmt([Int32(addr).ir_value(loc=loc, ip=ip)] + [_i32(x, loc, ip) for x in (a, b, c, d)],
-          "st.shared.v4.u32 [$0], {$1, $2, $3, $4};", "r,r,r,r,r")
-
-
-@dsl_user_op
-def sync_warp(*, loc=None, ip=None):
-    """bar.warp.sync over the whole warp: orders the lanes' shared-memory accesses (cp.async
-    data one lane copied and another reads, after each lane's cp.async.wait_group)."""
-    _stmt([], "bar.warp.sync -1;", "")
-
-
-@dsl_user_op
-def fence_proxy_async_global(*, loc=None, ip=None):
-    """Order this thread's generic-proxy global writes before async-proxy (bulk copy) reads of
-    them that a later barrier makes happen after."""
-    _stmt([], "fence.proxy.async.global;", "")
-
-
-@dsl_user_op
-def shfl_up_i32(v, delta, *, loc=None, ip=None) -> Int32:
-    """v of lane (lane - delta); lanes below delta get their own v (shfl.sync.up, full warp)."""
-    return Int32(_asm(T.i32(), [_i32(v, loc, ip), _i32(delta, loc, ip)],
-                      "shfl.sync.up.b32 $0, $1, $2, 0x0, 0xffffffff;", "=r,r,r", side_effects=True))
-
-
-@dsl_user_op
-def shfl_idx_i32(v, src_lane, *, loc=None, ip=None) -> Int32:
-    """v of lane src_lane (shfl.sync.idx, full warp)."""
-    return Int32(_asm(T.i32(), [_i32(v, loc, ip), _i32(src_lane, loc, ip)],
-                      "shfl.sync.idx.b32 $0, $1, $2, 0x1f, 0xffffffff;", "=r,r,r", side_effects=True))

@@ -26,6 +26,8 @@ row) and reduced afterwards in a fixed order.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64
@@ -82,9 +84,20 @@ class _PairIds:
         return [cutlass.select_(p < end, e, Int32(-1)) for p, e in zip(ps, raw)]
 
 
+class RoutingTables(NamedTuple):
+    """Where the routing writes its tables (int32 arrays): the pairs per local expert [E], each
+    tile's expert, first and end sorted position [capacity], and the tile count [1]. Built by
+    jit.route (jit.operands); RoutingKernel and RoutingScan take it whole (see jit: why their
+    kernels leave it unannotated)."""
+    counts: Int64
+    tile_expert: Int64
+    tile_start: Int64
+    tile_end: Int64
+    num_tiles: Int64
+
+
 @cute.jit
-def _expert_table(tid, cnt, s_scratch, experts, bn, counts_out, tile_expert, tile_start,
-                  tile_end, num_tiles):
+def _expert_table(tid, cnt, s_scratch, experts, bn, tables):
     """Thread e of 1024 holds expert e's pair count: scan counts and tiles over the experts,
     write counts[e], e's tile-table entries and num_tiles; return e's first sorted position
     and its slot shift (first tile * bn - first position: a position's token slot is position +
@@ -93,15 +106,15 @@ def _expert_table(tid, cnt, s_scratch, experts, bn, counts_out, tile_expert, til
     tiles = (cnt + bn - 1) // bn
     start, first_tile, _, _ = exclusive_scan2(cnt, tiles, tid, THREADS, s_scratch)
     if tid < experts:
-        ptx.st_u32(counts_out + Int64(tid) * 4, cnt)
+        ptx.st_u32(tables.counts + Int64(tid) * 4, cnt)
         for j in cutlass.range(tiles, unroll=1):
             t = Int64(first_tile + j) * 4
             ts = start + j * bn
-            ptx.st_u32(tile_expert + t, tid)
-            ptx.st_u32(tile_start + t, ts)
-            ptx.st_u32(tile_end + t, cutlass.min(ts + bn, start + cnt))
+            ptx.st_u32(tables.tile_expert + t, tid)
+            ptx.st_u32(tables.tile_start + t, ts)
+            ptx.st_u32(tables.tile_end + t, cutlass.min(ts + bn, start + cnt))
     if tid == experts - 1:
-        ptx.st_u32(num_tiles, first_tile + tiles)
+        ptx.st_u32(tables.num_tiles, first_tile + tiles)
     return start, first_tile * bn - start
 
 
@@ -115,16 +128,13 @@ def _place(order, slots, pos, shift, pair):
 class RoutingKernel(_PairIds):
     @cute.jit
     def __call__(self, ids: Int64, pairs: Int32, expert_offset: Int32, experts: Int32, bn: Int32,
-                 order: Int64, slots: Int64, counts_out: Int64, tile_expert: Int64,
-                 tile_start: Int64, tile_end: Int64, num_tiles: Int64, stream):
-        self.kernel(ids, pairs, expert_offset, experts, bn, order, slots, counts_out, tile_expert,
-                    tile_start, tile_end, num_tiles).launch(grid=[1, 1, 1], block=[THREADS, 1, 1],
-                                                            stream=stream, use_pdl=jit.PDL)
+                 order: Int64, slots: Int64, tables: RoutingTables, stream):
+        self.kernel(ids, pairs, expert_offset, experts, bn, order, slots, tables).launch(
+            grid=[1, 1, 1], block=[THREADS, 1, 1], stream=stream, use_pdl=jit.PDL)
 
     @cute.kernel
     def kernel(self, ids: Int64, pairs: Int32, expert_offset: Int32, experts: Int32, bn: Int32,
-               order: Int64, slots: Int64, counts_out: Int64, tile_expert: Int64,
-               tile_start: Int64, tile_end: Int64, num_tiles: Int64):
+               order: Int64, slots: Int64, tables):
         tid, _, _ = cute.arch.thread_idx()
         ptx.grid_dependency_wait()  # first: see jit.PDL
         smem = cutlass.memory.SmemAllocator()
@@ -142,8 +152,7 @@ class RoutingKernel(_PairIds):
                     ptx.atom_add_shared(s_cnt + es[u] * 4, 1)
         cute.arch.sync_threads()
         cnt = ptx.ld_shared_u32(s_cnt + tid * 4)
-        start, shift = _expert_table(tid, cnt, s_til, experts, bn, counts_out, tile_expert,
-                                     tile_start, tile_end, num_tiles)
+        start, shift = _expert_table(tid, cnt, s_til, experts, bn, tables)
         ptx.st_shared_u32(s_cur + tid * 4, start)
         ptx.st_shared_u32(s_shift + tid * 4, shift)
         cute.arch.sync_threads()
@@ -222,15 +231,13 @@ class RoutingScan:
     hist[MAX_SPLIT_CTAS][e] <- e's slot shift."""
 
     @cute.jit
-    def __call__(self, hist: Int64, ctas: Int32, experts: Int32, bn: Int32, counts_out: Int64,
-                 tile_expert: Int64, tile_start: Int64, tile_end: Int64, num_tiles: Int64, stream):
-        self.kernel(hist, ctas, experts, bn, counts_out, tile_expert, tile_start, tile_end,
-                    num_tiles).launch(grid=[1, 1, 1], block=[THREADS, 1, 1], stream=stream,
-                                      use_pdl=jit.PDL)
+    def __call__(self, hist: Int64, ctas: Int32, experts: Int32, bn: Int32,
+                 tables: RoutingTables, stream):
+        self.kernel(hist, ctas, experts, bn, tables).launch(
+            grid=[1, 1, 1], block=[THREADS, 1, 1], stream=stream, use_pdl=jit.PDL)
 
     @cute.kernel
-    def kernel(self, hist: Int64, ctas: Int32, experts: Int32, bn: Int32, counts_out: Int64,
-               tile_expert: Int64, tile_start: Int64, tile_end: Int64, num_tiles: Int64):
+    def kernel(self, hist: Int64, ctas: Int32, experts: Int32, bn: Int32, tables):
         tid, _, _ = cute.arch.thread_idx()
         ptx.grid_dependency_wait()  # first: see jit.PDL
         smem = cutlass.memory.SmemAllocator()
@@ -246,8 +253,7 @@ class RoutingScan:
         for g in cutlass.range_constexpr(MAX_SPLIT_CTAS):
             cnt = cnt + vals[g]
         cnt = cutlass.select_(tid < experts, cnt, Int32(0))
-        start, shift = _expert_table(tid, cnt, s_til, experts, bn, counts_out, tile_expert,
-                                     tile_start, tile_end, num_tiles)
+        start, shift = _expert_table(tid, cnt, s_til, experts, bn, tables)
         if tid < experts:
             ptx.st_u32(col + Int64(MAX_SPLIT_CTAS) * Int64(experts) * 4, shift)
             run = start

@@ -56,7 +56,7 @@ def _slab_ptx(g: int, s: int, code: str, s_r: str, s_r8: str, half: int) -> list
 
 @dsl_user_op
 def wgmma_decode_k128(accs, codes, scales, weight_format: str, b_smem, n: int, pending=None,
-                      decode: bool = True, b_lbo=None, b_sbo: int = 128, b_half=None,
+                      b_lbo=None, b_sbo: int = 128, b_half=None,
                       b_swizzle: bool = False, slabs=range(8), *, loc=None, ip=None):
     """accs[g] (64 x n fp32) += decode(codes[g], scales[g]) (64 x 128) @ B (128 x n).
 
@@ -80,7 +80,6 @@ def wgmma_decode_k128(accs, codes, scales, weight_format: str, b_smem, n: int, p
     n > 256 (wgmma's widest): each slab issues a second wgmma for tokens 256..n - 1, sharing
     the decoded A registers (the decode is paid once for the n tokens); its B starts 32 groups
     (32 b_sbo bytes) further on.
-    decode=False feeds the raw code words as A (wrong results: for timing the decode's cost only).
 
     codes[g]: the 8 fragment-ordered code words of this lane (one per k16 slab); scales[g]: the
     bf16 block-scale words of rows r and r + 8 (NVFP4: 4 + 4 words, slab s in half s % 2 of word
@@ -128,10 +127,7 @@ def wgmma_decode_k128(accs, codes, scales, weight_format: str, b_smem, n: int, p
             else:
                 wi, half = s // 4, (s // 2) % 2
             s_r, s_r8 = f"${w0 + 8 + wi}", f"${w0 + 8 + nsw + wi}"
-            if decode:
-                lines += _slab_ptx(g, s, code, s_r, s_r8, half)
-            else:
-                lines += [f"mov.b32 a{g}_{s}{j}, {code};" for j in range(4)]
+            lines += _slab_ptx(g, s, code, s_r, s_r8, half)
         # slab s: K-chunks 2s, 2s + 1 (in halves: chunks 2 (s % 4), + 1 of half s // 4; the
         # swizzled LBO of 16 bytes makes that 32 bytes along the row)
         ks, hoff = (s % 4, (s // 4) * (b_half >> 4)) if b_half is not None else (s, 0)
