@@ -2,10 +2,10 @@
 # The GPU machine's battery of checks and benches (development tool): each step has its own
 # time limit and its own log under $OUT, so a hang or failure in one step leaves the others'
 # results.
-#   source .device/bin/gpu.sh && bash tools/device_session.sh STEP [STEP ...]
+#   source .device/bin/gpu.sh && bash tools/gpu_steps.sh STEP [STEP ...]
 # Steps: gated-quick gated-tests sanitize-gated bench-gated bench-gated-q bench-gated-all
 #        static-quick static-tests generic-tests sanitize-static sanitize-generic
-#        bench-static bench-generic-large profile routing-shape; A/B in one run against older
+#        bench-static bench-generic-large profile routing-shape band; A/B in one run against older
 #        trees (AB_DIRS): static-ab, kernel-ab (AB_KERNEL), ncu-static-ab (PROFILE_ARGS)
 set -u
 OUT=${OUT:-/tmp/out}
@@ -115,6 +115,8 @@ for s in "$@"; do
       step routing-shape-ds 200 python3 tools/gated_routing_shape.py --preset deepseek-v3 --tokens 8192 8704
       step routing-shape-oss 120 python3 tools/gated_routing_shape.py --preset gpt-oss-120b --tokens 8192 ;;
     ncu-static) step ncu-static 300 ncu --clock-control none --kernel-name regex:StaticMoE --launch-skip 1 -c 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section Occupancy python3 tools/profile_layer.py ;;
+    band)  # moe-generic's tile widths forced against the dispatcher's choice in the 128..2048 band
+      step band 400 python3 tools/band_probe.py --preset ${BAND_PRESETS:-deepseek-v3 qwen3-30b-a3b qwen3.5-35b gpt-oss-120b nemotron-relu2} --tokens ${BAND_TOKENS:-128 256 512 1024 2048} --bn 8 16 32 64 --kernels auto ${AB_SEED:+--seed $AB_SEED} --json "$OUT/band.json" ;;
     profile) step profile 200 python3 tools/profile_split.py --preset deepseek-v3 --tokens 8192 ;;
     *) echo "unknown step $s" ;;
   esac
