@@ -111,8 +111,9 @@ def shard_weights(weights: MoEWeights, rank: int, world_size: int) -> MoEWeights
     start, stop = expert_range(weights.num_experts, world_size, rank)
     sliced = {f.name: getattr(weights, f.name)[start:stop].clone() for f in dataclasses.fields(weights)
               if isinstance(getattr(weights, f.name), torch.Tensor)}
+    # the copy starts with an empty kernel_cache (MoEWeights: not an __init__ field)
     return dataclasses.replace(weights, **sliced, local_expert_offset=start,
-                               num_experts=weights.num_experts, kernel_cache={}).validate()
+                               num_experts=weights.num_experts).validate()
 
 
 def _check_partition(weights: MoEWeights, rank: int, world: int) -> None:
@@ -665,11 +666,7 @@ class FusedMoEEP:
         rows = self.comm.size * self.capacity
         x = (torch.randn((rows, self.weights.hidden), generator=gen) * 0.5).to(torch.bfloat16).to(self.weights.device)
         tw, ids = _dummy_routing(rows, self.top_k, self.weights, self.weights.device, gen)
-        self.layer(x, tw, ids)
-        if self.weights.device.type == "cuda":
-            torch.cuda.synchronize(self.weights.device)
-        self.layer.workspace.freeze()
-        self.layer.warmed_tokens = (rows,)
+        self.layer.warmup([rows], seed=seed)  # compiles, synchronizes and freezes this thread's state
         k = self.top_k
         self(x[:0], tw[:0].reshape(0, k), ids[:0].reshape(0, k))
         return self
