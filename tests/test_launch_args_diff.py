@@ -1,0 +1,90 @@
+"""The runners pass every kernel the same values as at BASE_REV (tools/launch_args_diff.py, CPU).
+
+BASE_REV is the last commit whose runners called the kernels with positional arguments; the
+operand bundles that replaced them must put the same value (tensor + offset, or number) in every
+kernel parameter. A second test swaps two fields in a copy of the tree and checks that the tool
+reports exactly those parameters, so a passing comparison means something.
+"""
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BASE_REV = "8b6b63d"
+# One case per package and shape class: moe-static with distinct sizes and int64 ids,
+# moe-generic w4a4 with bias and w4a16 on an expert slice, moe-gated's wide geometry with the
+# split routing path on an expert slice.
+CASES = ["static-T1-mxfp4-gelu-ids64-wide", "generic-T40-nvfp4-swigluoai-w4a4-bias",
+         "generic-T1-mxfp4-silu-w4a16-ids64-ep", "gated-T5000-mxfp4-gelu-w4a16-ep-ids64"]
+# (runner file, text, text with two fields swapped)
+SWAPS = [
+    ("packages/moe-static/src/moe_static/runner.py",
+     "act_alpha=activation.alpha, act_beta=activation.beta",
+     "act_alpha=activation.beta, act_beta=activation.alpha"),
+    ("packages/moe-generic/src/moe_generic/runner.py",
+     "src_stride=src.stride(0), k_real=H", "src_stride=H, k_real=src.stride(0)"),
+]
+
+
+def _tool():
+    spec = importlib.util.spec_from_file_location("launch_args_diff",
+                                                  ROOT / "tools" / "launch_args_diff.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def tool():
+    return _tool()
+
+
+@pytest.fixture(scope="module")
+def current(tool):
+    return tool.listing(ROOT, CASES)
+
+
+def _changed(before: dict, after: dict) -> list:
+    """(case, line number, before, after) for every line of the listings that differs."""
+    return [(name, i, a, b) for name in CASES
+            for i, (a, b) in enumerate(itertools.zip_longest(before[name], after[name],
+                                                             fillvalue="<missing>"))
+            if a != b]
+
+
+def test_launch_arguments_match_the_base(tool, current, tmp_path):
+    probe = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{BASE_REV}^{{commit}}"],
+                           capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"git history with {BASE_REV} is not available")
+    base = tool.listing(tool.extract(BASE_REV, tmp_path), CASES)
+    assert _changed(base, current) == []
+    assert all(any(line.startswith("launch") for line in base[name]) for name in CASES)
+
+
+def test_swapped_fields_are_reported(tool, current, tmp_path):
+    shutil.copytree(ROOT / "packages", tmp_path / "packages",
+                    ignore=shutil.ignore_patterns("__pycache__", "tests"))
+    for path, text, swapped in SWAPS:
+        src = (tmp_path / path).read_text()
+        assert src.count(text) >= 1, (path, text)
+        (tmp_path / path).write_text(src.replace(text, swapped))
+    changed = _changed(current, tool.listing(tmp_path, CASES))
+    by_case = {}
+    for name, i, a, b in changed:
+        by_case.setdefault(name, []).append((a.split()[-1], b.split()[-1]))
+    # moe-static: act_alpha 1.702 (fp32) and act_beta 1.0 trade places
+    assert sorted(by_case["static-T1-mxfp4-gelu-ids64-wide"]) == [
+        ("1.0", "1.7020000219345093"), ("1.7020000219345093", "1.0")]
+    # moe-generic FC1 (w4a16): x's row stride H + X_PAD and H trade places; w4a4 reads the
+    # quantized rows, whose stride is H, so that case cannot tell
+    hidden = 256
+    assert sorted(by_case["generic-T1-mxfp4-silu-w4a16-ids64-ep"]) == [
+        (str(hidden), str(hidden + tool.X_PAD)), (str(hidden + tool.X_PAD), str(hidden))]
+    assert set(by_case) == {"static-T1-mxfp4-gelu-ids64-wide", "generic-T1-mxfp4-silu-w4a16-ids64-ep"}
