@@ -105,7 +105,7 @@ def test_the_warmup_finds_variants_the_largest_t_does_not_use(stand_in_device):
     every = set().union(*(layer.variants(t, inputs) for t in found))
     from moe_generic.runner import pick_bn
 
-    E, k = layer.weights.num_local_experts, layer.top_k
+    E, k = layer.weights.num_experts, layer.top_k
     needed = {pick_bn(t * k, E) for t in range(1, layer.max_tokens + 1)}
     assert len(needed) >= 3  # the layer's T range spans several tile widths
     assert {k[1].bn for k in every if k[0] == "moe-generic"} == needed

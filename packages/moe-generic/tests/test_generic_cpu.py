@@ -123,7 +123,8 @@ def test_workspace_sizes_never_shrink_with_more_tokens():
         prev = 0
         for P in range(1, 4096):
             cap = tiles_capacity(P, E)
-            assert cap >= max_tiles_bound(P, E, pick_bn(P, E))
+            for total in (E, 4 * E):  # the whole layer, or this rank's quarter of it
+                assert cap >= max_tiles_bound(P, E, pick_bn(P, total))
             assert cap >= prev
             prev = cap
 
@@ -142,6 +143,9 @@ def test_tile_width_rule():
     assert pick_bn(1024 * 8, 256) == 64  # DeepSeek-V3 T=1024: 32 rows
     assert pick_bn(256 * 8, 128) == 32  # Qwen3-30B-A3B T=256: 16 rows
     assert pick_bn(1, 256) == 8 and pick_bn(65536 * 8, 8) == 64
+    # an expert-parallel slice: the width follows the rows its experts get, pairs / all experts
+    # (DeepSeek-V3 T=512 on 2 ranks: 16 rows per local expert, not 32)
+    assert pick_bn(512 * 8, 256) == 32
     for pairs in (1, 7, 100, 1000, 5000, 40000):
         for experts in (1, 8, 128, 256, 1024):
             assert pick_bn(pairs, experts) in (8, 16, 32, 64)

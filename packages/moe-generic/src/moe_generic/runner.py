@@ -45,15 +45,20 @@ def expected_tiles(mean: float, bn: int) -> float:
 
 
 @functools.lru_cache(maxsize=4096)
-def pick_bn(pairs: int, local_experts: int) -> int:
+def pick_bn(pairs: int, experts: int) -> int:
     """Tokens per tile: the width with the least expected cost, tiles x cost per tile.
+
+    `experts` is the layer's expert count over all ranks: under uniform routing each expert gets
+    pairs / experts routed rows, and on an expert-parallel slice the routes to other ranks'
+    experts are dropped, so counting only the local experts would double a 2-rank slice's
+    mean and pick too wide a tile.
 
     Every tile streams its expert's whole weights, so a width at the mean rows per expert leaves
     about 40% of the experts with a second tile (DeepSeek-V3 T=512, 16 rows per expert: 1.42
     tiles per expert at width 16); the wider tile costs 12% more once. Measured: DeepSeek-V3
     T=512 3295 -> 2685 us (16 -> 32), Qwen3-30B-A3B T=256 201 -> 172 us (16 -> 32).
     """
-    mean = pairs / max(1, min(local_experts, pairs))
+    mean = pairs / max(1, min(experts, pairs))
     if mean >= BN_CHOICES[-1]:
         return BN_CHOICES[-1]
     return min(BN_CHOICES, key=lambda bn: expected_tiles(mean, bn) * TILE_COST[bn])
@@ -87,7 +92,7 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     stream = jit.current_stream(dev)
     ids = topk_ids.contiguous()
     idb = ids.element_size()
-    bn = pick_bn(P, E)
+    bn = pick_bn(P, weights.num_experts)
     max_tiles = max_tiles_bound(P, E, bn)
     if max_tiles > 65535:
         raise ValueError(f"topk_ids: {max_tiles} tiles exceed the grid limit 65535")
