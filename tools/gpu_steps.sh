@@ -5,7 +5,8 @@
 #   source .device/bin/gpu.sh && bash tools/gpu_steps.sh STEP [STEP ...]
 # Steps: gated-quick gated-tests sanitize-gated bench-gated bench-gated-q bench-gated-all
 #        static-quick static-tests generic-tests sanitize-static sanitize-generic
-#        bench-static bench-generic-large profile routing-shape band; A/B in one run against older
+#        bench-static bench-generic-large profile routing-shape band;
+#        verify (GPU tests + sanitizers), serving (soak + hf bench); A/B in one run against older
 #        trees (AB_DIRS): static-ab, kernel-ab (AB_KERNEL), ncu-static-ab (PROFILE_ARGS)
 set -u
 OUT=${OUT:-/tmp/out}
@@ -115,6 +116,18 @@ for s in "$@"; do
       step routing-shape-ds 200 python3 tools/gated_routing_shape.py --preset deepseek-v3 --tokens 8192 8704
       step routing-shape-oss 120 python3 tools/gated_routing_shape.py --preset gpt-oss-120b --tokens 8192 ;;
     ncu-static) step ncu-static 300 ncu --clock-control none --kernel-name regex:StaticMoE --launch-skip 1 -c 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section Occupancy python3 tools/profile_layer.py ;;
+    verify)  # what a landing needs from the GPU: every GPU test, then the property profile under
+             # the three sanitizers (docs/RELIABILITY.md), each tool's log apart
+      step verify-tests 420 python3 -m pytest packages tests dispatcher/tests -m gpu -q
+      for tool in memcheck racecheck synccheck; do
+        step "verify-$tool" 300 env MOE_PROPERTY_EXAMPLES=20 compute-sanitizer --tool $tool --error-exitcode 9 python3 -m pytest -q -m gpu dispatcher/tests/test_properties.py
+      done ;;
+    serving)  # the soak runs (tools/soak.py) and the transformers experts bench (tools/hf_bench.py;
+              # the GPU image has transformers 5.17, the lock 5.24: stage 5.24 with EXTRA_WHEELS if
+              # its experts interface differs)
+      step soak-qwen 260 python3 tools/soak.py --seconds 180 --preset qwen3-30b-a3b --max-tokens 512 --json "$OUT/soak.json"
+      step soak-oss 260 python3 tools/soak.py --seconds 180 --preset gpt-oss-120b --max-tokens 2048 --json "$OUT/soak-oss.json"
+      step hf-bench 300 python3 tools/hf_bench.py --preset qwen3-30b-a3b --layers 4 --shapes 1x1 32x1 512x1 1x2048 --json "$OUT/hf-bench.json" ;;
     band)  # moe-generic's tile widths forced against the dispatcher's choice in the 128..2048 band
       step band 400 python3 tools/band_probe.py --preset ${BAND_PRESETS:-deepseek-v3 qwen3-30b-a3b qwen3.5-35b gpt-oss-120b nemotron-relu2} --tokens ${BAND_TOKENS:-128 256 512 1024 2048} --bn 8 16 32 64 --kernels auto ${AB_SEED:+--seed $AB_SEED} --json "$OUT/band.json" ;;
     profile) step profile 200 python3 tools/profile_split.py --preset deepseek-v3 --tokens 8192 ;;
