@@ -1,13 +1,14 @@
 """moe-generic's token-tile width against the layer time (development tool).
 
     python tools/band_probe.py --preset deepseek-v3 --tokens 256 512 --bn 8 16 32 64 --json out.json
-    python tools/band_probe.py --preset qwen3-30b-a3b --tokens 256 --config 32:8,1,4 32:4,2,3
+    python tools/band_probe.py --preset qwen3-30b-a3b --tokens 256 --bn \
+        --config 32:stages=3 '*/fc2:row_tiles=4,width_step=8'
 
 For each forced tile width (runner.pick_bn replaced in this process), times the layer with the
 bench's protocol (dispatcher.bench.bench_preset: CUDA-graph replay, data rotated past the L2)
 with moe-generic forced; `--kernels` adds other kernels' rows (once, at their own choices).
-`--config BN:WARPS,MW,STAGES` times moe-generic at its own widths with the BN-token tiles'
-configuration replaced (the 16-warp tall tiles excepted).
+`--config BN[/PHASE]:FIELD=VALUE,...` times moe-generic at its own widths with those GemmConfig
+fields replaced in the BN-token tiles (`*`: every width) of both GEMMs or of PHASE (fc1, fc2).
 A tile is (expert, at most bn routed rows), and each tile streams its expert's weights, so a
 width below an expert's routed rows reads that expert's weights once per tile.
 """
@@ -24,15 +25,16 @@ from dispatcher.presets import PRESETS
 
 
 def config_rows(p, tokens, variant: str, seed: int) -> list:
-    """moe-generic rows with the BN-token tiles' (warps, mw, stages) replaced."""
-    bn, rest = variant.split(":")
-    warps, mw, stages = (int(v) for v in rest.split(","))
+    """moe-generic rows with GemmConfig fields replaced (--config)."""
+    which, fields = variant.split(":")
+    bn, _, phase = which.partition("/")
+    changes = {k: int(v) for k, v in (f.split("=") for f in fields.split(","))}
     default_config = generic_cache.config
 
     def config(*a, **kw):
         cfg = default_config(*a, **kw)
-        if cfg.bn == int(bn) and cfg.warps <= 8:
-            cfg = dataclasses.replace(cfg, warps=warps, mw=mw, stages=stages)
+        if bn in ("*", str(cfg.bn)) and phase in ("", cfg.phase):
+            cfg = dataclasses.replace(cfg, **changes)
         return cfg
 
     generic_cache.config = config

@@ -129,21 +129,21 @@ def test_routing_kernel_tiles_cover_every_local_pair_once(bn, id_dtype):
     assert torch.equal(seen, local.to(torch.int32))
 
 
-@pytest.mark.parametrize("bn", [8, 16, 32, 64])
-@pytest.mark.parametrize("case", [
-    # (T, E, H, I, top_k), activation, format, mode, bias, skew: widths the width rule picks
-    # for other shapes, here on skewed routing (hot experts over several tiles, partly filled
-    # last tiles, experts without tokens) with dropped routes
+# (T, E, H, I, top_k), activation, format, mode, bias, skew: shapes whose GEMMs have 2 to 23
+# K-tiles and 2 to 23 row tiles, on skewed routing (hot experts over several tiles, partly
+# filled last tiles, experts without tokens) with dropped routes
+SKEWED_CASES = [
     ((96, 32, 512, 256, 8), "silu", "nvfp4", "w4a16", False, 1.5),
     ((700, 64, 1024, 768, 6), "relu2", "nvfp4", "w4a4", True, 1.0),
     ((333, 16, 2880, 704, 4), "swigluoai", "mxfp4", "w4a16", True, 2.0),
     ((200, 24, 768, 512, 8), "gelu_tanh", "mxfp4", "w4a4", False, 0.5),
-])
-def test_every_tile_width_matches_reference(bn, case, monkeypatch):
-    from moe_generic import fused_moe, runner
+]
+
+
+def _check_skewed(case, label):
+    from moe_generic import fused_moe
 
     (T, E, H, I, k), act, fmt, mode, bias, skew = case
-    monkeypatch.setattr(runner, "pick_bn", lambda pairs, experts: bn)
     w = random_layer(E, H, I, weight_format=fmt, gated=act != "relu2", bias=bias,
                      w4a4=mode == "w4a4")
     x = torch.randn(T, H, device="cuda").bfloat16()
@@ -153,4 +153,31 @@ def test_every_tile_width_matches_reference(bn, case, monkeypatch):
     out = torch.full((T, H), float("nan"), device="cuda", dtype=torch.bfloat16)
     fused_moe(x, w, tw, ti, activation=a, quant_mode=mode, out=out)
     ref = reference_moe(x, w, tw, ti, activation=a, quant_mode=mode)
-    assert_close(out, ref, f"bn={bn} {case}")
+    assert_close(out, ref, f"{label} {case}")
+
+
+@pytest.mark.parametrize("bn", [8, 16, 32, 64])
+@pytest.mark.parametrize("case", SKEWED_CASES)
+def test_every_tile_width_matches_reference(bn, case, monkeypatch):
+    """Each tile width the width rule can pick, forced on shapes it would not pick it for."""
+    from moe_generic import runner
+
+    monkeypatch.setattr(runner, "pick_bn", lambda pairs, experts: bn)
+    _check_skewed(case, f"bn={bn}")
+
+
+@pytest.mark.parametrize("bn", [16, 32, 64])
+@pytest.mark.parametrize("case", SKEWED_CASES)
+def test_row_tiles_and_width_classes_match_reference(bn, case, monkeypatch):
+    """Three row tiles per CTA (a ring running through them, a partial last block where the
+    row tiles do not divide by 3, prologues that wrap past a row tile when K has 2 K-tiles) and
+    mainloop bodies per 8 tokens, forced at each width."""
+    import dataclasses
+
+    from moe_generic import compile_cache, runner
+
+    default_config = compile_cache.config
+    monkeypatch.setattr(runner, "pick_bn", lambda pairs, experts: bn)
+    monkeypatch.setattr(compile_cache, "config", lambda *a, **kw: dataclasses.replace(
+        default_config(*a, **kw), row_tiles=3, width_step=8))
+    _check_skewed(case, f"bn={bn} row_tiles=3 width_step=8")
