@@ -162,19 +162,17 @@ def test_tile_width_is_monotone_in_tokens():
             assert widths == sorted(widths), (experts, top_k)
 
 
-def test_mainloop_bodies_and_row_blocks():
+
+def test_mainloop_bodies_per_8_tokens():
     from moe_generic.grouped_gemm import GemmConfig
 
     def cfg(bn, **kw):
         return GemmConfig(phase="fc2", weight_format="nvfp4", bn=bn, **kw)
 
-    # one body per 16 tokens (8-token blocks 2, 4, ...), the tile's own width below 32
     assert cfg(8).live_widths == (1,)
-    assert cfg(16).live_widths == (2,)
-    assert cfg(32).live_widths == (2, 4)
-    assert cfg(64).live_widths == (2, 4, 6, 8)
-    assert cfg(32, width_step=8).live_widths == (1, 2, 3, 4)
-    assert cfg(16, width_step=8).live_widths == (1, 2)
-    # gpt-oss FC2: 2944 rows = 23 row tiles of 128; 4 per CTA -> 6 CTAs, the last with 3
-    assert cfg(32).row_blocks(2944) == 23
-    assert cfg(32, row_tiles=4).row_blocks(2944) == 6
+    assert cfg(16).live_widths == (1, 2)
+    assert cfg(32).live_widths == (1, 2, 3, 4)
+    assert cfg(64).live_widths == tuple(range(1, 9))
+    # one body per 16 tokens, as before 8-token bodies were measured
+    assert cfg(32, width_step=16).live_widths == (2, 4)
+    assert cfg(8, width_step=16).live_widths == (1,)

@@ -11,7 +11,7 @@ Swap A/B: the weights are the MMA's A operand (M = weight rows), tokens are B (N
 an expert with a handful of tokens still runs a 16 x 8 MMA instead of padding tokens to 64.
 Per CTA: 4 warps (8 for bn=64 tiles, 16 where the K loop is long: 256 weight rows), each owning
 mw groups of 16 weight rows and all bn tokens of the tile. The mainloop comes in one body per
-16-token width class, picked per tile, so an expert's partly filled last tile skips the MMAs and
+8-token width class, picked per tile, so an expert's partly filled last tile skips the MMAs and
 B reads past its tokens.
 A 4-stage cp.async ring holds, per 128-deep K-tile:
   - token rows, gathered 16 B per copy (zero-filled past the tile's rows and past the real K;
@@ -30,7 +30,6 @@ top-k sum afterwards is deterministic.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import cutlass
 import cutlass.cute as cute
@@ -63,35 +62,6 @@ with jit.example(GemmOperands).""", [
 ])
 
 
-class WeightStream(NamedTuple):
-    """Where a warp's weight tiles come from: the codes and scales of its first group's K-tile 0
-    in its CTA's first row tile, the byte strides between groups, and the warp's slice of a
-    stage."""
-    w: Int64
-    s: Int64
-    group_w: Int64
-    group_s: Int64
-    smem_off: Int32
-
-
-class TileArgs(NamedTuple):
-    """What one CTA's mainloop and epilogues read (trace-time bundle, inlined)."""
-    ops: object  # GemmOperands
-    e: Int32  # the tile's local expert
-    p0: Int32  # its sorted routed rows p0..p1
-    p1: Int32
-    n_rt: Int32  # row tiles of this CTA
-    group0: Int32  # the warp's first 16-row group in the first row tile
-    cta_groups: int  # 16-row groups per row tile
-    gscale: Float32  # the expert's global scale
-    s_base: Int32  # shared address of the ring
-    lane: Int32
-    b_row: Int32  # the thread's first token row in a B stage
-    ch: Int32  # and its 16-byte piece of each row
-    sources: list  # per row it copies, _chunk_source(...)
-    stream: WeightStream
-
-
 @dataclass(frozen=True)
 class GemmConfig:
     phase: str  # "fc1" | "fc2"
@@ -101,8 +71,7 @@ class GemmConfig:
     mw: int = 2  # 16-row groups per warp (1 for decode tiles: twice the CTAs on the weights)
     warps: int = 4  # per CTA (8 with mw=1: the same 128-row tile with twice the warps)
     stages: int = 4  # cp.async ring depth; bn=64, 8 warps, NVFP4: 4 x 27 KiB, two CTAs per SM
-    row_tiles: int = 1  # consecutive row tiles per CTA, one cp.async ring through all of them
-    width_step: int = 16  # token granularity of the mainloop bodies (see live_widths)
+    width_step: int = 8  # token granularity of the mainloop bodies (see live_widths)
 
     @property
     def gated(self) -> bool:
@@ -112,14 +81,10 @@ class GemmConfig:
     def cta_rows(self) -> int:
         return self.warps * self.mw * 16
 
-    def row_blocks(self, rows: int) -> int:
-        """The grid's x extent for `rows` weight rows: CTAs of row_tiles row tiles each."""
-        return -(-(rows // self.cta_rows) // self.row_tiles)
-
     @property
     def live_widths(self) -> tuple:
         """The mainloop bodies, in 8-token blocks: a tile runs the narrowest body that holds
-        its rows (bn=32, step 16: (2, 4); step 8: (1, 2, 3, 4))."""
+        its rows (bn=32: (1, 2, 3, 4); width_step 16: (2, 4))."""
         nb, step = self.bn // 8, self.width_step // 8
         return tuple(sorted({min(nb, c) for c in range(step, nb + step, step)}))
 
@@ -145,8 +110,8 @@ class GroupedGemm:
     # ------------------------------------------------------------------ host entry
     @cute.jit
     def __call__(self, ops: GemmOperands, grid_m: Int32, max_tiles: Int32, stream):
-        """grid: grid_m row blocks (row_tiles row tiles each) x max_tiles token tiles (a bound:
-        CTAs past the device-side tile count return at once)."""
+        """grid: grid_m row tiles x max_tiles token tiles (a bound: CTAs past the device-side
+        tile count return at once)."""
         self.kernel(ops).launch(grid=[grid_m, max_tiles, 1], block=[self.threads, 1, 1],
                                 smem=self.cfg.stages * self.stage_bytes, stream=stream,
                                 use_pdl=jit.PDL)
@@ -165,150 +130,124 @@ class GroupedGemm:
             p1 = ptx.ld_u32(ops.tile_end + Int64(tile) * 4)
             warp = tidx // 32
             lane = tidx % 32
+            r = lane // 4
+            q = lane % 4
 
             smem = cutlass.memory.SmemAllocator()
             sbuf = smem.allocate_array(cutlass.Uint8, cfg.stages * self.stage_bytes, byte_alignment=128)
             s_base = Int32(sbuf.toint())
 
-            # ---- this CTA's row tiles: row_tiles consecutive ones (fewer in the last block)
-            cta_groups = cfg.warps * cfg.mw
-            rt_first = bidx * cfg.row_tiles
-            n_rt = cutlass.min(Int32(cfg.row_tiles), ops.row_groups // cta_groups - rt_first)
-
             # ---- weight stream. Tile (e, group, kt): 1 KiB of fragment-ordered codes, lane l's
             # 32 B at l * 32, then bf16 scales [16 rows][128 / block] (NVFP4 256 B, MXFP4 128 B).
-            # Each warp copies its groups' tiles into its own slice of the stage; the warp's
-            # groups in row tile rt are cta_groups * rt groups past those of the first.
-            group0 = rt_first * cta_groups + warp * cfg.mw
+            # Each warp copies its groups' tiles into its own slice of the stage.
+            group0 = bidx * (cfg.warps * cfg.mw) + warp * cfg.mw
             sbpr = cfg.scale_bytes_per_row
             tile_idx0 = (Int64(e) * Int64(ops.row_groups) + Int64(group0)) * Int64(ops.k_tiles)
-            stream = WeightStream(
-                w=ops.wblob + tile_idx0 * 1024, s=ops.sblob + tile_idx0 * (16 * sbpr),
-                group_w=Int64(ops.k_tiles) * 1024, group_s=Int64(ops.k_tiles) * (16 * sbpr),
-                smem_off=self.b_bytes + warp * cfg.mw * self.a_group_bytes)
+            w_warp = ops.wblob + tile_idx0 * 1024
+            s_warp = ops.sblob + tile_idx0 * (16 * sbpr)
+            group_w_stride = Int64(ops.k_tiles) * 1024
+            group_s_stride = Int64(ops.k_tiles) * (16 * sbpr)
+            a_warp_off = self.b_bytes + warp * cfg.mw * self.a_group_bytes
 
             acc = cute.make_rmem_tensor(cute.make_layout((cfg.mw, self.nb, 4)), Float32)
             acc.fill(0.0)
 
-            b_row, ch = tidx // 16, tidx % 16  # this thread's token row and 16-byte piece
-            sources = [self._chunk_source(b_row + it * (self.threads // 16), ch, p0, p1, ops.order,
-                                          ops.row_div, ops.src, ops.src_stride)
+            b_lane = fm.ldmatrix_lane_offset(lane)  # this lane's ldmatrix row in a B stage
+
+            sources = [self._chunk_source(tidx + it * self.threads, p0, p1, ops.order, ops.row_div,
+                                          ops.src, ops.src_stride)
                        for it in range(self.b_iters)]
-            gscale = ptx.ld_nc_f32(ops.gscale + Int64(e) * 4)
 
             # ---- mainloop, specialised on the tile's live width: an expert's last tile is partly
-            # filled (DeepSeek-V3 T=8192: ~11% of the 64-token columns are padding), and the MMAs
-            # and B reads of 8-token column blocks past it are skipped. One body per width class
+            # filled (DeepSeek-V3 T=8192: ~11% of the 64-token columns are padding; T=256, 8
+            # routed rows per expert in 32-token tiles: most of them), and the MMAs and B reads
+            # of 8-token column blocks past it are skipped. One body per width class
             # (cfg.live_widths), chosen once per tile (a branch per K-tile instead kept every
             # body's registers live: 144 per thread, one CTA per SM). The decode is the same in
             # every body.
-            tile_args = TileArgs(ops=ops, e=e, p0=p0, p1=p1, n_rt=n_rt, group0=group0,
-                                 cta_groups=cta_groups, gscale=gscale, s_base=s_base, lane=lane,
-                                 b_row=b_row, ch=ch, sources=sources, stream=stream)
-            self._by_width(cfg.live_widths, p1 - p0, acc, tile_args)
+            loop_args = (acc, ops.k_tiles, s_base, lane, b_lane, sources, ops.src, ops.k_real, w_warp, s_warp,
+                         group_w_stride, group_s_stride, a_warp_off)
+            self._by_width(cfg.live_widths, p1 - p0, loop_args)
             ptx.cp_async_wait(0)
+
+            # ---- epilogue
+            gscale = ptx.ld_nc_f32(ops.gscale + Int64(e) * 4)
+            for g in cutlass.range_constexpr(cfg.mw):
+                row0 = (group0 + g) * 16 + r  # blob row of acc[..., 0/1]; +8 for acc[..., 2/3]
+                # bias is always read (zeros when the layer has none): one less compile variant
+                brow = ops.bias + (Int64(e) * Int64(ops.row_groups * 16) + Int64(row0)) * 4
+                b_lo = ptx.ld_nc_f32(brow)
+                b_hi = ptx.ld_nc_f32(brow + 32)
+                for nb in cutlass.range_constexpr(self.nb):
+                    for c in cutlass.range_constexpr(2):
+                        p = p0 + nb * 8 + 2 * q + c
+                        if p < p1:
+                            v_lo = acc[g, nb, c] * gscale + b_lo
+                            v_hi = acc[g, nb, 2 + c] * gscale + b_hi
+                            if cutlass.const_expr(cfg.phase == "fc1"):
+                                self._fc1_store(ops.out, ops.out_stride, p, group0 + g, r, v_lo, v_hi,
+                                               ops.act_alpha, ops.act_beta, ops.act_limit)
+                            else:
+                                pair = ptx.ld_u32(ops.pair_orig + Int64(p) * 4)
+                                wgt = ptx.ld_nc_f32(ops.route_w + Int64(pair) * 4)
+                                dst = ops.out + (Int64(pair) * Int64(ops.out_stride)) * 4
+                                if row0 < ops.out_rows:
+                                    ptx.st_f32(dst + Int64(row0) * 4, v_lo * wgt)
+                                if row0 + 8 < ops.out_rows:
+                                    ptx.st_f32(dst + Int64(row0 + 8) * 4, v_hi * wgt)
 
     # ------------------------------------------------------------------ pieces
     @cute.jit
-    def _by_width(self, widths: tuple, width, acc, t):
+    def _by_width(self, widths: tuple, width, loop_args):
         """The mainloop body of the narrowest class in `widths` (8-token blocks) that holds
         `width` rows."""
         if cutlass.const_expr(len(widths) == 1):
-            self._mainloop(widths[0], acc, t)
+            self._mainloop(widths[0], *loop_args)
         else:
             if width > widths[-2] * 8:
-                self._mainloop(widths[-1], acc, t)
+                self._mainloop(widths[-1], *loop_args)
             else:
-                self._by_width(widths[:-1], width, acc, t)
+                self._by_width(widths[:-1], width, loop_args)
 
     @cute.jit
-    def _mainloop(self, live_nb: int, acc, t):
-        """The K loops of the CTA's row tiles: one stages-deep cp.async ring of (B tile, A tiles)
-        that runs on through the row tiles (the next tile's first copies are in flight during
-        this one's last K-tiles and epilogue), MMAs over the tile's first live_nb 8-token blocks
-        (the copies always fill all bn rows, zeros past the tile)."""
+    def _mainloop(self, live_nb: int, acc, k_tiles, s_base, lane, b_lane, sources, src, k_real,
+                  w_warp, s_warp, group_w_stride, group_s_stride, a_warp_off):
+        """The K loop: a stages-deep cp.async ring of (B tile, A tiles), MMAs over the tile's
+        first live_nb 8-token blocks (the copies always fill all bn rows, zeros past the tile)."""
         cfg = self.cfg
-        k_tiles = t.ops.k_tiles
-        total = t.n_rt * k_tiles
-        b_lane = fm.ldmatrix_lane_offset(t.lane)  # this lane's ldmatrix row in a B stage
-        # the next (row tile, K-tile) to copy
-        irt = Int32(0)
-        ikt = Int32(0)
         for st in cutlass.range_constexpr(cfg.stages - 1):
-            if st < total:
-                self._issue_stage(irt, ikt, t.s_base + st * self.stage_bytes, t)
+            if st < k_tiles:
+                self._issue_stage(Int32(st), s_base + st * self.stage_bytes, lane, sources, src,
+                                  k_real, w_warp, s_warp, group_w_stride, group_s_stride,
+                                  a_warp_off)
             ptx.cp_async_commit()
-            ikt = ikt + 1
-            if ikt == k_tiles:
-                ikt = Int32(0)
-                irt = irt + 1
-        i = Int32(0)  # flat index of the K-tile being consumed
-        for rt in cutlass.range(t.n_rt, unroll=1):
-            for kt in cutlass.range(k_tiles, unroll=1):
-                ptx.cp_async_wait(cfg.stages - 2)
-                cute.arch.sync_threads()  # stage i landed for every thread; stage i-1 is free
-                nxt = i + cfg.stages - 1
-                if nxt < total:
-                    self._issue_stage(irt, ikt, t.s_base + (nxt % cfg.stages) * self.stage_bytes, t)
-                    ikt = ikt + 1
-                    if ikt == k_tiles:
-                        ikt = Int32(0)
-                        irt = irt + 1
-                ptx.cp_async_commit()
-                stage = t.s_base + (i % cfg.stages) * self.stage_bytes
-                words = [fm.load_group_words(stage + t.stream.smem_off + g * self.a_group_bytes,
-                                             t.lane, cfg.weight_format) for g in range(cfg.mw)]
-                fm.mma_ktile(acc, words, stage + b_lane, live_nb, cfg.weight_format)
-                i = i + 1
-            if cutlass.const_expr(cfg.row_tiles > 1):
-                self._epilogue(acc, t, t.group0 + rt * t.cta_groups)
-                acc.fill(0.0)
-        if cutlass.const_expr(cfg.row_tiles == 1):
-            # after the loops: the ring's state is dead, its registers free for the epilogue
-            self._epilogue(acc, t, t.group0)
+        for kt in cutlass.range(k_tiles, unroll=1):
+            ptx.cp_async_wait(cfg.stages - 2)
+            cute.arch.sync_threads()  # stage kt landed for every thread; stage kt-1 is free
+            nxt = kt + cfg.stages - 1
+            if nxt < k_tiles:
+                self._issue_stage(nxt, s_base + (nxt % cfg.stages) * self.stage_bytes, lane, sources,
+                                  src, k_real, w_warp, s_warp, group_w_stride, group_s_stride,
+                                  a_warp_off)
+            ptx.cp_async_commit()
+            stage = s_base + (kt % cfg.stages) * self.stage_bytes
+            words = [fm.load_group_words(stage + a_warp_off + g * self.a_group_bytes, lane,
+                                         cfg.weight_format) for g in range(cfg.mw)]
+            fm.mma_ktile(acc, words, stage + b_lane, live_nb, cfg.weight_format)
 
     @cute.jit
-    def _epilogue(self, acc, t, group0):
-        """Global scale, bias, then FC1's activation into the intermediate or FC2's router
-        weight into y, for the warp's groups group0.. of one row tile."""
-        cfg = self.cfg
-        ops = t.ops
-        r = t.lane // 4
-        q = t.lane % 4
-        for g in cutlass.range_constexpr(cfg.mw):
-            row0 = (group0 + g) * 16 + r  # blob row of acc[..., 0/1]; +8 for acc[..., 2/3]
-            # bias is always read (zeros when the layer has none): one less compile variant
-            brow = ops.bias + (Int64(t.e) * Int64(ops.row_groups * 16) + Int64(row0)) * 4
-            b_lo = ptx.ld_nc_f32(brow)
-            b_hi = ptx.ld_nc_f32(brow + 32)
-            for nb in cutlass.range_constexpr(self.nb):
-                for c in cutlass.range_constexpr(2):
-                    p = t.p0 + nb * 8 + 2 * q + c
-                    if p < t.p1:
-                        v_lo = acc[g, nb, c] * t.gscale + b_lo
-                        v_hi = acc[g, nb, 2 + c] * t.gscale + b_hi
-                        if cutlass.const_expr(cfg.phase == "fc1"):
-                            self._fc1_store(ops.out, ops.out_stride, p, group0 + g, r, v_lo, v_hi,
-                                           ops.act_alpha, ops.act_beta, ops.act_limit)
-                        else:
-                            pair = ptx.ld_u32(ops.pair_orig + Int64(p) * 4)
-                            wgt = ptx.ld_nc_f32(ops.route_w + Int64(pair) * 4)
-                            dst = ops.out + (Int64(pair) * Int64(ops.out_stride)) * 4
-                            if row0 < ops.out_rows:
-                                ptx.st_f32(dst + Int64(row0) * 4, v_lo * wgt)
-                            if row0 + 8 < ops.out_rows:
-                                ptx.st_f32(dst + Int64(row0 + 8) * 4, v_hi * wgt)
-
-    @cute.jit
-    def _chunk_source(self, n, ch, p0, p1, order, row_div, src, src_stride):
-        """Where the 16-byte piece ch of token row n of the tile comes from in K-tile 0 (src
-        for rows past the tile: zero-filled).
+    def _chunk_source(self, c, p0, p1, order, row_div, src, src_stride):
+        """Where B chunk c (a token row's 16-byte piece ch of each K-tile) comes from and goes to.
 
         Computed once per tile, outside the K loop: the row gather (order[p] // row_div) is a
         dependent global load that would otherwise stall every K-tile's copies.
         """
+        n = c // 16
+        ch = c % 16
+        dst = n * SMEM_ROW_BYTES + ch * 16
         p = p0 + n
         base = src
+        ok = Int32(0)
         if p < p1:
             row = p  # FC2 reads the intermediate in sorted order
             if cutlass.const_expr(self.cfg.phase == "fc1"):
@@ -316,37 +255,37 @@ class GroupedGemm:
                 # row (w4a4, row_div = 1)
                 row = ptx.ld_u32(order + Int64(p) * 4) // row_div
             base = src + (Int64(row) * Int64(src_stride) + Int64(ch * 8)) * 2
-        return base
+            ok = Int32(1)
+        return base, dst, ch, ok
 
     @cute.jit
-    def _issue_stage(self, rt, kt, stage, t):
-        """cp.async K-tile kt's token rows (whole CTA) and this warp's weight tiles of row tile
-        rt into a stage."""
+    def _copy_chunk(self, source, kt, k_real, src, stage_base):
+        base, dst, ch, ok = source
+        k0 = kt * TILE_K + ch * 8
+        nbytes = Int32(0)
+        gaddr = src  # any valid address when nothing is read (zero-fill)
+        if ok != Int32(0):
+            if k0 < k_real:
+                gaddr = base + Int64(kt) * (TILE_K * 2)
+                nbytes = Int32(16)
+        ptx.cp_async_16_zfill(stage_base + dst, gaddr, nbytes)
+
+    @cute.jit
+    def _issue_stage(self, kt, stage, lane, sources, src, k_real,
+                     w_warp, s_warp, group_w_stride, group_s_stride, a_warp_off):
+        """cp.async K-tile kt's token rows (whole CTA) and this warp's weight tiles into a stage."""
         cfg = self.cfg
-        # token rows: thread c copies piece ch = c % 16 of rows c // 16 + it * (threads / 16)
-        # (zero-filled past the tile's rows and past the real K)
-        rows_per_iter = self.threads // 16
-        k_ok = kt * TILE_K + t.ch * 8 < t.ops.k_real
         for it in cutlass.range_constexpr(self.b_iters):
-            gaddr = t.ops.src  # any valid address when nothing is read
-            nbytes = Int32(0)
-            if k_ok:
-                if t.b_row + it * rows_per_iter < t.p1 - t.p0:
-                    gaddr = t.sources[it] + Int64(kt) * (TILE_K * 2)
-                    nbytes = Int32(16)
-            dst = (t.b_row + it * rows_per_iter) * SMEM_ROW_BYTES + t.ch * 16
-            ptx.cp_async_16_zfill(stage + dst, gaddr, nbytes)
-        ws = t.stream
-        rt_groups = Int64(rt * t.cta_groups)
+            self._copy_chunk(sources[it], kt, k_real, src, stage)
         scale_chunks = cfg.scale_bytes_per_row  # 16 rows x sbpr bytes = sbpr chunks of 16 B
         for g in cutlass.range_constexpr(cfg.mw):
-            dst = stage + ws.smem_off + g * self.a_group_bytes
-            wsrc = ws.w + (rt_groups + g) * ws.group_w + Int64(kt) * 1024 + Int64(t.lane) * 32
-            ptx.cp_async_16(dst + t.lane * 32, wsrc)
-            ptx.cp_async_16(dst + t.lane * 32 + 16, wsrc + 16)
-            if t.lane < scale_chunks:
-                ssrc = ws.s + (rt_groups + g) * ws.group_s + Int64(kt) * (16 * cfg.scale_bytes_per_row)
-                ptx.cp_async_16(dst + 1024 + t.lane * 16, ssrc + Int64(t.lane) * 16)
+            dst = stage + a_warp_off + g * self.a_group_bytes
+            wsrc = w_warp + Int64(g) * group_w_stride + Int64(kt) * 1024 + Int64(lane) * 32
+            ptx.cp_async_16(dst + lane * 32, wsrc)
+            ptx.cp_async_16(dst + lane * 32 + 16, wsrc + 16)
+            if lane < scale_chunks:
+                ssrc = s_warp + Int64(g) * group_s_stride + Int64(kt) * (16 * cfg.scale_bytes_per_row)
+                ptx.cp_async_16(dst + 1024 + lane * 16, ssrc + Int64(lane) * 16)
 
     @cute.jit
     def _fc1_store(self, out, out_stride, p, group, r, v_lo, v_hi, alpha, beta, limit):
