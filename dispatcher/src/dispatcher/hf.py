@@ -111,7 +111,8 @@ def experts_activation(module) -> Activation:
     cls = type(module)
     if not module.has_gate:
         _fail(f"{cls.__name__}: non-gated experts (up_proj only); allowed: gated experts (gate_up_proj)")
-    if module.has_post_expert_norm:
+    # has_post_expert_norm is newer than transformers 5.17 (which has no such norm)
+    if getattr(module, "has_post_expert_norm", False):
         _fail(f"{cls.__name__}: has a post-expert norm, which the fused kernels do not apply")
     if cls._apply_gate is _default_apply_gate:
         try:

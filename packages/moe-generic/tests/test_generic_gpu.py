@@ -99,6 +99,7 @@ def test_ids_out_of_range_are_ignored():
 @pytest.mark.parametrize("id_dtype", [torch.int32, torch.int64])
 def test_routing_kernel_tiles_cover_every_local_pair_once(bn, id_dtype):
     from moe_common.cute import jit
+    from moe_common.cute.routing import MAX_SPLIT_CTAS
     from moe_generic.runner import max_tiles_bound
 
     T, k, E, off = 157, 4, 12, 3
@@ -110,10 +111,9 @@ def test_routing_kernel_tiles_cover_every_local_pair_once(bn, id_dtype):
     counts = torch.empty(E, dtype=torch.int32, device="cuda")
     tiles = torch.full((3, mt), -7, dtype=torch.int32, device="cuda")
     nt = torch.empty(1, dtype=torch.int32, device="cuda")
-    jit.routing(ids.element_size())(ids.data_ptr(), P, off, E, bn, order.data_ptr(),
-                                    slots.data_ptr(), counts.data_ptr(), tiles[0].data_ptr(),
-                                    tiles[1].data_ptr(), tiles[2].data_ptr(), nt.data_ptr(),
-                                    jit.current_stream(ids.device))
+    hist = torch.empty(MAX_SPLIT_CTAS + 1, E, dtype=torch.int32, device="cuda")
+    jit.route(ids, P, off, E, bn, order, slots, counts, tiles, nt, hist,
+              jit.current_stream(ids.device))
     ids_c, order_c, tiles_c, n = ids.cpu().view(-1), order.cpu(), tiles.cpu(), int(nt.item())
     local = (ids_c - off >= 0) & (ids_c - off < E)
     assert torch.equal(counts.cpu(), torch.bincount((ids_c - off)[local].long(), minlength=E).int())
