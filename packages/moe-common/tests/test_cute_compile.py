@@ -87,3 +87,33 @@ def test_routing_tables_reach_the_kernels_in_field_order():
                            before=(1 << 40, 7, 0, 128, 8, 1 << 41, 1 << 42))
     _, scan, _ = jit.routing_split(8)
     check_operands_marshal(scan, RoutingTables, stream, before=(1 << 40, 3, 128, 8))
+
+
+_ID_PROBE = """
+from moe_common.cute import jit
+jit.routing(8)
+jit.topk_reduce(8)
+"""
+
+
+def test_int64_ids_are_saturated_before_narrowing(tmp_path):
+    """An int64 expert id is clamped to [-1, 2^31 - 1] before its low 32 bits are used, so
+    2^32 + e cannot alias expert e (nor INT64_MIN expert 0): checked in the PTX of the int64
+    routing and top-k reduce kernels, where every 64-bit id load is followed by the clamp."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = dict(os.environ, CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=str(tmp_path))
+    subprocess.run([sys.executable, "-c", _ID_PROBE], env=env, check=True, cwd=tmp_path)
+    ptx = {p.name: p.read_text() for p in Path(tmp_path).rglob("*.ptx")}
+    assert any("Routing" in n for n in ptx) and any("TopkReduce" in n for n in ptx), list(ptx)
+    for name, text in ptx.items():
+        # the helper's inline asm block is one PTX line: load, clamp, then narrow
+        loads = [ln.strip() for ln in text.splitlines() if "ld.global.nc.s64" in ln]
+        assert loads, name
+        for ln in loads:
+            order = [ln.find(op) for op in ("ld.global.nc.s64 t,", "max.s64 t, t, -1;",
+                                            "min.s64 t, t, 2147483647;", "cvt.u32.u64")]
+            assert -1 not in order and order == sorted(order), (name, ln)

@@ -162,9 +162,12 @@ def ld_nc_f32(addr, *, loc=None, ip=None) -> Float32:
 
 @dsl_user_op
 def ld_nc_s64_as_s32(addr, *, loc=None, ip=None) -> Int32:
-    """Low 32 bits of a read-only int64 (expert ids stored as int64)."""
+    """A read-only int64 expert id as int32, saturated to [-1, 2^31 - 1] first, so that an id
+    outside int32 stays outside every expert range (2^32 + e must not become e, INT64_MIN not
+    0) and the callers' one 32-bit range check drops it as the reference does."""
     return Int32(_asm(T.i32(), [Int64(addr).ir_value(loc=loc, ip=ip)],
-                      "{ .reg .b64 t; ld.global.nc.b64 t, [$1]; cvt.u32.u64 $0, t; }", "=r,l"))
+                      "{ .reg .s64 t; ld.global.nc.s64 t, [$1]; max.s64 t, t, -1; "
+                      "min.s64 t, t, 2147483647; cvt.u32.u64 $0, t; }", "=r,l"))
 
 
 @dsl_user_op
