@@ -169,3 +169,20 @@ def test_every_tile_width_matches_reference(bn, case, monkeypatch):
     monkeypatch.setattr(runner, "pick_bn", lambda pairs, experts: bn)
     _check_skewed(case, f"bn={bn}")
 
+
+
+@pytest.mark.parametrize("bn,changes", [(32, {"stages": 3}), (32, {"width_step": 16}),
+                                        (64, {"width_step": 16})])
+@pytest.mark.parametrize("case", SKEWED_CASES)
+def test_config_candidates_match_reference(bn, changes, case, monkeypatch):
+    """GemmConfig settings that measurements may switch to (3 ring stages for 32-token tiles,
+    4 CTAs per SM; 16-token mainloop bodies), forced: a switch needs only its A/B."""
+    import dataclasses
+
+    from moe_generic import compile_cache, runner
+
+    default_config = compile_cache.config
+    monkeypatch.setattr(runner, "pick_bn", lambda pairs, experts: bn)
+    monkeypatch.setattr(compile_cache, "config", lambda *a, **kw: dataclasses.replace(
+        default_config(*a, **kw), **changes))
+    _check_skewed(case, f"bn={bn} {changes}")
