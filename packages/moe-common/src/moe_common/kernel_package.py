@@ -10,7 +10,7 @@ from typing import Callable, NamedTuple, Optional
 
 import torch
 
-from .types import Activation
+from .types import Activation, make_activation
 from .validation import validate_inputs
 
 
@@ -152,11 +152,10 @@ def direct_call(kernel_name: str, unsupported_reason: Callable, runner_module: s
     """A package's `fused_moe(...)`: validate, ask the package's own limits, run its runner
     (imported on first use, so importing the package never imports the DSL)."""
 
-    def fused_moe(x, weights, topk_weights, topk_ids, *, activation="silu", quant_mode="w4a16",
-                  swiglu_alpha=1.702, swiglu_beta=1.0, swiglu_limit=7.0, out=None, workspace=None,
-                  deterministic=True):
-        act = activation if isinstance(activation, Activation) else Activation(
-            activation, swiglu_alpha, swiglu_beta, swiglu_limit)
+    def fused_moe(x, weights, topk_weights, topk_ids, *, activation=Activation.name,
+                  quant_mode="w4a16", swiglu_alpha=Activation.alpha, swiglu_beta=Activation.beta,
+                  swiglu_limit=Activation.limit, out=None, workspace=None, deterministic=True):
+        act = make_activation(activation, swiglu_alpha, swiglu_beta, swiglu_limit)
         shape = validate_inputs(x, weights, topk_weights, topk_ids, activation=act,
                                 quant_mode=quant_mode, out=out)
         reason = unsupported_reason(shape, act)
