@@ -42,6 +42,15 @@ def random_layer(experts: int, hidden: int, intermediate: int, *, weight_format:
                                local_expert_offset=local_expert_offset, num_experts=num_experts, **kw)
 
 
+def unpackable_mxfp4_layer() -> MoEWeights:
+    """Weights quantize() itself produces from a layer scaled by 1e-20: MXFP4 scale bytes near
+    2^-70, outside the range the packed layout holds exactly (moe_common.packed)."""
+    g = torch.Generator().manual_seed(0)
+    w13 = torch.randn(2, 128, 64, generator=g) * 1e-20
+    w2 = torch.randn(2, 64, 64, generator=g) * 1e-20
+    return MoEWeights.quantize(w13, w2, weight_format="mxfp4")
+
+
 def make_shape(**overrides) -> MoEShape:
     """A small bf16 sm_90 call shape for support-check tests; keywords replace its fields."""
     base = dict(tokens=4, hidden=256, intermediate=128, num_experts=8, num_local_experts=8,
