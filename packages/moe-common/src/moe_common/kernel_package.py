@@ -1,4 +1,5 @@
-"""What every CuTe DSL kernel package shares: the common support checks and the direct call.
+"""What every CuTe DSL kernel package shares: the common support checks, the plugin hook and
+the direct call.
 
 No DSL import here: a package's plugin and limits import this to answer `can_handle` cheaply.
 """
@@ -10,7 +11,8 @@ from typing import Callable, NamedTuple, Optional
 
 import torch
 
-from .types import Activation, make_activation
+from .reference_plugin import hookimpl
+from .types import Activation, Decline, Offer, make_activation
 from .validation import validate_inputs
 
 
@@ -146,6 +148,23 @@ def w4a4_requantize_intermediate(inter, weights, topk_ids, order):
         pair = order.long().clamp(0, P - 1)
         gs = weights.fc2_input_scale.float()[(topk_ids.reshape(-1)[pair].long() - off).clamp(0, E - 1)]
     inter.copy_(quantize_rows(inter, get_format(weights.weight_format), gs))
+
+
+def can_handle_hook(kernel_name: str, unsupported_reason: Callable, priority: Callable[..., int],
+                    runner_module: str):
+    """A package's `can_handle(shape, activation)` hook (its plugin module binds it to the name
+    `can_handle`): a Decline with the package's reason, else an Offer at `priority(shape)` whose
+    runner is imported only then, so answering never imports the DSL kernels."""
+
+    @hookimpl
+    def can_handle(shape, activation):
+        reason = unsupported_reason(shape, activation)
+        if reason is not None:
+            return Decline(kernel=kernel_name, reason=reason)
+        run = importlib.import_module(runner_module).run
+        return Offer(kernel=kernel_name, priority=priority(shape), run=run)
+
+    return can_handle
 
 
 def direct_call(kernel_name: str, unsupported_reason: Callable, runner_module: str):
