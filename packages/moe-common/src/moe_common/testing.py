@@ -89,6 +89,47 @@ def assert_close(out: torch.Tensor, ref: torch.Tensor, what: str = "") -> dict:
     return m
 
 
+def check_case(fused_moe, shape: tuple, act: str, fmt: str, *, mode: str = "w4a16", bias: bool = False,
+               ep: bool = False, limit: Optional[float] = 7.0, skew: float = 0.0,
+               id_dtype: torch.dtype = torch.int32) -> dict:
+    """One random call of `fused_moe` (a package's direct entry) against the reference, to the
+    docs/DESIGN.md section 5 bar. shape: (T, E, H, I, top_k); ep: the layer is experts E/2..3E/2-1
+    of 2E (routes reach the others too); skew: see random_routing; out starts as NaN, so an
+    unwritten element fails. Returns the comparison."""
+    from .reference import reference_moe
+    from .types import Activation
+
+    T, E, H, I, k = shape
+    off, total = (E // 2, 2 * E) if ep else (0, E)
+    w = random_layer(E, H, I, weight_format=fmt, gated=act != "relu2", bias=bias, w4a4=mode == "w4a4",
+                     local_expert_offset=off, num_experts=total)
+    x = torch.randn(T, H, device="cuda").bfloat16()
+    tw, ti = random_routing(T, total, k, skew=skew)
+    ti = ti.to(id_dtype)
+    a = Activation(act, Activation.alpha, Activation.beta, limit)
+    out = torch.full((T, H), float("nan"), device="cuda", dtype=torch.bfloat16)
+    fused_moe(x, w, tw, ti, activation=a, quant_mode=mode, out=out)
+    ref = reference_moe(x, w, tw, ti, activation=a, quant_mode=mode)
+    return assert_close(out, ref, f"{shape} {act} {fmt} {mode} bias={bias} ep={ep} skew={skew}")
+
+
+def check_out_of_range_ids(fused_moe, tokens: int) -> None:
+    """Routes to ids outside the local experts (-1, past E, another rank's) contribute nothing,
+    are never read out of bounds, and a token with no local route gets an exact 0 row."""
+    from .reference import reference_moe
+
+    w = random_layer(8, 256, 128, local_expert_offset=8, num_experts=24)
+    x = torch.randn(tokens, 256, device="cuda").bfloat16()
+    tw, ti = random_routing(tokens, 24, 4)
+    ti[0, 0] = -1
+    ti[1, 1] = 10_000
+    ti[2, :] = 0  # expert 0 is another rank's
+    out = torch.full((tokens, 256), float("nan"), device="cuda", dtype=torch.bfloat16)
+    fused_moe(x, w, tw, ti, out=out)
+    assert torch.all(out[2] == 0)
+    assert_close(out, reference_moe(x, w, tw, ti), "out-of-range ids")
+
+
 def assert_graph_replay_matches_eager(fused_moe, *, tokens: int, experts: int = 32, hidden: int = 512,
                                       intermediate: int = 256, top_k: int = 4,
                                       activation: str = "swigluoai", replays: int = 3):
