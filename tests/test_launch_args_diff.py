@@ -57,24 +57,12 @@ def current(tool):
     return tool.listing(ROOT, CASES)
 
 
-# Compile-key fields added to a kernel config after BASE_REV, with the value the runners use:
-# they change which variant is compiled, not the values the launch passes. width_step: 9c2e706
-# (moe-generic's mainloop bodies per 8 tokens; BASE_REV's were per 16).
-ADDED_CONFIG_FIELDS = (", width_step=8",)
-
-
-def _launch_line(line: str) -> str:
-    for field in ADDED_CONFIG_FIELDS:
-        line = line.replace(field, "")
-    return line
-
-
 def _changed(before: dict, after: dict) -> list:
     """(case, line number, before, after) for every line of the listings that differs."""
     return [(name, i, a, b) for name in CASES
             for i, (a, b) in enumerate(itertools.zip_longest(before[name], after[name],
                                                              fillvalue="<missing>"))
-            if _launch_line(a) != _launch_line(b)]
+            if a != b]
 
 
 def _without_new_config_fields(listing: dict) -> dict:
