@@ -9,7 +9,9 @@ Steps:
    (the CPU with --preset tiny, for a smoke test; times are then wall-clock).
 2. Time the stock model (grouped_mm on bf16 experts) at each shape (batch x sequence length,
    no KV cache): the whole forward, and the experts calls alone (CUDA events recorded by a
-   forward pre-hook and a forward hook on every experts module, summed per forward).
+   forward pre-hook and a forward hook on every experts module, summed per forward; in an
+   eager forward that is host-bound this is the host time of the calls), and on the GPU the
+   experts' kernels alone (their GPU time under the torch profiler, per forward).
 3. quantize_experts, check the logits of a 64-token sequence against transformers' eager experts
    on the dequantized weights (rel L2 <= 1e-2, else exit 1), time the same way, and print the
    table (and --json).
@@ -103,6 +105,38 @@ def time_forward(model, ids, iters: int, warmup: int = 3) -> tuple:
     return sorted(whole)[len(whole) // 2], sorted(experts)[len(experts) // 2]
 
 
+def experts_kernel_ms(model, ids, forwards: int = 3) -> float:
+    """GPU time of the kernels the experts calls launch, per forward (torch profiler): each
+    experts call runs inside a record_function range, whose device time totals the kernels
+    launched within it. Unlike the CUDA events, host time between launches does not count.
+    None on the CPU."""
+    if not ids.is_cuda:
+        return None
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    ranges, handles = [], []
+    for _, m in hf.experts_modules(model):
+        def enter(*_):
+            ranges.append(record_function("hf_bench.experts"))
+            ranges[-1].__enter__()
+
+        handles.append(m.register_forward_pre_hook(enter))
+        handles.append(m.register_forward_hook(lambda *_: ranges.pop().__exit__(None, None, None)))
+    try:
+        with torch.no_grad():
+            model(ids)  # warm
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                for _ in range(forwards):
+                    model(ids)
+                torch.cuda.synchronize()
+    finally:
+        for h in handles:
+            h.remove()
+    total_us = sum(e.device_time_total for e in prof.key_averages() if e.key == "hf_bench.experts")
+    return total_us / 1e3 / forwards
+
+
 def rel_l2(a, b) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm())
 
@@ -125,6 +159,7 @@ def main():
     rows = {s: {"batch": s[0], "seq": s[1]} for s in shapes}
     for s, ids in inputs.items():
         rows[s]["grouped_mm_ms"], rows[s]["grouped_mm_experts_ms"] = time_forward(model, ids, args.iters)
+        rows[s]["grouped_mm_experts_kernel_ms"] = experts_kernel_ms(model, ids)
     fmt = args.format or FORMATS[args.preset]
     hf.quantize_experts(model, fmt)
     check = torch.randint(0, vocab, (1, 64), device=device)
@@ -134,6 +169,7 @@ def main():
     del eager
     for s, ids in inputs.items():
         rows[s]["fused_moe_ms"], rows[s]["fused_moe_experts_ms"] = time_forward(model, ids, args.iters)
+        rows[s]["fused_moe_experts_kernel_ms"] = experts_kernel_ms(model, ids)
     print(f"{args.preset}, {args.layers} layers, {fmt}, {device}; logits vs eager experts on the "
           f"dequantized weights: rel L2 {err:.2e} ({'ok' if err <= 1e-2 else 'FAIL'})")
     print(f"{'shape':>9} {'grouped_mm':>11} {'fused_moe':>10} {'speedup':>8} | {'experts gmm':>11} "
@@ -143,6 +179,11 @@ def main():
         print(f"{s[0]:>4}x{s[1]:<4} {r['grouped_mm_ms']:>11.3f} {r['fused_moe_ms']:>10.3f} "
               f"{r['grouped_mm_ms'] / r['fused_moe_ms']:>7.2f}x | {r['grouped_mm_experts_ms']:>11.3f} "
               f"{r['fused_moe_experts_ms']:>13.3f} {r['grouped_mm_experts_ms'] / r['fused_moe_experts_ms']:>7.2f}x")
+    if device == "cuda":
+        print("experts' kernels alone (torch profiler, GPU ms per forward): grouped_mm / fused_moe")
+        for s in shapes:
+            g, f = rows[s]["grouped_mm_experts_kernel_ms"], rows[s]["fused_moe_experts_kernel_ms"]
+            print(f"{s[0]:>4}x{s[1]:<4} {g:>11.3f} {f:>10.3f} {g / f:>7.2f}x")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"preset": args.preset, "layers": args.layers, "format": fmt, "device": device,
