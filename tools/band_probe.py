@@ -2,7 +2,7 @@
 
     python tools/band_probe.py --preset deepseek-v3 --tokens 256 512 --bn 8 16 32 64 --json out.json
     python tools/band_probe.py --preset qwen3-30b-a3b --tokens 256 --bn \
-        --config 32:stages=3 '*/fc2:row_tiles=4,width_step=8'
+        --config 32:stages=3 '*/fc2:width_step=16'
 
 For each forced tile width (runner.pick_bn replaced in this process), times the layer with the
 bench's protocol (dispatcher.bench.bench_preset: CUDA-graph replay, data rotated past the L2)

@@ -22,6 +22,7 @@ import argparse
 import copy
 import json
 import time
+from typing import Optional
 
 import torch
 import transformers
@@ -55,16 +56,23 @@ def build(preset: str, layers: int, device):
         return transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
 
 
+def hook_experts(model, before, after) -> list:
+    """before() / after() around every experts module's forward; the hooks' handles."""
+    handles = []
+    for _, m in hf.experts_modules(model):
+        handles.append(m.register_forward_pre_hook(lambda *_: before()))
+        handles.append(m.register_forward_hook(lambda *_: after()))
+    return handles
+
+
 class ExpertsTimer:
     """CUDA events around every experts call (wall clock on the CPU), summed per forward."""
 
     def __init__(self, model):
         self.cuda = next(model.parameters()).is_cuda
         self.pairs = []
-        self.handles = []
-        for _, m in hf.experts_modules(model):
-            self.handles.append(m.register_forward_pre_hook(lambda *_: self.pairs.append([self._mark(), None])))
-            self.handles.append(m.register_forward_hook(lambda *_: self.pairs[-1].__setitem__(1, self._mark())))
+        self.handles = hook_experts(model, lambda: self.pairs.append([self._mark(), None]),
+                                    lambda: self.pairs[-1].__setitem__(1, self._mark()))
 
     def _mark(self):
         if not self.cuda:
@@ -105,7 +113,7 @@ def time_forward(model, ids, iters: int, warmup: int = 3) -> tuple:
     return sorted(whole)[len(whole) // 2], sorted(experts)[len(experts) // 2]
 
 
-def experts_kernel_ms(model, ids, forwards: int = 3) -> float:
+def experts_kernel_ms(model, ids, forwards: int = 3) -> Optional[float]:
     """GPU time of the kernels the experts calls launch, per forward (torch profiler): each
     experts call runs inside a record_function range, whose device time totals the kernels
     launched within it. Unlike the CUDA events, host time between launches does not count.
@@ -114,14 +122,13 @@ def experts_kernel_ms(model, ids, forwards: int = 3) -> float:
         return None
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    ranges, handles = [], []
-    for _, m in hf.experts_modules(model):
-        def enter(*_):
-            ranges.append(record_function("hf_bench.experts"))
-            ranges[-1].__enter__()
+    ranges = []
 
-        handles.append(m.register_forward_pre_hook(enter))
-        handles.append(m.register_forward_hook(lambda *_: ranges.pop().__exit__(None, None, None)))
+    def enter():
+        ranges.append(record_function("hf_bench.experts"))
+        ranges[-1].__enter__()
+
+    handles = hook_experts(model, enter, lambda: ranges.pop().__exit__(None, None, None))
     try:
         with torch.no_grad():
             model(ids)  # warm
