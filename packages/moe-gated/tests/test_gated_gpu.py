@@ -1,5 +1,5 @@
 """moe-gated on the H200: the docs/DESIGN.md section 5 bar at prefill sizes (T = 256..16384)
-for every gated activation, format, mode and bias; skewed routing with empty experts; expert
+for every activation (the gated ones and relu2), format, mode and bias; skewed routing with empty experts; expert
 parallelism; out-of-range ids; CUDA-graph replay; determinism. The dispatcher's choice of it
 is tested in tests/test_dispatch_choice_gpu.py (the kernel packages do not depend on the
 dispatcher)."""
@@ -18,7 +18,7 @@ from moe_common.types import Activation
 
 pytestmark = pytest.mark.gpu
 
-ACTS = ("silu", "gelu_tanh", "swigluoai")
+ACTS = ("silu", "gelu_tanh", "swigluoai", "relu2")
 FORMATS = ("nvfp4", "mxfp4")
 MODES = ("w4a16", "w4a4")
 
@@ -42,8 +42,8 @@ def _run(shape, act, fmt, mode="w4a16", bias=False, ep=False, limit=7.0, skew=0.
 
     T, E, H, I, k = shape
     off, total = (E // 2, 2 * E) if ep else (0, E)
-    w = random_layer(E, H, I, weight_format=fmt, bias=bias, w4a4=mode == "w4a4",
-                     local_expert_offset=off, num_experts=total)
+    w = random_layer(E, H, I, weight_format=fmt, gated=act != "relu2", bias=bias,
+                     w4a4=mode == "w4a4", local_expert_offset=off, num_experts=total)
     x = torch.randn(T, H, device="cuda").bfloat16()
     tw, ti = random_routing(T, total, k, skew=skew)
     ti = ti.to(id_dtype)
@@ -69,6 +69,8 @@ def test_each_tile_geometry(geometry, fmt, mode, monkeypatch):
     monkeypatch.setattr(runner, "WIDE_MIN_PAIRS_PER_EXPERT", 0 if geometry == "wide" else 10**9)
     _run((777, 8, 2880, 704, 4), "silu", fmt, mode, bias=True)
     _run((300, 16, 512, 256, 4), "gelu_tanh", fmt, mode)
+    # relu2: FC1's 1920 rows (I = 1856 padded) end in a half-filled 256-row tile
+    _run((333, 8, 512, 1856, 6), "relu2", fmt, mode, bias=True)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
