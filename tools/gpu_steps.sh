@@ -5,7 +5,7 @@
 #   source .device/bin/gpu.sh && bash tools/gpu_steps.sh STEP [STEP ...]
 # Steps: gated-quick gated-tests sanitize-gated bench-gated bench-gated-q bench-gated-all
 #        static-quick static-tests generic-tests sanitize-static sanitize-generic
-#        bench-static bench-generic-large profile routing-shape band;
+#        bench-static bench-generic-large profile routing-shape band candidates relu2;
 #        verify (GPU tests + sanitizers), serving (soak + hf bench); A/B in one run against older
 #        trees (AB_DIRS): static-ab, kernel-ab (AB_KERNEL), ncu-static-ab (PROFILE_ARGS)
 set -u
@@ -130,6 +130,13 @@ for s in "$@"; do
       step hf-bench 300 python3 tools/hf_bench.py --preset qwen3-30b-a3b --layers 4 --shapes 1x1 32x1 512x1 1x2048 --json "$OUT/hf-bench.json" ;;
     band)  # moe-generic's tile widths forced against the dispatcher's choice in the 128..2048 band
       step band 400 python3 tools/band_probe.py --preset ${BAND_PRESETS:-deepseek-v3 qwen3-30b-a3b qwen3.5-35b gpt-oss-120b nemotron-relu2} --tokens ${BAND_TOKENS:-128 256 512 1024 2048} --bn 8 16 32 64 --kernels auto ${AB_SEED:+--seed $AB_SEED} --json "$OUT/band.json" ;;
+    candidates)  # moe-generic's config candidates (tests/test_generic_gpu.py) forced against
+                 # the reference, then timed against the defaults in the band
+      step candidates-tests 300 python3 -m pytest packages/moe-generic -m gpu -q -k config_candidates
+      step candidates-band 400 python3 tools/band_probe.py --preset ${BAND_PRESETS:-deepseek-v3 qwen3-30b-a3b qwen3.5-35b gpt-oss-120b nemotron-relu2} --tokens ${BAND_TOKENS:-128 256 512} --bn --kernels auto --config 32:stages=3 --seed ${AB_SEED:-1} --json "$OUT/candidates-band.json" ;;
+    relu2)  # moe-gated's relu2 path: its GPU tests, then nemotron-relu2 with each kernel forced
+      step relu2-tests 300 python3 -m pytest packages/moe-gated -m gpu -q -k "relu2 or geometry"
+      step relu2-bench 400 "${BENCH[@]}" --preset nemotron-relu2 --tokens 256 512 1024 2048 8192 --kernels auto moe-gated moe-generic --no-check --json "$OUT/relu2-bench.json" ;;
     profile) step profile 200 python3 tools/profile_split.py --preset deepseek-v3 --tokens 8192 ;;
     *) echo "unknown step $s" ;;
   esac

@@ -7,9 +7,12 @@ implements the ``can_handle(shape, activation)`` hook (see ``dispatcher.hookspec
 dispatcher asks them all and runs the highest-priority offer (ties: kernel name). The torch
 reference (moe-common) always offers, at the lowest priority.
 """
-from .api import FusedMoE, explain, fused_moe, make_activation
+from moe_common.types import make_activation
+
+from .api import FusedMoE, explain, fused_moe
 from .manager import ENV_KERNEL, Answer, Explanation, KernelManager, LoadFailure, get_manager, reload
 from .op import fused_moe_op, register_weights
+from .options import CallOptions
 
 __all__ = [
     "fused_moe",
@@ -18,6 +21,7 @@ __all__ = [
     "fused_moe_op",
     "register_weights",
     "make_activation",
+    "CallOptions",
     "Explanation",
     "Answer",
     "LoadFailure",

@@ -9,25 +9,17 @@ import torch
 
 from moe_common.cute import jit
 from moe_common.kernel_package import int32_ids
-from moe_common.types import Activation, MoEShape, Offer
+from moe_common.types import MoEShape, Offer
 from moe_common.validation import check_quant_mode, describe, validate_inputs
 from moe_common.weights import MoEWeights
 from moe_common.workspace import Workspace
 
 from .manager import Explanation, get_manager, resolve_forced
+from .options import CallOptions, takes_options
 
 log = logging.getLogger("dispatcher")
 
 _REFERENCE_LOGGED: set = set()
-
-
-def make_activation(activation: Union[str, Activation] = "silu", swiglu_alpha: float = 1.702,
-                    swiglu_beta: float = 1.0, swiglu_limit: Optional[float] = 7.0) -> Activation:
-    """An Activation from a name and the swigluoai parameters (an Activation passes through)."""
-    if isinstance(activation, Activation):
-        return activation
-    return Activation(activation, float(swiglu_alpha), float(swiglu_beta),
-                      None if swiglu_limit is None else float(swiglu_limit))
 
 
 def _note_reference_on_gpu(choice: Offer, shape: MoEShape) -> None:
@@ -41,70 +33,64 @@ def _note_reference_on_gpu(choice: Offer, shape: MoEShape) -> None:
                         *shape.device_capability, shape)
 
 
+@takes_options
 def fused_moe(
     x: torch.Tensor,
     weights: MoEWeights,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
     *,
-    activation: Union[str, Activation] = "silu",
-    quant_mode: str = "w4a16",
-    swiglu_alpha: float = 1.702,
-    swiglu_beta: float = 1.0,
-    swiglu_limit: Optional[float] = 7.0,
     out: Optional[torch.Tensor] = None,
-    kernel: Optional[str] = None,
-    deterministic: bool = False,
+    options: CallOptions,
 ) -> torch.Tensor:
     """One fused MoE layer: ``out[t] = sum_j topk_weights[t,j] * FC2_e(act(FC1_e(x[t])))``.
 
     ``x`` [T, H] bf16; ``topk_ids`` [T, k] int32/int64 global expert ids; ``topk_weights``
-    [T, k] fp32/bf16; returns ``out`` ([T, H] bf16, allocated when None). The kernel is the
-    highest-priority offer among the installed plugins; ``kernel="name"`` (or the environment
-    variable FUSED_MOE_KERNEL) forces one and raises ValueError with its decline reason if it
-    cannot run this call. ``deterministic=True`` asks for bitwise-reproducible results.
+    [T, k] fp32/bf16; returns ``out`` ([T, H] bf16, allocated when None). The keyword options
+    (``activation="silu"``, ``quant_mode="w4a16"``, ``swiglu_alpha=1.702``, ``swiglu_beta=1.0``,
+    ``swiglu_limit=7.0``, ``kernel=None``, ``deterministic=False``) are ``CallOptions``'. The
+    kernel is the highest-priority offer among the installed plugins; ``kernel="name"`` (or the
+    environment variable FUSED_MOE_KERNEL) forces one and raises ValueError with its decline
+    reason if it cannot run this call. ``deterministic=True`` asks for bitwise-reproducible
+    results.
     """
-    act = make_activation(activation, swiglu_alpha, swiglu_beta, swiglu_limit)
+    act = options.make_activation()
     shape = validate_inputs(x, weights, topk_weights, topk_ids, activation=act,
-                            quant_mode=quant_mode, out=out)
-    choice = get_manager().select(shape, act, kernel)
+                            quant_mode=options.quant_mode, out=out)
+    choice = get_manager().select(shape, act, options.kernel)
     _note_reference_on_gpu(choice, shape)
     if out is None:
         out = torch.empty((shape.tokens, shape.hidden), dtype=torch.bfloat16, device=x.device)
     choice.run(x, weights, topk_weights, int32_ids(topk_ids, weights), activation=act,
-               quant_mode=quant_mode, out=out, workspace=None, deterministic=deterministic)
+               quant_mode=options.quant_mode, out=out, workspace=None,
+               deterministic=options.deterministic)
     return out
 
 
+@takes_options
 def explain(
     x: Union[torch.Tensor, MoEShape],
     weights: Optional[MoEWeights] = None,
     topk_weights: Optional[torch.Tensor] = None,
     topk_ids: Optional[torch.Tensor] = None,
     *,
-    activation: Union[str, Activation] = "silu",
-    quant_mode: str = "w4a16",
-    swiglu_alpha: float = 1.702,
-    swiglu_beta: float = 1.0,
-    swiglu_limit: Optional[float] = 7.0,
     out: Optional[torch.Tensor] = None,
-    kernel: Optional[str] = None,
-    deterministic: bool = False,
+    options: CallOptions,
 ) -> Explanation:
     """Every plugin's answer for this call (offers with priority, declines with reasons,
     plugins that failed to load with their error) and the choice. Takes the same arguments as
-    ``fused_moe``, or a ``MoEShape`` in place of the tensors. Never runs a kernel; a forced
-    kernel that cannot run is reported in ``.error`` instead of raised."""
-    del deterministic  # accepted so that explain(**same kwargs as fused_moe) works
-    act = make_activation(activation, swiglu_alpha, swiglu_beta, swiglu_limit)
+    ``fused_moe`` (``deterministic`` is accepted and changes nothing), or a ``MoEShape`` in place
+    of the tensors. Never runs a kernel; a forced kernel that cannot run is reported in
+    ``.error`` instead of raised."""
+    act = options.make_activation()
     if isinstance(x, MoEShape):
         shape = x
     else:
         if weights is None or topk_weights is None or topk_ids is None:
             raise TypeError("explain: pass (x, weights, topk_weights, topk_ids) or a MoEShape")
         shape = validate_inputs(x, weights, topk_weights, topk_ids, activation=act,
-                                quant_mode=quant_mode, out=out)
-    return get_manager().explain(shape, act, kernel)
+                                quant_mode=options.quant_mode, out=out)
+    return get_manager().explain(shape, act, options.kernel)
 
 
 def _dummy_routing(tokens: int, top_k: int, weights: MoEWeights, device, gen: torch.Generator):
@@ -130,6 +116,10 @@ class _ThreadState:
 
 class FusedMoE:
     """A fused MoE layer bound to one weights object, ready for CUDA-graph capture.
+
+    ``FusedMoE(weights, max_tokens, top_k, *, activation=..., quant_mode=..., swiglu_alpha=...,
+    swiglu_beta=..., swiglu_limit=..., kernel=None, deterministic=False)``: the keyword options
+    are ``fused_moe``'s (``CallOptions``), fixed for the layer's life.
 
     Owns, per thread that calls it, the output buffer ``[max_tokens, H]`` bf16 and a
     ``Workspace``. The kernel depends on T; the choice per T is host logic cached in a list, so
@@ -159,19 +149,8 @@ class FusedMoE:
     are dropped, as the reference drops them), so only int32 kernel variants are ever needed.
     """
 
-    def __init__(
-        self,
-        weights: MoEWeights,
-        max_tokens: int,
-        top_k: int,
-        activation: Union[str, Activation] = "silu",
-        quant_mode: str = "w4a16",
-        swiglu_alpha: float = 1.702,
-        swiglu_beta: float = 1.0,
-        swiglu_limit: Optional[float] = 7.0,
-        kernel: Optional[str] = None,
-        deterministic: bool = False,
-    ):
+    @takes_options
+    def __init__(self, weights: MoEWeights, max_tokens: int, top_k: int, *, options: CallOptions):
         if not isinstance(weights, MoEWeights):
             raise ValueError(f"weights: got {type(weights).__name__}; allowed: moe_common.MoEWeights")
         if int(max_tokens) < 1:
@@ -181,12 +160,12 @@ class FusedMoE:
         self.weights = weights
         self.max_tokens = int(max_tokens)
         self.top_k = int(top_k)
-        self.activation = make_activation(activation, swiglu_alpha, swiglu_beta, swiglu_limit)
-        self.quant_mode = quant_mode
-        check_quant_mode(quant_mode, weights)
-        self.deterministic = bool(deterministic)
+        self.activation = options.make_activation()
+        self.quant_mode = options.quant_mode
+        check_quant_mode(self.quant_mode, weights)
+        self.deterministic = bool(options.deterministic)
         # The forced kernel (argument, else FUSED_MOE_KERNEL) is read once, here.
-        self.kernel, self._forced_from = resolve_forced(kernel)
+        self.kernel, self._forced_from = resolve_forced(options.kernel)
         self.device = weights.device
         self.capability = (tuple(torch.cuda.get_device_capability(self.device))
                            if self.device.type == "cuda" else None)

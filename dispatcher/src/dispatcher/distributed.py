@@ -58,7 +58,7 @@ import dataclasses
 import time
 import zlib
 from dataclasses import dataclass
-from typing import Iterable, Optional, Sequence, Union
+from typing import Iterable, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -67,7 +67,8 @@ from moe_common.types import Activation
 from moe_common.validation import validate_inputs
 from moe_common.weights import MoEWeights
 
-from .api import FusedMoE, _dummy_routing, fused_moe, make_activation
+from .api import FusedMoE, _dummy_routing, fused_moe
+from .options import CallOptions, takes_options
 
 STRATEGIES = ("all_to_all", "allgather")
 ALLGATHER_MAX_TOKENS = 64  # per-rank T at or below which allgather is chosen (latency-bound)
@@ -413,23 +414,21 @@ class _Call:
     weights: MoEWeights
     topk_weights: torch.Tensor
     ids: torch.Tensor  # clamped to [-1, E]
-    activation: Activation
-    quant_mode: str
+    activation: Activation  # options.make_activation()
+    options: CallOptions
     tokens: int
     top_k: int
-    kernel: Optional[str]
-    deterministic: bool
 
     def local(self, x, topk_weights, topk_ids) -> torch.Tensor:
         """This rank's experts on the received rows (the dispatcher picks the kernel)."""
         if x.shape[0] == 0:
             return x.new_empty((0, self.weights.hidden))
-        return fused_moe(x, self.weights, topk_weights, topk_ids, activation=self.activation,
-                         quant_mode=self.quant_mode, kernel=self.kernel, deterministic=self.deterministic)
+        return fused_moe(x, self.weights, topk_weights, topk_ids,
+                         **{**self.options.keywords(), "activation": self.activation})
 
 
-def _prepare(comm: _Group, x, weights, topk_weights, topk_ids, *, strategy, activation, quant_mode,
-             out, kernel, deterministic) -> tuple:
+def _prepare(comm: _Group, x, weights, topk_weights, topk_ids, *, strategy, options: CallOptions,
+             out) -> tuple:
     """Steps 1-2: the local check and the metadata exchange -> (call, explanation, the [T, W]
     destination mask)."""
     call, error, mask = None, None, None
@@ -437,21 +436,21 @@ def _prepare(comm: _Group, x, weights, topk_weights, topk_ids, *, strategy, acti
         if strategy is not None and strategy not in STRATEGIES:
             raise ValueError(f"strategy: got {strategy!r}; allowed: None (chosen per call), "
                              + ", ".join(repr(s) for s in STRATEGIES))
-        act = make_activation(*activation)
-        tokens = _check_call(x, weights, topk_weights, topk_ids, act, quant_mode, out)
+        act = options.make_activation()
+        tokens = _check_call(x, weights, topk_weights, topk_ids, act, options.quant_mode, out)
         comm.check_device(weights.device)
         _check_partition(weights, comm.rank, comm.size)
         ids = _clamped_ids(topk_ids, weights.num_experts)
-        call = _Call(x, weights, topk_weights, ids, act, quant_mode, tokens, topk_ids.shape[1], kernel,
-                     bool(deterministic))
+        call = _Call(x, weights, topk_weights, ids, act, options, tokens, topk_ids.shape[1])
         mask = _destinations(ids, weights.num_experts, comm.size)
     except ValueError as e:
         error = str(e)
     if call is None:
         row, counts = _meta_row(comm.size), None
     else:
-        row = _meta_row(comm.size, weights=weights, activation=call.activation, quant_mode=quant_mode,
-                        tokens=call.tokens, top_k=call.top_k, strategy=strategy)
+        row = _meta_row(comm.size, weights=weights, activation=call.activation,
+                        quant_mode=options.quant_mode, tokens=call.tokens, top_k=call.top_k,
+                        strategy=strategy)
         counts = mask.sum(0)
     rows = _exchange(comm, row, weights, counts)
     _agree(rows, comm.rank, error)
@@ -513,6 +512,7 @@ def _run_allgather(comm: _Group, call: _Call, plan: EPExplanation, out: torch.Te
     clock.lap("combine")
 
 
+@takes_options
 def fused_moe_ep(
     x: torch.Tensor,
     weights: MoEWeights,
@@ -521,15 +521,9 @@ def fused_moe_ep(
     *,
     group=None,
     strategy: Optional[str] = None,
-    activation: Union[str, Activation] = "silu",
-    quant_mode: str = "w4a16",
-    swiglu_alpha: float = 1.702,
-    swiglu_beta: float = 1.0,
-    swiglu_limit: Optional[float] = 7.0,
     out: Optional[torch.Tensor] = None,
-    kernel: Optional[str] = None,
-    deterministic: bool = False,
     timings: Optional[dict] = None,
+    options: CallOptions,
 ) -> torch.Tensor:
     """One expert-parallel MoE layer; every rank of ``group`` (default: the world) calls it.
 
@@ -538,7 +532,8 @@ def fused_moe_ep(
     ``weights`` this rank's slice (``expert_range``); returns this rank's ``out`` [T, H] bf16,
     the single-process layer's result (see the module docstring for the numerics).
     ``strategy``: "all_to_all", "allgather" or None (chosen per call, the same on every rank).
-    ``kernel``/``deterministic`` go to the dispatcher's ``fused_moe`` on the local slice.
+    The keyword options (``activation``, ``quant_mode``, ``swiglu_*``, ``kernel``,
+    ``deterministic``) are ``fused_moe``'s (``CallOptions``) and go to it on the local slice.
     ``timings``: a dict to which the seconds of "dispatch", "compute" and "combine" are added
     (the device is synchronized between phases: for measurement only) and "strategy" is set.
     Bad inputs on any rank raise ValueError on every rank.
@@ -546,8 +541,7 @@ def fused_moe_ep(
     comm = _Group(group)
     clock = _Clock(timings)  # the metadata exchange counts as dispatch
     call, plan, mask = _prepare(comm, x, weights, topk_weights, topk_ids, strategy=strategy,
-                                activation=(activation, swiglu_alpha, swiglu_beta, swiglu_limit),
-                                quant_mode=quant_mode, out=out, kernel=kernel, deterministic=deterministic)
+                                options=options, out=out)
     if out is None:
         out = torch.empty((call.tokens, weights.hidden), dtype=torch.bfloat16, device=x.device)
     if timings is not None:
@@ -564,26 +558,15 @@ def fused_moe_ep(
     return out
 
 
-def explain_ep(
-    x: torch.Tensor,
-    weights: MoEWeights,
-    topk_weights: torch.Tensor,
-    topk_ids: torch.Tensor,
-    *,
-    group=None,
-    strategy: Optional[str] = None,
-    activation: Union[str, Activation] = "silu",
-    quant_mode: str = "w4a16",
-    swiglu_alpha: float = 1.702,
-    swiglu_beta: float = 1.0,
-    swiglu_limit: Optional[float] = 7.0,
-) -> EPExplanation:
+@takes_options
+def explain_ep(x: torch.Tensor, weights: MoEWeights, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+               *, group=None, strategy: Optional[str] = None, options: CallOptions) -> EPExplanation:
     """The strategy ``fused_moe_ep`` would run for this call and why (every rank calls it: it
-    exchanges the metadata, but moves no tokens and runs no kernel)."""
+    exchanges the metadata, but moves no tokens and runs no kernel). Takes ``fused_moe_ep``'s
+    arguments but ``out`` and ``timings`` (``kernel`` and ``deterministic`` change nothing)."""
     comm = _Group(group)
-    return _prepare(comm, x, weights, topk_weights, topk_ids, strategy=strategy,
-                    activation=(activation, swiglu_alpha, swiglu_beta, swiglu_limit),
-                    quant_mode=quant_mode, out=None, kernel=None, deterministic=False)[1]
+    return _prepare(comm, x, weights, topk_weights, topk_ids, strategy=strategy, options=options,
+                    out=None)[1]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -593,10 +576,11 @@ class FusedMoEEP:
     """An expert-parallel layer with fixed-size collectives, ready for CUDA-graph capture.
 
     Every rank of ``group`` builds one with the same ``max_tokens_per_rank`` (C) and ``top_k``
-    and its own slice of the experts. A step is the allgather strategy at fixed size: this
-    rank's T <= C rows are padded to C, all-gathered (W x C rows), run through a ``FusedMoE`` of
-    this rank's slice at T = W x C, and the partial rows go back by an equal-split
-    ``all_to_all_single`` and are summed in rank order (fp32) into ``out``. Every buffer is
+    and its own slice of the experts; the keyword options are ``fused_moe``'s (``CallOptions``).
+    A step is the allgather strategy at fixed size: this rank's T <= C rows are padded to C,
+    all-gathered (W x C rows), run through a ``FusedMoE`` of this rank's slice at T = W x C, and
+    the partial rows go back by an equal-split ``all_to_all_single`` and are summed in rank
+    order (fp32) into ``out``. Every buffer is
     preallocated; a step makes no host sync and exchanges no metadata, so after ``warmup()`` it
     can be captured in a CUDA graph (NCCL collectives are capturable) and replayed.
 
@@ -609,21 +593,9 @@ class FusedMoEEP:
     owned buffer (the next step overwrites it).
     """
 
-    def __init__(
-        self,
-        weights: MoEWeights,
-        max_tokens_per_rank: int,
-        top_k: int,
-        *,
-        group=None,
-        activation: Union[str, Activation] = "silu",
-        quant_mode: str = "w4a16",
-        swiglu_alpha: float = 1.702,
-        swiglu_beta: float = 1.0,
-        swiglu_limit: Optional[float] = 7.0,
-        kernel: Optional[str] = None,
-        deterministic: bool = False,
-    ):
+    @takes_options
+    def __init__(self, weights: MoEWeights, max_tokens_per_rank: int, top_k: int, *, group=None,
+                 options: CallOptions):
         self.comm = comm = _Group(group)
         error = None
         try:
@@ -634,14 +606,12 @@ class FusedMoEEP:
             comm.check_device(weights.device)
             _check_partition(weights, comm.rank, comm.size)
             cap = int(max_tokens_per_rank)
-            self.layer = FusedMoE(weights, comm.size * cap, top_k, activation=activation, quant_mode=quant_mode,
-                                  swiglu_alpha=swiglu_alpha, swiglu_beta=swiglu_beta, swiglu_limit=swiglu_limit,
-                                  kernel=kernel, deterministic=deterministic)
+            self.layer = FusedMoE(weights, comm.size * cap, top_k, **options.keywords())
         except ValueError as e:
             error = str(e)
         if error is None:
-            row = _meta_row(comm.size, weights=weights, activation=self.layer.activation, quant_mode=quant_mode,
-                            top_k=self.layer.top_k, capacity=cap)
+            row = _meta_row(comm.size, weights=weights, activation=self.layer.activation,
+                            quant_mode=options.quant_mode, top_k=self.layer.top_k, capacity=cap)
         else:
             row = _meta_row(comm.size)
         _agree(_exchange(comm, row, weights), comm.rank, error)

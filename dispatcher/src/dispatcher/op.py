@@ -25,10 +25,10 @@ from typing import Optional, Union
 
 import torch
 
-from moe_common.types import Activation
 from moe_common.weights import MoEWeights
 
 from . import api
+from .options import CallOptions, takes_options
 
 _CACHE_KEY = "dispatcher.op"
 _registry: dict = {}
@@ -88,29 +88,22 @@ def _fused_moe_fake(x, topk_weights, topk_ids, weights_handle, activation, quant
     return x.new_empty((x.shape[0], x.shape[1]), dtype=torch.bfloat16)
 
 
+@takes_options
 def fused_moe_op(
     x: torch.Tensor,
     weights: Union[MoEWeights, int],
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
     *,
-    activation: Union[str, Activation] = "silu",
-    quant_mode: str = "w4a16",
-    swiglu_alpha: float = 1.702,
-    swiglu_beta: float = 1.0,
-    swiglu_limit: Optional[float] = 7.0,
-    kernel: Optional[str] = None,
-    deterministic: bool = False,
+    options: CallOptions,
 ) -> torch.Tensor:
     """``dispatcher.fused_moe`` through the custom op (same arguments; no ``out``).
 
     ``weights`` may be a MoEWeights (registered on first use) or a handle from
     ``register_weights``."""
-    if isinstance(activation, Activation):
-        activation, swiglu_alpha, swiglu_beta, swiglu_limit = (
-            activation.name, activation.alpha, activation.beta, activation.limit)
+    act = options.make_activation()
     handle = weights if isinstance(weights, int) else register_weights(weights)
     return torch.ops.fused_moe.fused_moe(
-        x, topk_weights, topk_ids, handle, activation, quant_mode, float(swiglu_alpha),
-        float(swiglu_beta), None if swiglu_limit is None else float(swiglu_limit), kernel,
-        bool(deterministic))
+        x, topk_weights, topk_ids, handle, act.name, options.quant_mode, float(act.alpha),
+        float(act.beta), None if act.limit is None else float(act.limit), options.kernel,
+        bool(options.deterministic))

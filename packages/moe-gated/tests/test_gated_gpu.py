@@ -12,9 +12,9 @@ import torch
 
 from moe_common.reference import reference_moe
 from moe_common.testing import (
-    assert_close, assert_graph_replay_matches_eager, random_layer, random_routing,
+    assert_close, assert_graph_replay_matches_eager, check_case, check_out_of_range_ids, random_layer,
+    random_routing,
 )
-from moe_common.types import Activation
 
 pytestmark = pytest.mark.gpu
 
@@ -36,22 +36,10 @@ def _cases():
     return out
 
 
-def _run(shape, act, fmt, mode="w4a16", bias=False, ep=False, limit=7.0, skew=0.0,
-         id_dtype=torch.int32):
+def _run(shape, act, fmt, mode="w4a16", bias=False, **kw):
     from moe_gated import fused_moe
 
-    T, E, H, I, k = shape
-    off, total = (E // 2, 2 * E) if ep else (0, E)
-    w = random_layer(E, H, I, weight_format=fmt, gated=act != "relu2", bias=bias,
-                     w4a4=mode == "w4a4", local_expert_offset=off, num_experts=total)
-    x = torch.randn(T, H, device="cuda").bfloat16()
-    tw, ti = random_routing(T, total, k, skew=skew)
-    ti = ti.to(id_dtype)
-    a = Activation(act, 1.702, 1.0, limit)
-    out = torch.full((T, H), float("nan"), device="cuda", dtype=torch.bfloat16)
-    fused_moe(x, w, tw, ti, activation=a, quant_mode=mode, out=out)
-    ref = reference_moe(x, w, tw, ti, activation=a, quant_mode=mode)
-    return assert_close(out, ref, f"{shape} {act} {fmt} {mode} bias={bias} ep={ep} skew={skew}")
+    return check_case(fused_moe, shape, act, fmt, mode=mode, bias=bias, **kw)
 
 
 @pytest.mark.parametrize("shape,act,fmt,mode,bias", _cases())
@@ -95,12 +83,7 @@ def test_swiglu_without_limit():
 def test_ids_out_of_range_are_ignored():
     from moe_gated import fused_moe
 
-    w = random_layer(8, 256, 128, local_expert_offset=8, num_experts=24)
-    x = torch.randn(300, 256, device="cuda").bfloat16()
-    tw, ti = random_routing(300, 24, 4)
-    ti[0, 0] = -1
-    ti[1, 1] = 10_000  # never read out of bounds: contributes nothing
-    assert_close(fused_moe(x, w, tw, ti), reference_moe(x, w, tw, ti), "out-of-range ids")
+    check_out_of_range_ids(fused_moe, 300)
 
 
 def test_deterministic_bitwise_and_queue_reset():

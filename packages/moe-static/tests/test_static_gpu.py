@@ -8,11 +8,10 @@ import itertools
 import pytest
 import torch
 
-from moe_common.reference import reference_moe
 from moe_common.testing import (
-    assert_close, assert_graph_replay_matches_eager, random_layer, random_routing,
+    assert_graph_replay_matches_eager, check_case, check_out_of_range_ids, random_layer,
+    random_routing,
 )
-from moe_common.types import Activation
 
 pytestmark = pytest.mark.gpu
 
@@ -23,21 +22,10 @@ DECODE = [(1, 8, 256, 128, 2), (7, 128, 2048, 768, 8), (32, 256, 512, 704, 8), (
           (128, 64, 1024, 512, 8)]
 
 
-def _run(shape, act, fmt, bias, ep=False, limit=7.0, skew=0.0, id_dtype=torch.int32):
+def _run(shape, act, fmt, bias, **kw):
     from moe_static import fused_moe
 
-    T, E, H, I, k = shape
-    off, total = (E // 2, 2 * E) if ep else (0, E)
-    w = random_layer(E, H, I, weight_format=fmt, gated=act != "relu2", bias=bias,
-                     local_expert_offset=off, num_experts=total)
-    x = torch.randn(T, H, device="cuda").bfloat16()
-    tw, ti = random_routing(T, total, k, skew=skew)
-    ti = ti.to(id_dtype)
-    a = Activation(act, 1.702, 1.0, limit)
-    out = torch.full((T, H), float("nan"), device="cuda", dtype=torch.bfloat16)
-    fused_moe(x, w, tw, ti, activation=a, out=out)
-    ref = reference_moe(x, w, tw, ti, activation=a)
-    return assert_close(out, ref, f"{shape} {act} {fmt} bias={bias} ep={ep} skew={skew}")
+    return check_case(fused_moe, shape, act, fmt, bias=bias, **kw)
 
 
 @pytest.mark.parametrize("act,fmt,bias", list(itertools.product(ACTS, FORMATS, (False, True))))
@@ -97,16 +85,7 @@ def test_swiglu_without_limit():
 def test_ids_out_of_range_are_ignored():
     from moe_static import fused_moe
 
-    w = random_layer(8, 256, 128, local_expert_offset=8, num_experts=24)
-    x = torch.randn(16, 256, device="cuda").bfloat16()
-    tw, ti = random_routing(16, 24, 4)
-    ti[0, 0] = -1
-    ti[1, 1] = 10_000  # never read out of bounds: contributes nothing
-    ti[2, :] = 0  # a token with no local route: its output row is exactly 0
-    out = torch.full((16, 256), float("nan"), device="cuda", dtype=torch.bfloat16)
-    fused_moe(x, w, tw, ti, out=out)
-    assert torch.all(out[2] == 0)
-    assert_close(out, reference_moe(x, w, tw, ti), "out-of-range ids")
+    check_out_of_range_ids(fused_moe, 16)
 
 
 def test_deterministic_bitwise():

@@ -35,7 +35,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 from safetensors import safe_open
@@ -49,6 +49,23 @@ CONFIG_FILE = "config.json"
 PROJ_NAMES = ("gate_proj", "up_proj", "down_proj")
 # The weight format each FP4 layout stores.
 LAYOUT_FORMATS = {"modelopt": "nvfp4", "compressed-tensors": "nvfp4", "gpt-oss": "mxfp4"}
+
+
+class Nvfp4Keys(NamedTuple):
+    """One NVFP4 layout's key suffixes for a projection, and whether its per-tensor scales are
+    stored inverted (compressed-tensors' global scales, see above)."""
+
+    weight: str
+    global_scale: str
+    input_scale: str
+    inverted: bool
+
+
+NVFP4_KEYS = {
+    "modelopt": Nvfp4Keys("weight", "weight_scale_2", "input_scale", False),
+    "compressed-tensors": Nvfp4Keys("weight_packed", "weight_global_scale", "input_global_scale", True),
+}
+
 # config.json hidden_act -> the gated moe_common activation act(gate) * up (gpt-oss: swigluoai).
 HIDDEN_ACTS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
 
@@ -227,14 +244,13 @@ class Checkpoint:
 
     def _nvfp4(self, prefix: str, layout: str, e: int, h: int, i: int) -> MoEWeights:
         rows_cols = {"gate_proj": (i, h), "up_proj": (i, h), "down_proj": (h, i)}
-        ct = layout == "compressed-tensors"
-        read = self._ct_proj if ct else self._modelopt_proj
+        keys = NVFP4_KEYS[layout]
         projs = {}
         for name, (n, k) in rows_cols.items():
             # Activation scales are optional (w4a16 exports omit them); expert 0 says whether
             # the layer has them, and then every expert must.
-            inputs = self.has(f"{prefix}0.{name}." + ("input_global_scale" if ct else "input_scale"))
-            per_expert = [read(f"{prefix}{x}.{name}.", n, k, inputs) for x in range(e)]
+            inputs = self.has(f"{prefix}0.{name}.{keys.input_scale}")
+            per_expert = [self._nvfp4_proj(f"{prefix}{x}.{name}.", n, k, inputs, keys) for x in range(e)]
             projs[name] = {key: [p[key] for p in per_expert] for key in per_expert[0]}
         return MoEWeights.from_modelopt(gate=projs["gate_proj"], up=projs["up_proj"], down=projs["down_proj"])
 
@@ -244,24 +260,16 @@ class Checkpoint:
             _fail(f"{key}: got shape {tuple(t.shape)}; allowed: one value (a per-tensor scale)")
         return t.float().reshape(())
 
-    def _modelopt_proj(self, base: str, n: int, k: int, inputs: bool) -> dict:
+    def _nvfp4_proj(self, base: str, n: int, k: int, inputs: bool, keys: Nvfp4Keys) -> dict:
+        """One expert's projection in ModelOpt's names and scale convention (from_modelopt's input)."""
+        scalar = self._reciprocal if keys.inverted else self._scalar
         out = {
-            "weight": self._shaped(base + "weight", (n, k // 2), (torch.uint8,)),
+            "weight": self._shaped(base + keys.weight, (n, k // 2), (torch.uint8,)),
             "weight_scale": _e4m3(self._shaped(base + "weight_scale", (n, k // 16)), base + "weight_scale"),
-            "weight_scale_2": self._scalar(base + "weight_scale_2"),
+            "weight_scale_2": scalar(base + keys.global_scale),
         }
         if inputs:
-            out["input_scale"] = self._scalar(base + "input_scale")
-        return out
-
-    def _ct_proj(self, base: str, n: int, k: int, inputs: bool) -> dict:
-        out = {
-            "weight": self._shaped(base + "weight_packed", (n, k // 2), (torch.uint8,)),
-            "weight_scale": _e4m3(self._shaped(base + "weight_scale", (n, k // 16)), base + "weight_scale"),
-            "weight_scale_2": self._reciprocal(base + "weight_global_scale"),
-        }
-        if inputs:
-            out["input_scale"] = self._reciprocal(base + "input_global_scale")
+            out["input_scale"] = scalar(base + keys.input_scale)
         return out
 
     def _reciprocal(self, key: str) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""What every CuTe DSL kernel package shares: the common support checks and the direct call.
+"""What every CuTe DSL kernel package shares: the common support checks, the plugin hook and
+the direct call.
 
 No DSL import here: a package's plugin and limits import this to answer `can_handle` cheaply.
 """
@@ -10,7 +11,8 @@ from typing import Callable, NamedTuple, Optional
 
 import torch
 
-from .types import Activation
+from .reference_plugin import hookimpl
+from .types import Activation, Decline, Offer, make_activation
 from .validation import validate_inputs
 
 
@@ -148,15 +150,31 @@ def w4a4_requantize_intermediate(inter, weights, topk_ids, order):
     inter.copy_(quantize_rows(inter, get_format(weights.weight_format), gs))
 
 
+def can_handle_hook(kernel_name: str, unsupported_reason: Callable, priority: Callable[..., int],
+                    runner_module: str):
+    """A package's `can_handle(shape, activation)` hook (its plugin module binds it to the name
+    `can_handle`): a Decline with the package's reason, else an Offer at `priority(shape)` whose
+    runner is imported only then, so answering never imports the DSL kernels."""
+
+    @hookimpl
+    def can_handle(shape, activation):
+        reason = unsupported_reason(shape, activation)
+        if reason is not None:
+            return Decline(kernel=kernel_name, reason=reason)
+        run = importlib.import_module(runner_module).run
+        return Offer(kernel=kernel_name, priority=priority(shape), run=run)
+
+    return can_handle
+
+
 def direct_call(kernel_name: str, unsupported_reason: Callable, runner_module: str):
     """A package's `fused_moe(...)`: validate, ask the package's own limits, run its runner
     (imported on first use, so importing the package never imports the DSL)."""
 
-    def fused_moe(x, weights, topk_weights, topk_ids, *, activation="silu", quant_mode="w4a16",
-                  swiglu_alpha=1.702, swiglu_beta=1.0, swiglu_limit=7.0, out=None, workspace=None,
-                  deterministic=True):
-        act = activation if isinstance(activation, Activation) else Activation(
-            activation, swiglu_alpha, swiglu_beta, swiglu_limit)
+    def fused_moe(x, weights, topk_weights, topk_ids, *, activation=Activation.name,
+                  quant_mode="w4a16", swiglu_alpha=Activation.alpha, swiglu_beta=Activation.beta,
+                  swiglu_limit=Activation.limit, out=None, workspace=None, deterministic=True):
+        act = make_activation(activation, swiglu_alpha, swiglu_beta, swiglu_limit)
         shape = validate_inputs(x, weights, topk_weights, topk_ids, activation=act,
                                 quant_mode=quant_mode, out=out)
         reason = unsupported_reason(shape, act)

@@ -42,6 +42,15 @@ def random_layer(experts: int, hidden: int, intermediate: int, *, weight_format:
                                local_expert_offset=local_expert_offset, num_experts=num_experts, **kw)
 
 
+def unpackable_mxfp4_layer() -> MoEWeights:
+    """Weights quantize() itself produces from a layer scaled by 1e-20: MXFP4 scale bytes near
+    2^-70, outside the range the packed layout holds exactly (moe_common.packed)."""
+    g = torch.Generator().manual_seed(0)
+    w13 = torch.randn(2, 128, 64, generator=g) * 1e-20
+    w2 = torch.randn(2, 64, 64, generator=g) * 1e-20
+    return MoEWeights.quantize(w13, w2, weight_format="mxfp4")
+
+
 def make_shape(**overrides) -> MoEShape:
     """A small bf16 sm_90 call shape for support-check tests; keywords replace its fields."""
     base = dict(tokens=4, hidden=256, intermediate=128, num_experts=8, num_local_experts=8,
@@ -78,6 +87,47 @@ def assert_close(out: torch.Tensor, ref: torch.Tensor, what: str = "") -> dict:
     assert m["nan"] == 0, f"{what}: {m['nan']} NaN in the output (unwritten elements?) {m}"
     assert m["rel_l2"] <= REL_L2_MAX and m["cosine"] >= COSINE_MIN, f"{what}: {m}"
     return m
+
+
+def check_case(fused_moe, shape: tuple, act: str, fmt: str, *, mode: str = "w4a16", bias: bool = False,
+               ep: bool = False, limit: Optional[float] = 7.0, skew: float = 0.0,
+               id_dtype: torch.dtype = torch.int32) -> dict:
+    """One random call of `fused_moe` (a package's direct entry) against the reference, to the
+    docs/DESIGN.md section 5 bar. shape: (T, E, H, I, top_k); ep: the layer is experts E/2..3E/2-1
+    of 2E (routes reach the others too); skew: see random_routing; out starts as NaN, so an
+    unwritten element fails. Returns the comparison."""
+    from .reference import reference_moe
+    from .types import Activation
+
+    T, E, H, I, k = shape
+    off, total = (E // 2, 2 * E) if ep else (0, E)
+    w = random_layer(E, H, I, weight_format=fmt, gated=act != "relu2", bias=bias, w4a4=mode == "w4a4",
+                     local_expert_offset=off, num_experts=total)
+    x = torch.randn(T, H, device="cuda").bfloat16()
+    tw, ti = random_routing(T, total, k, skew=skew)
+    ti = ti.to(id_dtype)
+    a = Activation(act, Activation.alpha, Activation.beta, limit)
+    out = torch.full((T, H), float("nan"), device="cuda", dtype=torch.bfloat16)
+    fused_moe(x, w, tw, ti, activation=a, quant_mode=mode, out=out)
+    ref = reference_moe(x, w, tw, ti, activation=a, quant_mode=mode)
+    return assert_close(out, ref, f"{shape} {act} {fmt} {mode} bias={bias} ep={ep} skew={skew}")
+
+
+def check_out_of_range_ids(fused_moe, tokens: int) -> None:
+    """Routes to ids outside the local experts (-1, past E, another rank's) contribute nothing,
+    are never read out of bounds, and a token with no local route gets an exact 0 row."""
+    from .reference import reference_moe
+
+    w = random_layer(8, 256, 128, local_expert_offset=8, num_experts=24)
+    x = torch.randn(tokens, 256, device="cuda").bfloat16()
+    tw, ti = random_routing(tokens, 24, 4)
+    ti[0, 0] = -1
+    ti[1, 1] = 10_000
+    ti[2, :] = 0  # expert 0 is another rank's
+    out = torch.full((tokens, 256), float("nan"), device="cuda", dtype=torch.bfloat16)
+    fused_moe(x, w, tw, ti, out=out)
+    assert torch.all(out[2] == 0)
+    assert_close(out, reference_moe(x, w, tw, ti), "out-of-range ids")
 
 
 def assert_graph_replay_matches_eager(fused_moe, *, tokens: int, experts: int = 32, hidden: int = 512,

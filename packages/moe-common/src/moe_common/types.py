@@ -5,6 +5,7 @@ These are the only types that cross the plugin boundary, so they stay small and 
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -46,6 +47,20 @@ class Activation:
     @property
     def gated(self) -> bool:
         return self.name in GATED_ACTIVATIONS
+
+
+def make_activation(activation="silu", swiglu_alpha: float = Activation.alpha,
+                    swiglu_beta: float = Activation.beta,
+                    swiglu_limit: Optional[float] = Activation.limit) -> Activation:
+    """An Activation from a name and the swigluoai parameters (an Activation passes through and
+    the parameters are ignored): the one place the entry points' keywords become an Activation."""
+    if isinstance(activation, Activation):
+        return activation
+
+    def number(v):  # numpy scalars and ints become floats; anything else goes to the check as is
+        return float(v) if isinstance(v, numbers.Real) and not isinstance(v, bool) else v
+
+    return Activation(activation, number(swiglu_alpha), number(swiglu_beta), number(swiglu_limit))
 
 
 @dataclass(frozen=True)

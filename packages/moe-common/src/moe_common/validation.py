@@ -55,6 +55,19 @@ def _as_activation(activation) -> Activation:
     )
 
 
+def _check_dense_on(dev, name: str, t: torch.Tensor) -> None:
+    """x and out: on the weights' device, contiguous, and aligned for the kernels' vector loads."""
+    if t.device != dev:
+        _fail(f"{name}: got device {t.device}; allowed: the weights' device {dev}")
+    if not t.is_contiguous():
+        _fail(f"{name}: got a non-contiguous tensor (strides {t.stride()}); allowed: contiguous (call .contiguous())")
+    if not _is_aligned(t):
+        _fail(
+            f"{name}: got data_ptr % {ALIGNMENT_BYTES} = {t.data_ptr() % ALIGNMENT_BYTES}; allowed: "
+            f"{ALIGNMENT_BYTES}-byte aligned (an offset view of a larger tensor? use .clone())"
+        )
+
+
 def validate_inputs(
     x: torch.Tensor,
     weights: "_weights.MoEWeights",
@@ -118,15 +131,7 @@ def validate_inputs(
         _fail(f"x: got T = {tokens} tokens; allowed: T >= {min_tokens}")
     if x.shape[1] != hidden:
         _fail(f"x: got hidden size {x.shape[1]} (shape {tuple(x.shape)}); allowed: H = {hidden} (weights.hidden)")
-    if x.device != dev:
-        _fail(f"x: got device {x.device}; allowed: the weights' device {dev}")
-    if not x.is_contiguous():
-        _fail(f"x: got a non-contiguous tensor (strides {x.stride()}); allowed: contiguous (call .contiguous())")
-    if not _is_aligned(x):
-        _fail(
-            f"x: got data_ptr % {ALIGNMENT_BYTES} = {x.data_ptr() % ALIGNMENT_BYTES}; allowed: "
-            f"{ALIGNMENT_BYTES}-byte aligned (an offset view of a larger tensor? use .clone())"
-        )
+    _check_dense_on(dev, "x", x)
 
     # --- routing ---------------------------------------------------------------------------
     for name, t in (("topk_ids", topk_ids), ("topk_weights", topk_weights)):
@@ -167,15 +172,7 @@ def validate_inputs(
             _fail(f"out: got dtype {out.dtype}; allowed: torch.bfloat16")
         if tuple(out.shape) != (tokens, hidden):
             _fail(f"out: got shape {tuple(out.shape)}; allowed: [T, H] = [{tokens}, {hidden}]")
-        if out.device != dev:
-            _fail(f"out: got device {out.device}; allowed: the weights' device {dev}")
-        if not out.is_contiguous():
-            _fail(f"out: got a non-contiguous tensor (strides {out.stride()}); allowed: contiguous")
-        if not _is_aligned(out):
-            _fail(
-                f"out: got data_ptr % {ALIGNMENT_BYTES} = {out.data_ptr() % ALIGNMENT_BYTES}; "
-                f"allowed: {ALIGNMENT_BYTES}-byte aligned"
-            )
+        _check_dense_on(dev, "out", out)
 
     capability = torch.cuda.get_device_capability(x.device) if x.is_cuda else None
     return describe(weights, tokens, top_k, quant_mode,

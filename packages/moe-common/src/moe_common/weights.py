@@ -56,6 +56,7 @@ from .formats import (
     unswizzle_scales_128x4,
     weight_global_scale,
 )
+from .types import Activation, make_activation
 
 Scale = Optional[Union[float, torch.Tensor]]
 
@@ -465,9 +466,9 @@ class MoEWeights:
         x: torch.Tensor,
         topk_ids: Optional[torch.Tensor] = None,
         activation="silu",
-        swiglu_alpha: float = 1.702,
-        swiglu_beta: float = 1.0,
-        swiglu_limit: Optional[float] = 7.0,
+        swiglu_alpha: float = Activation.alpha,
+        swiglu_beta: float = Activation.beta,
+        swiglu_limit: Optional[float] = Activation.limit,
     ) -> "MoEWeights":
         """A copy (sharing the weight tensors) carrying input_scale and fc2_input_scale [E] fp32.
 
@@ -479,11 +480,7 @@ class MoEWeights:
         `activation` is a name or a moe_common.types.Activation (then swiglu_* are ignored).
         """
         from .activations import apply_activation  # activations.py imports nothing from here
-        from .types import Activation
-
-        act = activation if isinstance(activation, Activation) else Activation(
-            activation, swiglu_alpha, swiglu_beta, swiglu_limit
-        )
+        act = make_activation(activation, swiglu_alpha, swiglu_beta, swiglu_limit)
         if act.gated != self.gated:
             _fail(
                 f"activation: got {act.name!r}, but these weights are "

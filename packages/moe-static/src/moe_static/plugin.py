@@ -1,24 +1,13 @@
 """moe-static's plugin: bids highest for small routed batches on sm_90 devices.
 
-Depends on nothing but pluggy's marker and moe_common's types, so the package works installed
-alone; the dispatcher finds it through the "fused_moe.kernels" entry point.
+The hook is moe_common.kernel_package's, bound to this package's limits, priority and runner:
+it depends on moe_common alone, so the package works installed alone; the dispatcher finds it
+through the "fused_moe.kernels" entry point.
 """
 from __future__ import annotations
 
-import pluggy
-
-from moe_common.types import Decline, Offer
+from moe_common.kernel_package import can_handle_hook
 
 from .limits import KERNEL_NAME, priority, unsupported_reason
 
-hookimpl = pluggy.HookimplMarker("fused_moe")
-
-
-@hookimpl
-def can_handle(shape, activation):
-    reason = unsupported_reason(shape, activation)
-    if reason is not None:
-        return Decline(kernel=KERNEL_NAME, reason=reason)
-    from .runner import run
-
-    return Offer(kernel=KERNEL_NAME, priority=priority(shape), run=run)
+can_handle = can_handle_hook(KERNEL_NAME, unsupported_reason, priority, "moe_static.runner")

@@ -1,4 +1,5 @@
-"""Warm-up makes every T capture-safe (issue 31, item 9), on the CPU.
+"""Warm-up makes every T capture-safe (issue 31, item 9), on the CPU, for the three kernels (so
+here, with every package installed, not in the dispatcher's own tests).
 
 The kernels cannot run here, so the runners run their host logic against a stand-in for the
 device: kernel compiles are recorded instead of done (jit.compile_kernel), launches do nothing,
@@ -28,7 +29,7 @@ LAYERS = [(16, 64, 544, 8, 520), (64, 64, 128, 32, 520)]
 
 
 @pytest.fixture
-def stand_in_device(monkeypatch, clean_env):
+def stand_in_device(monkeypatch):  # tests/conftest.py reloads the dispatcher around each test
     compiles = []
 
     def record(kernel, *args):
