@@ -1,6 +1,6 @@
 """moe-gated on the H200: the docs/DESIGN.md section 5 bar at prefill sizes (T = 256..16384)
-for every gated activation, format, mode and bias; skewed routing with empty experts; expert
-parallelism; out-of-range ids; CUDA-graph replay; determinism. The dispatcher's choice of it
+for every activation (the gated ones and relu2), format, mode and bias; skewed routing with
+empty experts; expert parallelism; out-of-range ids; CUDA-graph replay; determinism. The dispatcher's choice of it
 is tested in tests/test_dispatch_choice_gpu.py (the kernel packages do not depend on the
 dispatcher)."""
 from __future__ import annotations
@@ -18,7 +18,7 @@ from moe_common.testing import (
 
 pytestmark = pytest.mark.gpu
 
-ACTS = ("silu", "gelu_tanh", "swigluoai")
+ACTS = ("silu", "gelu_tanh", "swigluoai", "relu2")
 FORMATS = ("nvfp4", "mxfp4")
 MODES = ("w4a16", "w4a4")
 
@@ -57,6 +57,8 @@ def test_each_tile_geometry(geometry, fmt, mode, monkeypatch):
     monkeypatch.setattr(runner, "WIDE_MIN_PAIRS_PER_EXPERT", 0 if geometry == "wide" else 10**9)
     _run((777, 8, 2880, 704, 4), "silu", fmt, mode, bias=True)
     _run((300, 16, 512, 256, 4), "gelu_tanh", fmt, mode)
+    # relu2: FC1's 1920 rows (I = 1856 padded) end in a half-filled 256-row tile
+    _run((333, 8, 512, 1856, 6), "relu2", fmt, mode, bias=True)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -4,9 +4,9 @@ from __future__ import annotations
 from moe_common.cute import jit
 
 from .kernel import GEOMETRIES, GatedConfig, GatedGemm, GatedOperands
+from .limits import ACTIVATIONS
 
 FORMATS = ("nvfp4", "mxfp4")
-ACTIVATIONS = ("silu", "gelu_tanh", "swigluoai")
 
 def config(phase: str, weight_format: str, activation: str, geometry: str = "wide") -> GatedConfig:
     return GatedConfig(phase=phase, weight_format=weight_format,

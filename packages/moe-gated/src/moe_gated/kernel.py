@@ -10,7 +10,9 @@ weights (moe_common.cute.topk_reduce, weighted).
 Branch pairing: the packed w13 (moe_common.packed) holds each 16-row group as [8 gate rows;
 8 up rows] of the same 8 intermediate columns, so the MMA puts gate (row r) and up (row r + 8)
 of one (column, token) in the same thread's accumulators and the activation is applied in the
-FC1 epilogue, with no second pass and no gate/up round trip through memory.
+FC1 epilogue, with no second pass and no gate/up round trip through memory. relu2 (non-gated)
+layers pack w13's rows as intermediate columns (16g .. 16g + 15 in group g), so its FC1 epilogue
+writes two 8-column chunks per group, one per fragment half; the mainloop is the same.
 
 Work: items (token tile, weight row tile), taken from a device-side atomic queue by persistent
 CTAs (one per SM), so an expert with many tokens is spread over every SM and skewed routing
@@ -61,6 +63,8 @@ from moe_common.cute import jit
 from moe_common.cute import ptx
 from moe_common.cute.wgmma_decode import wgmma_decode_k128
 from moe_common.fragments import TILE_K
+
+from .limits import ACTIVATIONS
 
 # Tile geometries, (tokens per tile, 16-row weight groups per consumer warp): "wide" (288 x 1:
 # 128 weight rows) pays the decode once per up to 288 tokens and is the faster one when experts
@@ -156,14 +160,14 @@ with jit.example(GatedOperands).""", [
 class GatedConfig:
     phase: str  # "fc1" | "fc2"
     weight_format: str  # "nvfp4" | "mxfp4"
-    activation: str = "silu"  # fc1: silu | gelu_tanh | swigluoai (alpha/beta/limit at run time)
+    activation: str = "silu"  # fc1: limits.ACTIVATIONS (swiglu alpha/beta/limit at run time)
     geometry: str = "wide"  # see GEOMETRIES
 
 
 class GatedGemm:
     def __init__(self, cfg: GatedConfig):
         assert cfg.phase in ("fc1", "fc2")
-        assert cfg.phase == "fc2" or cfg.activation in ("silu", "gelu_tanh", "swigluoai")
+        assert cfg.phase == "fc2" or cfg.activation in ACTIVATIONS
         self.cfg = cfg
         self.bn, self.gpw = GEOMETRIES[cfg.geometry]
         self.row_tile = row_tile(cfg.geometry)
@@ -566,35 +570,55 @@ class GatedGemm:
     @cute.jit
     def _epilogue_fc1(self, acc, tile, p0, p1, group0, gscale, bv, stg, lane, out, out_stride,
                       act_alpha, act_beta, act_limit):
-        """Group g's 8 intermediate columns j = 8g .. 8g + 7 are chunk c = g % 16 of K-tile
-        g // 16 in FC2's tile-blocked B (token n's 16 bytes at (c // 8) * bn * HALF_BYTES +
-        (n // 8) * GROUP_BYTES + (c % 8) * 128 + (n % 8) * 16). stmatrix.trans turns the
-        fragment (thread: column r, tokens 2q, 2q + 1) of 32 tokens into token rows in shared
-        memory; the warp then copies them out 16 bytes per lane, 128 contiguous bytes per 8
-        tokens. Token slots past the tile's pairs (in the last 32-token block) get act() of
-        whatever their B columns held; FC2 never stores a result from those columns."""
+        """The intermediate's 8-column chunks, each staged through shared memory into FC2's
+        tile-blocked B. Gated: group g's rows are [8 gate; 8 up] of columns 8g .. 8g + 7, one
+        chunk (g) from both halves of the fragment. relu2: group g's rows are columns 16g ..
+        16g + 15, two chunks (2g, 2g + 1), one from each half (rows r and r + 8)."""
         cfg = self.cfg
         for gi in cutlass.range_constexpr(self.gpw):
             g = group0 + gi
-            b_lo, b_hi = bv[2 * gi], bv[2 * gi + 1]  # gate row r, up row r + 8
-            chunk = out + (Int64(tile) * Int64(out_stride) + Int64(g // 16)) * self.b_bytes \
-                + Int64((g % 16) // 8 * (self.bn * HALF_BYTES) + (g % 8) * 128
-                        + (lane // 8) * GROUP_BYTES + (lane % 8) * 16)
-            for m in cutlass.range_constexpr(self.bn // STG_TOKENS):
-                if p0 + m * STG_TOKENS < p1:
-                    regs = []
-                    for i in cutlass.range_constexpr(STG_TOKENS // 8):
-                        nb = (STG_TOKENS // 8) * m + i
-                        hv = [act.gated(cfg.activation, acc[gi, nb, c] * gscale + b_lo,
-                                        acc[gi, nb, 2 + c] * gscale + b_hi, act_alpha, act_beta,
-                                        act_limit)
-                              for c in range(2)]
-                        regs.append(ptx.bf16x2_from_f32(hv[0], hv[1]))
-                    ptx.stmatrix_x4_trans(stg + lane * 16, regs[0], regs[1], regs[2], regs[3])
-                    cute.arch.sync_warp()
-                    v = ptx.ld_shared_v4(stg + lane * 16)
-                    ptx.st_v4(chunk + m * (STG_TOKENS // 8) * GROUP_BYTES, v[0], v[1], v[2], v[3])
-                    cute.arch.sync_warp()  # the staging buffer is rewritten by the next block
+            b_lo, b_hi = bv[2 * gi], bv[2 * gi + 1]  # rows r and r + 8
+            if cutlass.const_expr(cfg.activation == "relu2"):
+                for h in cutlass.range_constexpr(2):
+                    b = b_hi if h else b_lo
+                    self._stage_chunk(
+                        lambda nb, c, h=h, b=b: act.relu2(acc[gi, nb, 2 * h + c] * gscale + b),
+                        self._chunk_at(out, tile, out_stride, 2 * g + h, lane), p0, p1, stg, lane)
+            else:
+                self._stage_chunk(
+                    lambda nb, c: act.gated(cfg.activation, acc[gi, nb, c] * gscale + b_lo,
+                                            acc[gi, nb, 2 + c] * gscale + b_hi, act_alpha,
+                                            act_beta, act_limit),
+                    self._chunk_at(out, tile, out_stride, g, lane), p0, p1, stg, lane)
+
+    def _chunk_at(self, out, tile, out_stride, chunk, lane):
+        """Where this lane's 16 bytes of intermediate chunk `chunk` (columns 8 chunk ..
+        8 chunk + 7) go in FC2's tile-blocked B: chunk c = chunk % 16 of K-tile chunk // 16,
+        token n's 16 bytes at (c // 8) * bn * HALF_BYTES + (n // 8) * GROUP_BYTES +
+        (c % 8) * 128 + (n % 8) * 16; lane l copies token l of each 32-token block."""
+        return out + (Int64(tile) * Int64(out_stride) + Int64(chunk // 16)) * self.b_bytes \
+            + Int64((chunk % 16) // 8 * (self.bn * HALF_BYTES) + (chunk % 8) * 128
+                    + (lane // 8) * GROUP_BYTES + (lane % 8) * 16)
+
+    @cute.jit
+    def _stage_chunk(self, value, dst, p0, p1, stg, lane):
+        """value(nb, c): the activation of this thread's column for token 8 nb + 2q + c.
+        stmatrix.trans turns the fragment (thread: column r, tokens 2q, 2q + 1) of 32 tokens into
+        token rows in shared memory; the warp then copies them out 16 bytes per lane, 128
+        contiguous bytes per 8 tokens. Token slots past the tile's pairs (in the last 32-token
+        block) get value() of whatever their B columns held; FC2 never stores a result from
+        those columns."""
+        for m in cutlass.range_constexpr(self.bn // STG_TOKENS):
+            if p0 + m * STG_TOKENS < p1:
+                regs = []
+                for i in cutlass.range_constexpr(STG_TOKENS // 8):
+                    nb = (STG_TOKENS // 8) * m + i
+                    regs.append(ptx.bf16x2_from_f32(value(nb, 0), value(nb, 1)))
+                ptx.stmatrix_x4_trans(stg + lane * 16, regs[0], regs[1], regs[2], regs[3])
+                cute.arch.sync_warp()
+                v = ptx.ld_shared_v4(stg + lane * 16)
+                ptx.st_v4(dst + m * (STG_TOKENS // 8) * GROUP_BYTES, v[0], v[1], v[2], v[3])
+                cute.arch.sync_warp()  # the staging buffer is rewritten by the next block
 
     @cute.jit
     def _epilogue_fc2(self, acc, p0, p1, group0, gscale, bv, tok, lane, out, out_stride, out_rows):

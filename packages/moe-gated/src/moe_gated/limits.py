@@ -5,7 +5,9 @@ from moe_common.kernel_package import dims_reason, hopper_reason, size_reason
 from moe_common.types import PRIORITY_GATED, PRIORITY_GENERIC
 
 KERNEL_NAME = "moe-gated"
-GATED_ACTIVATIONS = ("silu", "gelu_tanh", "swigluoai")
+# FC1's activations: gated ones pair gate and up rows in one fragment; relu2 takes its rows as
+# intermediate columns (moe_common.packed)
+ACTIVATIONS = ("silu", "gelu_tanh", "swigluoai", "relu2")
 MAX_TOP_K = 32
 MAX_LOCAL_EXPERTS = 1024  # the shared routing kernel's limit (one thread per expert)
 MAX_TOKENS = 65536
@@ -18,7 +20,8 @@ DIM_MULTIPLE = 32
 # (BENCHMARKS.md, commit 1ed3350), moe-gated against moe-generic:
 # at 4-8 rows 47-105% slower (every gated preset at T=128); at 16 rows 9-23% slower (T=512); at
 # 32 rows level (Qwen3-30B-A3B T=512: 278.0 against 277.3 us); at 64-128 rows 1.30-1.49x faster
-# (T=2048). The cutover was 48 rows at 05b2530 and 32 since 49e7d0d.
+# (T=2048). The cutover was 48 rows at 05b2530 and 32 since 49e7d0d. relu2 layers take the same
+# cutover (not measured apart: nemotron-relu2 ran moe-generic only until relu2 came here).
 CUTOVER_ROWS_PER_EXPERT = 32
 
 
@@ -27,9 +30,8 @@ def unsupported_reason(shape, activation):
     reason = hopper_reason(shape)
     if reason is not None:
         return reason
-    if activation.name not in GATED_ACTIVATIONS:
-        return (f"activation {activation.name!r} is not gated (moe-gated runs "
-                f"{', '.join(GATED_ACTIVATIONS)}; moe-generic runs relu2)")
+    if activation.name not in ACTIVATIONS:
+        return f"activation {activation.name!r}; allowed: {', '.join(ACTIVATIONS)}"
     reason = dims_reason(shape, DIM_MULTIPLE)
     if reason is not None:
         return reason
