@@ -256,6 +256,8 @@ def check_operands_marshal(compiled, bundle: type, *launch_args, before: tuple =
     from .cute import jit
 
     types = jit.field_types(bundle)
+    # the C type of each DSL type, stated here apart from jit.C_TYPES so that a wrong entry
+    # there is caught
     ctype = {"Int64": ctypes.c_int64, "Int32": ctypes.c_int32, "Float32": ctypes.c_float}
     values = numbered_operand_values(bundle)
     args, _ = compiled.generate_execution_args(*before, jit.operands(bundle, **values),
