@@ -112,7 +112,7 @@ def compile_kernel(kernel, *example_args):
 @functools.cache
 def field_types(bundle: type) -> types.MappingProxyType:
     """An operand bundle's field -> DSL type (resolved once: the kernels' modules use postponed
-    annotations, and resolving them costs 80 us)."""
+    annotations, and resolving them costs 49 us for moe-static's)."""
     return types.MappingProxyType(typing.get_type_hints(bundle))
 
 
