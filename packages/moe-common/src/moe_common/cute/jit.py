@@ -26,7 +26,7 @@ NamedTuple of DSL scalars costs the host about 2 us a field for that (each field
 then a ctypes value and a pointer to it: 60 us for moe-static's 29 fields), so `operands`
 returns an `OperandValues` instead: one ctypes structure holding every field as its C type
 (Int64 c_int64, Int32 c_int32, Float32 c_float), whose `__c_pointers__` (the DSL's marshalling
-protocol, asked first for every argument) gives the address of each field in field order: the
+protocol, asked before the DSL casts an argument itself) gives the address of each field in field order: the
 same parameters, values and order, in one object (docs/HOST_OVERHEAD.md has the numbers).
 """
 from __future__ import annotations
@@ -213,8 +213,8 @@ def example_stream():
 
 @functools.lru_cache(maxsize=None)
 def device_properties(device: torch.device):
-    """torch.cuda.get_device_properties(device), read once per device (a device's properties do
-    not change while the process runs; reading them costs the host a few us a call)."""
+    """torch.cuda.get_device_properties(device), read once per device: a device's properties do
+    not change while the process runs, and validate_inputs and the runners ask on every call."""
     return torch.cuda.get_device_properties(device)
 
 
