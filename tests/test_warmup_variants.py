@@ -39,7 +39,7 @@ def stand_in_device(monkeypatch):  # tests/conftest.py reloads the dispatcher ar
     monkeypatch.setattr(jit, "_cache", {})
     monkeypatch.setattr(jit, "compile_kernel", record)
     monkeypatch.setattr(jit, "current_stream", lambda device: None)
-    monkeypatch.setattr(torch.cuda, "get_device_properties",
+    monkeypatch.setattr(jit, "device_properties",
                         lambda device: SimpleNamespace(multi_processor_count=132))
     return compiles
 

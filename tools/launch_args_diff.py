@@ -19,7 +19,8 @@ Steps:
    through its package's runner.run with a fresh Workspace and fixed-seed inputs.
 4. Write each launch as its kernel (the compile-cache key; a config dataclass without the
    removed development fields at their defaults) and one line per kernel parameter: operand
-   bundles flattened in field order, DSL scalars as numbers (floats rounded to fp32, as the
+   bundles (NamedTuples, or jit.operands' ctypes structures) flattened in field order, DSL
+   scalars as numbers (floats rounded to fp32, as the
    launcher passes them), and every integer inside a known tensor (inputs, output, MoEWeights
    fields, the packed weights in kernel_cache, the workspace buffers) as its name + byte offset.
 5. Diff the two trees' listings; exit 1 on any difference, 0 when identical.
@@ -181,6 +182,8 @@ def _flatten(args) -> list:
             out.append("stream")
         elif isinstance(a, tuple) and hasattr(a, "_fields"):
             out += _flatten(tuple(a))
+        elif hasattr(a, "_fields_"):  # jit.operands' OperandValues (a ctypes structure)
+            out += [getattr(a, name) for name, _ in a._fields_]
         elif hasattr(a, "value") and type(a).__module__.startswith("cutlass"):
             out.append(a.value)
         else:

@@ -1,7 +1,11 @@
 """The shared CuTe DSL kernels compile for sm_90a on a machine without a GPU."""
 from __future__ import annotations
 
+import ctypes
+from typing import NamedTuple
+
 import pytest
+from cutlass import Float32, Float64, Int32, Int64
 
 from moe_common.cute import jit
 
@@ -117,3 +121,41 @@ def test_int64_ids_are_saturated_before_narrowing(tmp_path):
             order = [ln.find(op) for op in ("ld.global.nc.s64 t,", "max.s64 t, t, -1;",
                                             "min.s64 t, t, 2147483647;", "cvt.u32.u64")]
             assert -1 not in order and order == sorted(order), (name, ln)
+
+
+
+class Sample(NamedTuple):
+    """An operand bundle of each field type."""
+    ptr: Int64
+    count: Int32
+    scale: Float32
+
+
+class Wide(NamedTuple):
+    value: Float64  # a type no kernel parameter has
+
+
+def test_operands_hold_each_field_as_its_c_type_in_field_order():
+    """jit.operands' values: field i at the i-th address __c_pointers__ gives, as its C type
+    (what the compiled launcher passes the kernel); the list keeps them alive."""
+    pointers = jit.operands(Sample, scale=-1.5, ptr=(1 << 62) + 3, count=-(2**31)).__c_pointers__()
+    got = [ctypes.cast(p, ctypes.POINTER(t)).contents.value
+           for p, t in zip(pointers, (ctypes.c_int64, ctypes.c_int32, ctypes.c_float))]
+    assert got == [(1 << 62) + 3, -(2**31), -1.5]
+
+
+@pytest.mark.parametrize("values,message", [
+    (dict(ptr=1, count=2), r"missing \['scale'\], unknown \[\]"),
+    (dict(ptr=1, count=2, scale=1.0, extra=4), r"missing \[\], unknown \['extra'\]"),
+    (dict(ptr=1, count=2**31, scale=1.0), r"Sample.count: got 2147483648; allowed: "
+                                          r"-2147483648 <= value < 2147483648"),
+    (dict(ptr=-(2**63) - 1, count=0, scale=1.0), r"Sample.ptr: got -9223372036854775809"),
+])
+def test_operands_reject_missing_unknown_and_out_of_range_fields(values, message):
+    with pytest.raises(ValueError, match=message):
+        jit.operands(Sample, **values)
+
+
+def test_operands_reject_a_field_type_without_a_c_type():
+    with pytest.raises(ValueError, match=r"Wide.value: type Float64; allowed: Int64, Int32, Float32"):
+        jit.operands(Wide, value=1.0)

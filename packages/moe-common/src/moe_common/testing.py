@@ -285,6 +285,15 @@ def ptxas_report(probe: str, args, kernel_glob: str, tmp_path) -> str:
     return res.stdout + res.stderr
 
 
+def numbered_operand_values(bundle: type) -> dict:
+    """A value for every field of an operand bundle (moe_common.cute.jit.operands), numbered by
+    its place: field i is 0x7f0000000000 + i (Int64: a pointer), i (Int32) or i + 0.5 (Float32)."""
+    from .cute import jit
+
+    return {name: {"Int64": 0x7F0000000000 + i, "Float32": i + 0.5}.get(ty.__name__, i)
+            for i, (name, ty) in enumerate(jit.field_types(bundle).items())}
+
+
 def check_operands_marshal(compiled, bundle: type, *launch_args, before: tuple = ()) -> None:
     """Assert that a compiled kernel launcher passes every field of an operand bundle
     (moe_common.cute.jit.operands) to the kernel as its own parameter, in field order, with its
@@ -297,10 +306,10 @@ def check_operands_marshal(compiled, bundle: type, *launch_args, before: tuple =
     from .cute import jit
 
     types = jit.field_types(bundle)
+    # the C type of each DSL type, stated here apart from jit.C_TYPES so that a wrong entry
+    # there is caught
     ctype = {"Int64": ctypes.c_int64, "Int32": ctypes.c_int32, "Float32": ctypes.c_float}
-    values = {}
-    for i, (name, ty) in enumerate(types.items()):
-        values[name] = {"Int64": 0x7F0000000000 + i, "Float32": i + 0.5}.get(ty.__name__, i)
+    values = numbered_operand_values(bundle)
     args, _ = compiled.generate_execution_args(*before, jit.operands(bundle, **values),
                                                *launch_args)
     args = args[len(before):]

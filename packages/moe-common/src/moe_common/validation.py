@@ -13,6 +13,7 @@ from typing import Optional
 
 import torch
 
+from .cute import jit
 from .types import QUANT_MODES, WEIGHT_FORMATS, Activation, MoEShape
 from . import weights as _weights  # module, not class: tolerates weights.py importing us
 
@@ -174,9 +175,11 @@ def validate_inputs(
             _fail(f"out: got shape {tuple(out.shape)}; allowed: [T, H] = [{tokens}, {hidden}]")
         _check_dense_on(dev, "out", out)
 
-    capability = torch.cuda.get_device_capability(x.device) if x.is_cuda else None
-    return describe(weights, tokens, top_k, quant_mode,
-                    tuple(capability) if capability is not None else None, x.dtype)
+    capability = None
+    if x.is_cuda:
+        props = jit.device_properties(x.device)
+        capability = (props.major, props.minor)
+    return describe(weights, tokens, top_k, quant_mode, capability, x.dtype)
 
 
 def describe(weights, tokens: int, top_k: int, quant_mode: str, capability, dtype) -> MoEShape:

@@ -57,7 +57,7 @@ def _token_slots(pairs: int, local_experts: int) -> int:
 
 def _persistent_grid(device, max_items: int) -> int:
     # one CTA per SM (each holds ~210 KB of shared memory); never more CTAs than work items
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    sms = jit.device_properties(device).multi_processor_count
     return max(1, min(sms, max_items))
 
 

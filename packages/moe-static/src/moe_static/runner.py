@@ -28,7 +28,7 @@ from .limits import KERNEL_NAME
 def _grid(device) -> int:
     # One CTA of 16 warps per SM (its per-warp rings take ~200 KB of shared memory); a
     # cooperative launch needs every CTA resident.
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    return jit.device_properties(device).multi_processor_count
 
 
 def choose_teams(tokens: int, top_k: int, local_experts: int, fc1_groups: int, fc2_groups: int,
