@@ -18,9 +18,10 @@ Steps:
                (JitExecutor._get_invoke_packed_args, on an executor that loads no module).
    What remains of a launch is the C call itself (cuLaunchKernel), which needs a GPU.
 3. Time the dispatcher's work before the runner in dispatcher.fused_moe on CPU tensors of one
-   token: make_activation, validate_inputs, the manager's select (cached choice) and int32_ids
-   of int64 ids (transformers' top-k indices are int64). A small layer: none of these steps
-   reads a size-dependent amount of data.
+   token with int64 ids (transformers' top-k indices are int64): make_activation,
+   validate_inputs and the manager's select (cached choice); FusedMoE's int32_ids of those ids
+   beside them (fused_moe passes int64 ids on). A small layer: none of these steps reads a
+   size-dependent amount of data.
 4. Print microseconds per call, one line per step.
 
     uv run python tools/launch_host_cost.py [--calls 2000] [--rounds 5]
@@ -140,7 +141,7 @@ def time_dispatcher(calls: int, rounds: int) -> dict:
     """Step 3: us per call of dispatcher.fused_moe's steps before the runner (CPU tensors)."""
     from dispatcher.api import make_activation
     from dispatcher.manager import get_manager
-    from moe_common.kernel_package import int32_ids
+    from dispatcher.api import int32_ids
     from moe_common.testing import random_layer, random_routing
     from moe_common.validation import validate_inputs
 
@@ -158,7 +159,7 @@ def time_dispatcher(calls: int, rounds: int) -> dict:
         "validate_inputs": best_us(lambda: validate_inputs(
             x, w, tw, ids64, activation=act, quant_mode="w4a16"), calls, rounds),
         "select": best_us(lambda: manager.select(shape, act), calls, rounds),
-        "int32_ids": best_us(lambda: int32_ids(ids64, w), calls, rounds),
+        "FusedMoE int32_ids": best_us(lambda: int32_ids(ids64, w), calls, rounds),
     }
 
 

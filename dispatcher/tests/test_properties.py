@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 import dispatcher
 from dispatcher import FusedMoE, fused_moe
 from dispatcher.bench import compare
-from moe_common.kernel_package import int32_ids
+from dispatcher.api import int32_ids
 from moe_common.reference import reference_moe
 from moe_common.types import Activation
 from moe_common.weights import MoEWeights

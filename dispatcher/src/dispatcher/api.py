@@ -8,7 +8,6 @@ from typing import Iterable, Optional, Sequence, Union
 import torch
 
 from moe_common.cute import jit
-from moe_common.kernel_package import int32_ids
 from moe_common.types import MoEShape, Offer
 from moe_common.validation import check_quant_mode, describe, validate_inputs
 from moe_common.weights import MoEWeights
@@ -61,7 +60,7 @@ def fused_moe(
     _note_reference_on_gpu(choice, shape)
     if out is None:
         out = torch.empty((shape.tokens, shape.hidden), dtype=torch.bfloat16, device=x.device)
-    choice.run(x, weights, topk_weights, int32_ids(topk_ids, weights), activation=act,
+    choice.run(x, weights, topk_weights, topk_ids, activation=act,
                quant_mode=options.quant_mode, out=out, workspace=None,
                deterministic=options.deterministic)
     return out
@@ -146,7 +145,8 @@ class FusedMoE:
         of a captured graph and eager calls of the same thread must be ordered by the caller.
       * a call that raises between launches leaves the workspace's counters re-zeroed.
     int64 ``topk_ids`` are narrowed to int32 on the device first (ids outside the local experts
-    are dropped, as the reference drops them), so only int32 kernel variants are ever needed.
+    are dropped, as the reference drops them), so only int32 kernel variants are ever needed
+    (``fused_moe`` passes them on: the kernels drop them as they read).
     """
 
     @takes_options
@@ -327,7 +327,7 @@ class FusedMoE:
         if t == 0:
             return out
         ws = st.workspace
-        if topk_ids.dtype != torch.int32:
+        if topk_ids.dtype != torch.int32:  # one build per kernel variant: the int32 one
             buf = ws.get(IDS_BUFFER, (t * self.top_k,), torch.int32, self.device)
             topk_ids = int32_ids(topk_ids, self.weights, buf.view(t, self.top_k))
         if self.device.type == "cuda":
@@ -344,6 +344,26 @@ class FusedMoE:
 
 
 IDS_BUFFER = "dispatcher.ids32"  # FusedMoE's int32 copy of int64 topk_ids
+
+
+def int32_ids(topk_ids: torch.Tensor, weights, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """topk_ids as the kernels read them: int32, every id outside this layer's local experts
+    [offset, offset + E_local) moved to offset - 1 or offset + E_local (both still outside, both
+    int32), so an int64 id such as 2^32 + e or INT64_MIN is dropped as the reference drops it
+    instead of being truncated to expert e or 0. int32 ids pass through untouched. Two
+    elementwise ops on the current stream (clamp, narrowing copy), no host sync; `out`: an int32
+    buffer of topk_ids' shape (FusedMoE passes its workspace's).
+
+    FusedMoE narrows so that its warm-up builds one variant per kernel (the int32 one);
+    fused_moe passes int64 ids on, and the kernels read them saturated to int32
+    (ptx.ld_nc_s64_as_s32), without these two launches."""
+    if topk_ids.dtype == torch.int32:
+        return topk_ids
+    lo = weights.local_expert_offset
+    hi = lo + weights.num_local_experts
+    if out is None:
+        out = torch.empty(topk_ids.shape, dtype=torch.int32, device=topk_ids.device)
+    return out.copy_(topk_ids.clamp(lo - 1, hi))
 
 
 def _order_streams(st: _ThreadState, device) -> None:

@@ -49,22 +49,6 @@ def size_reason(shape, *, max_top_k: int, max_local_experts: int, max_tokens: in
     return None
 
 
-def int32_ids(topk_ids: torch.Tensor, weights, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """topk_ids as the kernels read them: int32, every id outside this layer's local experts
-    [offset, offset + E_local) moved to offset - 1 or offset + E_local (both still outside, both
-    int32), so an int64 id such as 2^32 + e or INT64_MIN is dropped as the reference drops it
-    instead of being truncated to expert e or 0. int32 ids pass through untouched. Two
-    elementwise ops on the current stream (clamp, narrowing copy), no host sync; `out`: an int32
-    buffer of topk_ids' shape (FusedMoE passes its workspace's)."""
-    if topk_ids.dtype == torch.int32:
-        return topk_ids
-    lo = weights.local_expert_offset
-    hi = lo + weights.num_local_experts
-    if out is None:
-        out = torch.empty(topk_ids.shape, dtype=torch.int32, device=topk_ids.device)
-    return out.copy_(topk_ids.clamp(lo - 1, hi))
-
-
 class Buffers:
     """A runner's device buffers: named slots of the caller's Workspace (FusedMoE: allocated at
     warm-up, never during a captured call), or fresh tensors for a direct call."""
@@ -181,7 +165,7 @@ def direct_call(kernel_name: str, unsupported_reason: Callable, runner_module: s
         if reason is not None:
             raise ValueError(f"{kernel_name} cannot run this call: {reason}")
         run = importlib.import_module(runner_module).run
-        return run(x, weights, topk_weights, int32_ids(topk_ids, weights), activation=act,
+        return run(x, weights, topk_weights, topk_ids, activation=act,
                    quant_mode=quant_mode, out=out, workspace=workspace, deterministic=deterministic)
 
     fused_moe.__doc__ = f"Run the layer with {kernel_name}; ValueError (with the reason) when it cannot."

@@ -115,7 +115,9 @@ def check_case(fused_moe, shape: tuple, act: str, fmt: str, *, mode: str = "w4a1
 
 def check_out_of_range_ids(fused_moe, tokens: int) -> None:
     """Routes to ids outside the local experts (-1, past E, another rank's) contribute nothing,
-    are never read out of bounds, and a token with no local route gets an exact 0 row."""
+    are never read out of bounds, and a token with no local route gets an exact 0 row; as int32
+    ids, then as int64 ids with 2^32 + a local id and INT64_MIN among them (the kernels read
+    int64 ids themselves: they must drop those, not truncate them to a local expert)."""
     from .reference import reference_moe
 
     w = random_layer(8, 256, 128, local_expert_offset=8, num_experts=24)
@@ -124,10 +126,17 @@ def check_out_of_range_ids(fused_moe, tokens: int) -> None:
     ti[0, 0] = -1
     ti[1, 1] = 10_000
     ti[2, :] = 0  # expert 0 is another rank's
-    out = torch.full((tokens, 256), float("nan"), device="cuda", dtype=torch.bfloat16)
-    fused_moe(x, w, tw, ti, out=out)
-    assert torch.all(out[2] == 0)
-    assert_close(out, reference_moe(x, w, tw, ti), "out-of-range ids")
+    wide = ti.long()
+    wide[3, :] = 2**32 + 9  # truncated, 9 would be local expert 1
+    wide[4, 0] = -(2**63)  # truncated, 0 (another rank's); a wrong saturation gives a local id
+    wide[4, 1] = 2**31 + 10
+    for ids, what in ((ti, "int32"), (wide, "int64")):
+        out = torch.full((tokens, 256), float("nan"), device="cuda", dtype=torch.bfloat16)
+        fused_moe(x, w, tw, ids, out=out)
+        assert torch.all(out[2] == 0), what
+        if ids is wide:
+            assert torch.all(out[3] == 0), "int64 ids 2^32 + a local id must be dropped"
+        assert_close(out, reference_moe(x, w, tw, ids), f"out-of-range {what} ids")
 
 
 def assert_graph_replay_matches_eager(fused_moe, *, tokens: int, experts: int = 32, hidden: int = 512,

@@ -21,7 +21,9 @@ DIM_MULTIPLE = 32
 # at 4-8 rows 47-105% slower (every gated preset at T=128); at 16 rows 9-23% slower (T=512); at
 # 32 rows level (Qwen3-30B-A3B T=512: 278.0 against 277.3 us); at 64-128 rows 1.30-1.49x faster
 # (T=2048). The cutover was 48 rows at 05b2530 and 32 since 49e7d0d. relu2 layers take the same
-# cutover (not measured apart: nemotron-relu2 ran moe-generic only until relu2 came here).
+# cutover: nemotron-relu2 at ded395c, moe-gated against moe-generic, 24 rows (T=512) 493.4
+# against 387.3 us, 48 rows (T=1024) 550.2 against 617.0
+# (benchmarks/2026-12-02-h200-ded395c-relu2.json).
 CUTOVER_ROWS_PER_EXPERT = 32
 
 
