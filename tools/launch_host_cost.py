@@ -138,8 +138,9 @@ def time_launch(launch: Launch, calls: int, rounds: int) -> dict:
 
 
 def time_dispatcher(calls: int, rounds: int) -> dict:
-    """Step 3: us per call of dispatcher.fused_moe's steps before the runner (CPU tensors)."""
-    from dispatcher.api import make_activation
+    """Step 3: us per call of dispatcher.fused_moe's steps before the runner (CPU tensors), and
+    of FusedMoE's int32_ids."""
+    from moe_common.types import make_activation
     from dispatcher.manager import get_manager
     from dispatcher.api import int32_ids
     from moe_common.testing import random_layer, random_routing
@@ -154,13 +155,13 @@ def time_dispatcher(calls: int, rounds: int) -> dict:
     shape = validate_inputs(x, w, tw, ids64, activation=act, quant_mode="w4a16")
     manager = get_manager()
     manager.select(shape, act)
-    return {
+    steps = {
         "make_activation": best_us(lambda: make_activation("silu"), calls, rounds),
         "validate_inputs": best_us(lambda: validate_inputs(
             x, w, tw, ids64, activation=act, quant_mode="w4a16"), calls, rounds),
         "select": best_us(lambda: manager.select(shape, act), calls, rounds),
-        "FusedMoE int32_ids": best_us(lambda: int32_ids(ids64, w), calls, rounds),
     }
+    return steps, best_us(lambda: int32_ids(ids64, w), calls, rounds)
 
 
 def main(argv=None) -> None:
@@ -176,10 +177,11 @@ def main(argv=None) -> None:
         for step, us in got.items():
             print(f"{launch.package:<12} {launch.name:<12} {step:<16} {us:8.1f}")
         print(f"{launch.package:<12} {launch.name:<12} {'total':<16} {sum(got.values()):8.1f}")
-    got = time_dispatcher(args.calls, args.rounds)
+    got, narrow = time_dispatcher(args.calls, args.rounds)
     for step, us in got.items():
         print(f"{'dispatcher':<12} {'fused_moe':<12} {step:<16} {us:8.1f}")
     print(f"{'dispatcher':<12} {'fused_moe':<12} {'total':<16} {sum(got.values()):8.1f}")
+    print(f"{'dispatcher':<12} {'FusedMoE':<12} {'int32_ids':<16} {narrow:8.1f}")
 
 
 if __name__ == "__main__":
