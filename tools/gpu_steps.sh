@@ -5,7 +5,7 @@
 #   source .device/bin/gpu.sh && bash tools/gpu_steps.sh STEP [STEP ...]
 # Steps: gated-quick gated-tests sanitize-gated bench-gated bench-gated-q bench-gated-all
 #        static-quick static-tests generic-tests sanitize-static sanitize-generic
-#        bench-static bench-generic-large profile routing-shape band candidates relu2;
+#        bench-static bench-generic-large profile ncu-band routing-shape band candidates relu2;
 #        verify (GPU tests + sanitizers), serving (soak + hf bench); A/B in one run against older
 #        trees (AB_DIRS): static-ab, kernel-ab (AB_KERNEL), ncu-static-ab (PROFILE_ARGS)
 set -u
@@ -140,6 +140,15 @@ for s in "$@"; do
       step relu2-tests 300 python3 -m pytest packages/moe-gated -m gpu -q -k "relu2 or geometry"
       step relu2-bench 400 "${BENCH[@]}" --preset nemotron-relu2 --tokens 256 512 1024 2048 8192 --kernels auto moe-gated moe-generic --no-check --json "$OUT/relu2-bench.json" ;;
     profile) step profile 200 python3 tools/profile_split.py --preset deepseek-v3 --tokens 8192 ;;
+    ncu-band)  # where moe-generic's band time goes, per SASS line: FC1 and FC2 of one call at
+               # each of BAND_LAYERS (preset:T), warp stalls and smem wavefronts by line
+      for pt in ${BAND_LAYERS:-deepseek-v3:512 qwen3-30b-a3b:256 deepseek-v3:128}; do
+        n=ncu-band-${pt/:/-}
+        step $n 300 ncu --clock-control none --kernel-name regex:GroupedGemm --launch-skip 2 -c 2 --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section Occupancy --section SourceCounters -o "/tmp/$n" -f python3 tools/profile_split.py --kernel generic --preset ${pt%%:*} --tokens ${pt##*:} --calls 1 --no-profiler
+        ncu --import "/tmp/$n.ncu-rep" --page details >> "$OUT/$n.log" 2>&1
+        ncu --import "/tmp/$n.ncu-rep" --page source --csv --print-source sass > "/tmp/$n.csv" 2>&1
+        step $n-top 100 python3 tools/ncu_sass_top.py "/tmp/$n.csv"
+      done ;;
     *) echo "unknown step $s" ;;
   esac
 done

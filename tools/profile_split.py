@@ -5,7 +5,8 @@
 Runs the call once to compile and allocate, then `--calls` times under torch.profiler, and
 prints each GPU kernel's mean time per call (routing, FC1, FC2, top-k reduce, and any torch
 ops). For hardware counters run the same script under
-`ncu --clock-control none --kernel-name regex:kernel_cutlass -c 4 python3 tools/profile_split.py`.
+`ncu --clock-control none --kernel-name regex:kernel_cutlass -c 4 python3 tools/profile_split.py
+--no-profiler` (tools/gpu_steps.sh ncu-band).
 """
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ def main():
     ap.add_argument("--preset", default="deepseek-v3", choices=sorted(PRESETS))
     ap.add_argument("--tokens", type=int, default=8192)
     ap.add_argument("--calls", type=int, default=5)
+    ap.add_argument("--no-profiler", action="store_true",
+                    help="run the calls without torch.profiler (under ncu, which needs CUPTI alone)")
     args = ap.parse_args()
     fused_moe = importlib.import_module(f"moe_{args.kernel}").fused_moe
     p = PRESETS[args.preset]
@@ -33,6 +36,11 @@ def main():
     out = torch.empty_like(x)
     fused_moe(x, w, tw, ids, activation=p.activation, out=out)  # compile, repack, allocate
     torch.cuda.synchronize()
+    if args.no_profiler:
+        for _ in range(args.calls):
+            fused_moe(x, w, tw, ids, activation=p.activation, out=out)
+        torch.cuda.synchronize()
+        return
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(args.calls):
             fused_moe(x, w, tw, ids, activation=p.activation, out=out)
