@@ -140,11 +140,13 @@ for s in "$@"; do
       step relu2-tests 300 python3 -m pytest packages/moe-gated -m gpu -q -k "relu2 or geometry"
       step relu2-bench 400 "${BENCH[@]}" --preset nemotron-relu2 --tokens 256 512 1024 2048 8192 --kernels auto moe-gated moe-generic --no-check --json "$OUT/relu2-bench.json" ;;
     profile) step profile 200 python3 tools/profile_split.py --preset deepseek-v3 --tokens 8192 ;;
-    ncu-band)  # where moe-generic's band time goes, per SASS line: FC1 and FC2 of one call at
-               # each of BAND_LAYERS (preset:T), warp stalls and smem wavefronts by line
-      for pt in ${BAND_LAYERS:-deepseek-v3:512 qwen3-30b-a3b:256 deepseek-v3:128}; do
-        n=ncu-band-${pt/:/-}
-        step $n 300 ncu --clock-control none --kernel-name regex:GroupedGemm --launch-skip 2 -c 2 --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section Occupancy --section SourceCounters -o "/tmp/$n" -f python3 tools/profile_split.py --kernel generic --preset ${pt%%:*} --tokens ${pt##*:} --calls 1 --no-profiler
+    ncu-band)  # where the band's time goes, per SASS line: FC1 and FC2 of one call at each of
+               # BAND_LAYERS (kernel:preset:T), warp stalls and smem wavefronts by line
+      for kpt in ${BAND_LAYERS:-generic:deepseek-v3:512 generic:qwen3-30b-a3b:256 generic:deepseek-v3:128 gated:deepseek-v3:1024 gated:qwen3-30b-a3b:512}; do
+        IFS=: read -r kern pre tok <<< "$kpt"
+        n=ncu-band-$kern-$pre-$tok
+        rx=$([ $kern = gated ] && echo GatedGemm || echo GroupedGemm)
+        step $n 300 ncu --clock-control none --kernel-name regex:$rx --launch-skip 2 -c 2 --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section Occupancy --section SourceCounters -o "/tmp/$n" -f python3 tools/profile_split.py --kernel $kern --preset $pre --tokens $tok --calls 1 --no-profiler
         ncu --import "/tmp/$n.ncu-rep" --page details >> "$OUT/$n.log" 2>&1
         ncu --import "/tmp/$n.ncu-rep" --page source --csv --print-source sass > "/tmp/$n.csv" 2>&1
         step $n-top 100 python3 tools/ncu_sass_top.py "/tmp/$n.csv"
