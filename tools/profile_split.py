@@ -11,6 +11,7 @@ ops). For hardware counters run the same script under
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 from collections import defaultdict
 
@@ -36,15 +37,14 @@ def main():
     out = torch.empty_like(x)
     fused_moe(x, w, tw, ids, activation=p.activation, out=out)  # compile, repack, allocate
     torch.cuda.synchronize()
+    profiler = (contextlib.nullcontext() if args.no_profiler else
+                torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]))
+    with profiler as prof:
+        for _ in range(args.calls):
+            fused_moe(x, w, tw, ids, activation=p.activation, out=out)
+        torch.cuda.synchronize()
     if args.no_profiler:
-        for _ in range(args.calls):
-            fused_moe(x, w, tw, ids, activation=p.activation, out=out)
-        torch.cuda.synchronize()
         return
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(args.calls):
-            fused_moe(x, w, tw, ids, activation=p.activation, out=out)
-        torch.cuda.synchronize()
     # a kernel launched m times per call (moe-gated's FC1 and FC2 share one name) is listed
     # as name [0] .. name [m-1], in launch order
     evs = sorted((ev for ev in prof.events() if ev.device_type == torch.autograd.DeviceType.CUDA),
