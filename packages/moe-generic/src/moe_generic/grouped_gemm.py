@@ -79,6 +79,9 @@ class GemmConfig:
     # mbarriers (full: the copies landed; empty: every MMA warp is done with it), so the MMA
     # warps issue no copy and never wait for each other (see _produce, _consume).
     producer_warps: int = 0
+    # with producer warps: row tiles per CTA, one after the other through the same ring (the
+    # producer streams the next row tile's first K-tiles while the MMA warps write this one's)
+    row_tiles: int = 1
 
     @property
     def gated(self) -> bool:
@@ -87,6 +90,10 @@ class GemmConfig:
     @property
     def cta_rows(self) -> int:
         return self.warps * self.mw * 16
+
+    def grid_m(self, rows: int) -> int:
+        """CTAs along the weight rows: the row tiles, row_tiles to a CTA."""
+        return -(-(rows // self.cta_rows) // self.row_tiles)
 
     @property
     def live_widths(self) -> tuple:
@@ -118,6 +125,7 @@ class GroupedGemm:
         self.bar_off = cfg.stages * self.stage_bytes
         self.smem_bytes = self.bar_off + (16 * cfg.stages if cfg.producer_warps else 0)
         assert cfg.producer_warps == 0 or cfg.bn <= 32 * cfg.producer_warps * 2
+        assert cfg.row_tiles == 1 or cfg.producer_warps > 0
 
     # ------------------------------------------------------------------ host entry
     @cute.jit
@@ -244,7 +252,9 @@ class GroupedGemm:
         2. a producer warp streams K-tile after K-tile into the ring (_produce), waiting only
            for the stage it refills to be released;
         3. an MMA warp runs the same decode and MMAs per K-tile as _mainloop, waiting only for
-           that stage's copies, then releases it (_consume), and writes its rows (_epilogue)."""
+           that stage's copies, then releases it (_consume), and writes its rows (_epilogue).
+        With row_tiles > 1 both sides run the CTA's row tiles bidx * row_tiles + i in turn, the
+        ring's K-tile count running on across them."""
         cfg = self.cfg
         full = s_base + self.bar_off
         empty = full + 8 * cfg.stages
@@ -258,11 +268,10 @@ class GroupedGemm:
         if warp >= cfg.warps:
             self._produce(ops, warp - cfg.warps, lane, bidx, e, p0, p1, s_base, full, empty)
         else:
-            group0 = bidx * (cfg.warps * cfg.mw) + warp * cfg.mw
             a_warp_off = self.b_bytes + warp * cfg.mw * self.a_group_bytes
             self._by_width(cfg.live_widths, p1 - p0,
-                           (acc, ops.k_tiles, s_base, lane, b_lane, a_warp_off, full, empty))
-            self._epilogue(ops, acc, e, p0, p1, group0, r, q)
+                           (acc, ops, s_base, lane, b_lane, a_warp_off, full, empty, e, p0, p1,
+                            bidx, warp, r, q))
 
     @cute.jit
     def _produce(self, ops, pw, lane, bidx, e, p0, p1, s_base, full, empty):
@@ -278,47 +287,61 @@ class GroupedGemm:
         row_src = [self._chunk_source((lane + 32 * (pw + npw * i)) * 16, p0, p1, ops.order,
                                       ops.row_div, ops.src, ops.src_stride)
                    for i in range((cfg.bn + 32 * npw - 1) // (32 * npw))]
-        # per served MMA warp w = pw + P j: where its groups' codes and scales start, and its
-        # slice of a stage
-        served = [pw + npw * j for j in range(-(-cfg.warps // npw))]
-        starts = [(Int64(e) * Int64(ops.row_groups) + Int64(bidx * (cfg.warps * cfg.mw) + w * cfg.mw))
-                  * Int64(ops.k_tiles) for w in served]
-        weights = [(ops.wblob + t0 * 1024, ops.sblob + t0 * (16 * sbpr),
-                    self.b_bytes + w * cfg.mw * self.a_group_bytes, w) for t0, w in zip(starts, served)]
-        for kt in cutlass.range(ops.k_tiles, unroll=1):
-            st = kt % cfg.stages
-            ptx.mbarrier_wait(empty + st * 8, ((kt // cfg.stages) % 2) ^ 1)
-            stage = s_base + st * self.stage_bytes
-            for i in cutlass.range_constexpr(len(row_src)):
-                n = lane + 32 * (pw + npw * i)
-                if n < cfg.bn:
-                    base, dst, _, ok = row_src[i]
-                    for ch in cutlass.range_constexpr(TILE_K // 8):
-                        self._copy_chunk((base + Int64(ch * 16), dst + ch * 16, Int32(ch), ok), kt,
-                                         ops.k_real, ops.src, stage)
-            for j in cutlass.range_constexpr(len(weights)):
-                w_src, s_src, a_off, w = weights[j]
-                if w < cfg.warps:
-                    self._copy_groups(kt, stage, lane, w_src, s_src, group_w_stride,
-                                      group_s_stride, a_off)
-            ptx.cp_async_mbarrier_arrive_noinc(full + st * 8)
+        served = [pw + npw * j for j in range(-(-cfg.warps // npw))]  # MMA warps pw + P j
+        n_rt = ops.row_groups // (cfg.warps * cfg.mw)
+        for t in cutlass.range_constexpr(cfg.row_tiles):
+            rt = bidx * cfg.row_tiles + t
+            if rt < n_rt:
+                # per served warp: where its groups' codes and scales start, its stage slice
+                starts = [(Int64(e) * Int64(ops.row_groups) + Int64((rt * cfg.warps + w) * cfg.mw))
+                          * Int64(ops.k_tiles) for w in served]
+                weights = [(ops.wblob + t0 * 1024, ops.sblob + t0 * (16 * sbpr),
+                            self.b_bytes + w * cfg.mw * self.a_group_bytes, w)
+                           for t0, w in zip(starts, served)]
+                for kt in cutlass.range(ops.k_tiles, unroll=1):
+                    g = t * ops.k_tiles + kt  # the ring's K-tile count over the row tiles
+                    st = g % cfg.stages
+                    ptx.mbarrier_wait(empty + st * 8, ((g // cfg.stages) % 2) ^ 1)
+                    stage = s_base + st * self.stage_bytes
+                    for i in cutlass.range_constexpr(len(row_src)):
+                        n = lane + 32 * (pw + npw * i)
+                        if n < cfg.bn:
+                            base, dst, _, ok = row_src[i]
+                            for ch in cutlass.range_constexpr(TILE_K // 8):
+                                self._copy_chunk((base + Int64(ch * 16), dst + ch * 16, Int32(ch),
+                                                  ok), kt, ops.k_real, ops.src, stage)
+                    for j in cutlass.range_constexpr(len(weights)):
+                        w_src, s_src, a_off, w = weights[j]
+                        if w < cfg.warps:
+                            self._copy_groups(kt, stage, lane, w_src, s_src, group_w_stride,
+                                              group_s_stride, a_off)
+                    ptx.cp_async_mbarrier_arrive_noinc(full + st * 8)
 
     @cute.jit
-    def _consume(self, live_nb: int, acc, k_tiles, s_base, lane, b_lane, a_warp_off, full, empty):
-        """An MMA warp's K loop with producer warps: wait for stage kt's copies, decode and MMA
-        as _mainloop does, then release the stage (every lane's shared-memory reads are done at
-        the warp barrier)."""
+    def _consume(self, live_nb: int, acc, ops, s_base, lane, b_lane, a_warp_off, full, empty, e,
+                 p0, p1, bidx, warp, r, q):
+        """An MMA warp with producer warps, per row tile of the CTA: the K loop (wait for the
+        stage's copies, decode and MMA as _mainloop does, release the stage: every lane's
+        shared-memory reads are done at the warp barrier), then the row tile's epilogue."""
         cfg = self.cfg
-        for kt in cutlass.range(k_tiles, unroll=1):
-            st = kt % cfg.stages
-            ptx.mbarrier_wait(full + st * 8, (kt // cfg.stages) % 2)
-            stage = s_base + st * self.stage_bytes
-            words = [fm.load_group_words(stage + a_warp_off + g * self.a_group_bytes, lane,
-                                         cfg.weight_format) for g in range(cfg.mw)]
-            fm.mma_ktile(acc, words, stage + b_lane, live_nb, cfg.weight_format)
-            cute.arch.sync_warp()
-            if lane == 0:
-                ptx.mbarrier_arrive(empty + st * 8)
+        n_rt = ops.row_groups // (cfg.warps * cfg.mw)
+        for t in cutlass.range_constexpr(cfg.row_tiles):
+            rt = bidx * cfg.row_tiles + t
+            if rt < n_rt:
+                if cutlass.const_expr(t > 0):
+                    acc.fill(0.0)
+                for kt in cutlass.range(ops.k_tiles, unroll=1):
+                    g = t * ops.k_tiles + kt
+                    st = g % cfg.stages
+                    ptx.mbarrier_wait(full + st * 8, (g // cfg.stages) % 2)
+                    stage = s_base + st * self.stage_bytes
+                    words = [fm.load_group_words(stage + a_warp_off + gi * self.a_group_bytes, lane,
+                                                 cfg.weight_format) for gi in range(cfg.mw)]
+                    fm.mma_ktile(acc, words, stage + b_lane, live_nb, cfg.weight_format)
+                    cute.arch.sync_warp()
+                    if lane == 0:
+                        ptx.mbarrier_arrive(empty + st * 8)
+                self._epilogue(ops, acc, e, p0, p1, (rt * cfg.warps + warp) * cfg.mw, r, q)
 
     @cute.jit
     def _mainloop(self, live_nb: int, acc, k_tiles, s_base, lane, b_lane, sources, src, k_real,
