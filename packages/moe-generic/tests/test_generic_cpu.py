@@ -34,10 +34,10 @@ from moe_generic.compile_cache import compile_config, config
 bn = int(sys.argv[1])
 for fmt in ("nvfp4", "mxfp4"):
     for phase, act in (("fc1", "swigluoai"), ("fc2", "none")):
-        for rt in (1, 2):
-            c = compile_config(dataclasses.replace(config(phase, fmt, act, bn), producer_warps=1,
+        for rt, pw in ((1, 1), (2, 1), (1, 2)):
+            c = compile_config(dataclasses.replace(config(phase, fmt, act, bn), producer_warps=pw,
                                                    row_tiles=rt))
-            open(f"{fmt}-{phase}-{rt}.txt", "w").write(c.__ptx__)
+            open(f"{fmt}-{phase}-{rt}-{pw}.txt", "w").write(c.__ptx__)
 """
 
 
@@ -47,7 +47,7 @@ def test_producer_warp_configs_hand_stages_over_by_mbarrier(bn, tmp_path):
     bar.sync (after the mbarriers' set-up), the copies land on the full barriers
     (cp.async.mbarrier.arrive.noinc), the MMA warps wait on them (try_wait.parity), and no
     cp.async group is committed or waited for. Checked in the PTX of each format and phase,
-    with one and two row tiles per CTA."""
+    with one and two row tiles per CTA and with two producer warps."""
     import os
     import subprocess
     import sys
@@ -57,7 +57,7 @@ def test_producer_warp_configs_hand_stages_over_by_mbarrier(bn, tmp_path):
     subprocess.run([sys.executable, "-c", _PRODUCER_PROBE, str(bn)], env=env, check=True,
                    cwd=tmp_path)
     ptx = {p.name: p.read_text() for p in Path(tmp_path).glob("*-fc*.txt")}
-    assert len(ptx) == 8, list(ptx)
+    assert len(ptx) == 12, list(ptx)
     for name, text in ptx.items():
         assert text.count("bar.sync") == 1, name
         assert "cp.async.mbarrier.arrive.noinc.shared::cta.b64" in text, name

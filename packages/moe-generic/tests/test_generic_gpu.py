@@ -162,7 +162,8 @@ def test_every_tile_width_matches_reference(bn, case, monkeypatch):
                                         (32, {"producer_warps": 1, "stages": 3}),
                                         (32, {"producer_warps": 1, "mw": 1, "warps": 8}),
                                         (8, {"producer_warps": 1, "row_tiles": 2}),
-                                        (32, {"producer_warps": 1, "row_tiles": 2})])
+                                        (32, {"producer_warps": 1, "row_tiles": 2}),
+                                        (64, {"producer_warps": 2}), (32, {"producer_warps": 3})])
 @pytest.mark.parametrize("case", SKEWED_CASES)
 def test_config_candidates_match_reference(bn, changes, case, monkeypatch):
     """GemmConfig settings that measurements may switch to (3 ring stages for 32-token tiles,

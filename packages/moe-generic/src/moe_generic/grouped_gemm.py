@@ -124,8 +124,9 @@ class GroupedGemm:
         # with producer warps: mbarriers full[stages], empty[stages] after the stages
         self.bar_off = cfg.stages * self.stage_bytes
         self.smem_bytes = self.bar_off + (16 * cfg.stages if cfg.producer_warps else 0)
-        assert cfg.producer_warps == 0 or cfg.bn <= 32 * cfg.producer_warps * 2
-        assert cfg.row_tiles == 1 or cfg.producer_warps > 0
+        assert cfg.producer_warps >= 0 and cfg.row_tiles >= 1, cfg
+        assert cfg.row_tiles == 1 or cfg.producer_warps > 0, cfg
+        assert self.block_threads <= 1024, cfg
 
     # ------------------------------------------------------------------ host entry
     @cute.jit
@@ -275,18 +276,23 @@ class GroupedGemm:
 
     @cute.jit
     def _produce(self, ops, pw, lane, bidx, e, p0, p1, s_base, full, empty):
-        """Producer warp pw: per K-tile, wait until the stage is free, cp.async into it the token
-        rows pw, pw + P, ... (one lane per row, 16 chunks each; zeros past the tile's rows and
-        the real K) and the weight groups of MMA warps pw, pw + P, ..., then arrive on its full
-        barrier when this lane's copies land (cp.async.mbarrier.arrive.noinc)."""
+        """Producer warp pw: per K-tile, wait until the stage is free, cp.async into it its share
+        of the token rows (two copying threads per row, each 32-byte sector of a row read whole
+        by one instruction: thread j of the P warps' 32 P takes row j // 2 + 16 P i, chunks
+        j % 2, j % 2 + 2, ...; zeros past the tile's rows and the real K) and the weight groups
+        of MMA warps pw, pw + P, ..., then arrive on the stage's full barrier when this lane's
+        copies land (cp.async.mbarrier.arrive.noinc)."""
         cfg = self.cfg
         npw = cfg.producer_warps
         sbpr = cfg.scale_bytes_per_row
         group_w_stride = Int64(ops.k_tiles) * 1024
         group_s_stride = Int64(ops.k_tiles) * (16 * sbpr)
-        row_src = [self._chunk_source((lane + 32 * (pw + npw * i)) * 16, p0, p1, ops.order,
-                                      ops.row_div, ops.src, ops.src_stride)
-                   for i in range((cfg.bn + 32 * npw - 1) // (32 * npw))]
+        ctid = pw * 32 + lane  # this thread among the producer warps'
+        rows_per_pass = 16 * npw
+        half = ctid % 2  # the chunks of the row this thread copies: half, half + 2, ...
+        row_src = [self._chunk_source((ctid // 2 + rows_per_pass * i) * 16 + half, p0, p1,
+                                      ops.order, ops.row_div, ops.src, ops.src_stride)
+                   for i in range(-(-cfg.bn // rows_per_pass))]
         served = [pw + npw * j for j in range(-(-cfg.warps // npw))]  # MMA warps pw + P j
         n_rt = ops.row_groups // (cfg.warps * cfg.mw)
         for t in cutlass.range_constexpr(cfg.row_tiles):
@@ -304,11 +310,10 @@ class GroupedGemm:
                     ptx.mbarrier_wait(empty + st * 8, ((g // cfg.stages) % 2) ^ 1)
                     stage = s_base + st * self.stage_bytes
                     for i in cutlass.range_constexpr(len(row_src)):
-                        n = lane + 32 * (pw + npw * i)
-                        if n < cfg.bn:
-                            base, dst, _, ok = row_src[i]
-                            for ch in cutlass.range_constexpr(TILE_K // 8):
-                                self._copy_chunk((base + Int64(ch * 16), dst + ch * 16, Int32(ch),
+                        if ctid // 2 + rows_per_pass * i < cfg.bn:
+                            base, dst, ch0, ok = row_src[i]
+                            for j in cutlass.range_constexpr(TILE_K // 16):
+                                self._copy_chunk((base + Int64(j * 32), dst + j * 32, ch0 + 2 * j,
                                                   ok), kt, ops.k_real, ops.src, stage)
                     for j in cutlass.range_constexpr(len(weights)):
                         w_src, s_src, a_off, w = weights[j]
