@@ -28,7 +28,7 @@ CASES = ["static-T1-mxfp4-gelu-ids64-wide", "generic-T40-nvfp4-swigluoai-w4a4-bi
 # Compile-time config fields added since BASE_REV: they choose the code compiled, not a value
 # passed at launch, so they are left out of the comparison (width_step: moe-generic's mainloop
 # bodies per width class, 9c2e706).
-CONFIG_FIELDS_SINCE_BASE = ("width_step",)
+CONFIG_FIELDS_SINCE_BASE = ("width_step", "producer_warps", "row_tiles")
 # (runner file, text, text with two fields swapped)
 SWAPS = [
     ("packages/moe-static/src/moe_static/runner.py",

@@ -28,6 +28,43 @@ def test_every_dispatchable_config_compiles_for_sm90a():
         assert compile_config(cfg) is not None, cfg
 
 
+_PRODUCER_PROBE = """
+import dataclasses, sys
+from moe_generic.compile_cache import compile_config, config
+bn = int(sys.argv[1])
+for fmt in ("nvfp4", "mxfp4"):
+    for phase, act in (("fc1", "swigluoai"), ("fc2", "none")):
+        for rt, pw in ((1, 1), (2, 1), (1, 2)):
+            c = compile_config(dataclasses.replace(config(phase, fmt, act, bn), producer_warps=pw,
+                                                   row_tiles=rt))
+            open(f"{fmt}-{phase}-{rt}-{pw}.txt", "w").write(c.__ptx__)
+"""
+
+
+@pytest.mark.parametrize("bn", [8, 16, 32, 64])
+def test_producer_warp_configs_hand_stages_over_by_mbarrier(bn, tmp_path):
+    """With a copy-only warp (GemmConfig.producer_warps) the K loop has no CTA barrier: one
+    bar.sync (after the mbarriers' set-up), the copies land on the full barriers
+    (cp.async.mbarrier.arrive.noinc), the MMA warps wait on them (try_wait.parity), and no
+    cp.async group is committed or waited for. Checked in the PTX of each format and phase,
+    with one and two row tiles per CTA and with two producer warps."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = dict(os.environ, CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=str(tmp_path))
+    subprocess.run([sys.executable, "-c", _PRODUCER_PROBE, str(bn)], env=env, check=True,
+                   cwd=tmp_path)
+    ptx = {p.name: p.read_text() for p in Path(tmp_path).glob("*-fc*.txt")}
+    assert len(ptx) == 12, list(ptx)
+    for name, text in ptx.items():
+        assert text.count("bar.sync") == 1, name
+        assert "cp.async.mbarrier.arrive.noinc.shared::cta.b64" in text, name
+        assert "mbarrier.try_wait.parity" in text, name
+        assert "cp.async.wait_group" not in text and "cp.async.commit_group" not in text, name
+
+
 def test_operands_reach_the_kernel_in_field_order():
     """The runner's GemmOperands arrive as the kernel's parameters, one per field, in order and
     with their values (the launcher's marshalling, checked without a GPU)."""

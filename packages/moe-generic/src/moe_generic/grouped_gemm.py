@@ -22,6 +22,8 @@ Per K-tile each lane reads its codes and scales from shared memory, decodes e2m1
 registers (decode_fragment_word: shifts and masks), multiplies by the block scale (bf16x2, exact),
 and feeds the tensor cores: mma.sync.m16n8k16 with B fragments by ldmatrix from padded
 [bn][128 + 8] rows.
+With GemmConfig.producer_warps (a candidate, not yet picked by compile_cache.config) extra warps
+issue every copy and hand the stages over by mbarriers instead of a CTA barrier per K-tile.
 Epilogues apply the fp32 global scale (x the activation global scale in w4a4) and bias; FC1
 applies the activation with gate (row r) and up (row r + 8) of the same j in the same lane
 (weights repacked so), FC2 the router weight and writes each (pair, h) exactly once, so the
@@ -72,6 +74,14 @@ class GemmConfig:
     warps: int = 4  # per CTA (8 with mw=1: the same 128-row tile with twice the warps)
     stages: int = 4  # cp.async ring depth; bn=64, 8 warps, NVFP4: 4 x 27 KiB, two CTAs per SM
     width_step: int = 8  # token granularity of the mainloop bodies (see live_widths)
+    # 0: every warp copies its share of each stage and the CTA meets at a barrier per K-tile.
+    # n > 0: n more warps only copy (cp.async into the same stages), each stage handed over by
+    # mbarriers (full: the copies landed; empty: every MMA warp is done with it), so the MMA
+    # warps issue no copy and never wait for each other (see _produce, _consume).
+    producer_warps: int = 0
+    # with producer warps: row tiles per CTA, one after the other through the same ring (the
+    # producer streams the next row tile's first K-tiles while the MMA warps write this one's)
+    row_tiles: int = 1
 
     @property
     def gated(self) -> bool:
@@ -80,6 +90,10 @@ class GemmConfig:
     @property
     def cta_rows(self) -> int:
         return self.warps * self.mw * 16
+
+    def grid_m(self, rows: int) -> int:
+        """CTAs along the weight rows: the row tiles, row_tiles to a CTA."""
+        return -(-(rows // self.cta_rows) // self.row_tiles)
 
     @property
     def live_widths(self) -> tuple:
@@ -100,21 +114,27 @@ class GroupedGemm:
         self.nb = cfg.bn // 8
         self.b_bytes = cfg.bn * SMEM_ROW_BYTES  # padded rows: conflict-free ldmatrix
         self.a_group_bytes = fm.group_tile_bytes(cfg.weight_format)
-        self.threads = cfg.warps * 32
+        self.threads = cfg.warps * 32  # the MMA warps'
+        self.block_threads = self.threads + cfg.producer_warps * 32
         self.stage_bytes = self.b_bytes + cfg.warps * cfg.mw * self.a_group_bytes
         # 16-byte chunks of one B stage, spread over the CTA's threads
         self.b_chunks = cfg.bn * (TILE_K // 8)
         assert self.b_chunks % self.threads == 0
         self.b_iters = self.b_chunks // self.threads
+        # with producer warps: mbarriers full[stages], empty[stages] after the stages
+        self.bar_off = cfg.stages * self.stage_bytes
+        self.smem_bytes = self.bar_off + (16 * cfg.stages if cfg.producer_warps else 0)
+        assert cfg.producer_warps >= 0 and cfg.row_tiles >= 1, cfg
+        assert cfg.row_tiles == 1 or cfg.producer_warps > 0, cfg
+        assert self.block_threads <= 1024, cfg
 
     # ------------------------------------------------------------------ host entry
     @cute.jit
     def __call__(self, ops: GemmOperands, grid_m: Int32, max_tiles: Int32, stream):
         """grid: grid_m row tiles x max_tiles token tiles (a bound: CTAs past the device-side
         tile count return at once)."""
-        self.kernel(ops).launch(grid=[grid_m, max_tiles, 1], block=[self.threads, 1, 1],
-                                smem=self.cfg.stages * self.stage_bytes, stream=stream,
-                                use_pdl=jit.PDL)
+        self.kernel(ops).launch(grid=[grid_m, max_tiles, 1], block=[self.block_threads, 1, 1],
+                                smem=self.smem_bytes, stream=stream, use_pdl=jit.PDL)
 
     # ------------------------------------------------------------------ device
     @cute.kernel
@@ -134,7 +154,7 @@ class GroupedGemm:
             q = lane % 4
 
             smem = cutlass.memory.SmemAllocator()
-            sbuf = smem.allocate_array(cutlass.Uint8, cfg.stages * self.stage_bytes, byte_alignment=128)
+            sbuf = smem.allocate_array(cutlass.Uint8, self.smem_bytes, byte_alignment=128)
             s_base = Int32(sbuf.toint())
 
             # ---- weight stream. Tile (e, group, kt): 1 KiB of fragment-ordered codes, lane l's
@@ -154,60 +174,179 @@ class GroupedGemm:
 
             b_lane = fm.ldmatrix_lane_offset(lane)  # this lane's ldmatrix row in a B stage
 
-            sources = [self._chunk_source(tidx + it * self.threads, p0, p1, ops.order, ops.row_div,
-                                          ops.src, ops.src_stride)
-                       for it in range(self.b_iters)]
+            if cutlass.const_expr(cfg.producer_warps == 0):
+                sources = [self._chunk_source(tidx + it * self.threads, p0, p1, ops.order, ops.row_div,
+                                              ops.src, ops.src_stride)
+                           for it in range(self.b_iters)]
 
-            # ---- mainloop, specialised on the tile's live width: an expert's last tile is partly
-            # filled (DeepSeek-V3 T=8192: ~11% of the 64-token columns are padding; T=256, 8
-            # routed rows per expert in 32-token tiles: most of them), and the MMAs and B reads
-            # of 8-token column blocks past it are skipped. One body per width class
-            # (cfg.live_widths), chosen once per tile (a branch per K-tile instead kept every
-            # body's registers live: 144 per thread, one CTA per SM). The decode is the same in
-            # every body.
-            loop_args = (acc, ops.k_tiles, s_base, lane, b_lane, sources, ops.src, ops.k_real, w_warp, s_warp,
-                         group_w_stride, group_s_stride, a_warp_off)
-            self._by_width(cfg.live_widths, p1 - p0, loop_args)
-            ptx.cp_async_wait(0)
-
-            # ---- epilogue
-            gscale = ptx.ld_nc_f32(ops.gscale + Int64(e) * 4)
-            for g in cutlass.range_constexpr(cfg.mw):
-                row0 = (group0 + g) * 16 + r  # blob row of acc[..., 0/1]; +8 for acc[..., 2/3]
-                # bias is always read (zeros when the layer has none): one less compile variant
-                brow = ops.bias + (Int64(e) * Int64(ops.row_groups * 16) + Int64(row0)) * 4
-                b_lo = ptx.ld_nc_f32(brow)
-                b_hi = ptx.ld_nc_f32(brow + 32)
-                for nb in cutlass.range_constexpr(self.nb):
-                    for c in cutlass.range_constexpr(2):
-                        p = p0 + nb * 8 + 2 * q + c
-                        if p < p1:
-                            v_lo = acc[g, nb, c] * gscale + b_lo
-                            v_hi = acc[g, nb, 2 + c] * gscale + b_hi
-                            if cutlass.const_expr(cfg.phase == "fc1"):
-                                self._fc1_store(ops.out, ops.out_stride, p, group0 + g, r, v_lo, v_hi,
-                                               ops.act_alpha, ops.act_beta, ops.act_limit)
-                            else:
-                                pair = ptx.ld_u32(ops.pair_orig + Int64(p) * 4)
-                                wgt = ptx.ld_nc_f32(ops.route_w + Int64(pair) * 4)
-                                dst = ops.out + (Int64(pair) * Int64(ops.out_stride)) * 4
-                                if row0 < ops.out_rows:
-                                    ptx.st_f32(dst + Int64(row0) * 4, v_lo * wgt)
-                                if row0 + 8 < ops.out_rows:
-                                    ptx.st_f32(dst + Int64(row0 + 8) * 4, v_hi * wgt)
+                # ---- mainloop, specialised on the tile's live width: an expert's last tile is
+                # partly filled (DeepSeek-V3 T=8192: ~11% of the 64-token columns are padding;
+                # T=256, 8 routed rows per expert in 32-token tiles: most of them), and the MMAs
+                # and B reads of 8-token column blocks past it are skipped. One body per width
+                # class (cfg.live_widths), chosen once per tile (a branch per K-tile instead kept
+                # every body's registers live: 144 per thread, one CTA per SM). The decode is the
+                # same in every body.
+                loop_args = (acc, ops.k_tiles, s_base, lane, b_lane, sources, ops.src, ops.k_real,
+                             w_warp, s_warp, group_w_stride, group_s_stride, a_warp_off)
+                self._by_width(cfg.live_widths, p1 - p0, loop_args)
+                ptx.cp_async_wait(0)
+                self._epilogue(ops, acc, e, p0, p1, group0, r, q)
+            else:
+                self._warp_specialized(ops, acc, e, p0, p1, bidx, warp, lane, r, q, s_base, b_lane)
 
     # ------------------------------------------------------------------ pieces
     @cute.jit
+    def _epilogue(self, ops, acc, e, p0, p1, group0, r, q):
+        """Global scale, bias; FC1 the activation into the intermediate, FC2 the router weight
+        into y (each (pair, row) written once)."""
+        cfg = self.cfg
+        gscale = ptx.ld_nc_f32(ops.gscale + Int64(e) * 4)
+        for g in cutlass.range_constexpr(cfg.mw):
+            row0 = (group0 + g) * 16 + r  # blob row of acc[..., 0/1]; +8 for acc[..., 2/3]
+            # bias is always read (zeros when the layer has none): one less compile variant
+            brow = ops.bias + (Int64(e) * Int64(ops.row_groups * 16) + Int64(row0)) * 4
+            b_lo = ptx.ld_nc_f32(brow)
+            b_hi = ptx.ld_nc_f32(brow + 32)
+            for nb in cutlass.range_constexpr(self.nb):
+                for c in cutlass.range_constexpr(2):
+                    p = p0 + nb * 8 + 2 * q + c
+                    if p < p1:
+                        v_lo = acc[g, nb, c] * gscale + b_lo
+                        v_hi = acc[g, nb, 2 + c] * gscale + b_hi
+                        if cutlass.const_expr(cfg.phase == "fc1"):
+                            self._fc1_store(ops.out, ops.out_stride, p, group0 + g, r, v_lo, v_hi,
+                                           ops.act_alpha, ops.act_beta, ops.act_limit)
+                        else:
+                            pair = ptx.ld_u32(ops.pair_orig + Int64(p) * 4)
+                            wgt = ptx.ld_nc_f32(ops.route_w + Int64(pair) * 4)
+                            dst = ops.out + (Int64(pair) * Int64(ops.out_stride)) * 4
+                            if row0 < ops.out_rows:
+                                ptx.st_f32(dst + Int64(row0) * 4, v_lo * wgt)
+                            if row0 + 8 < ops.out_rows:
+                                ptx.st_f32(dst + Int64(row0 + 8) * 4, v_hi * wgt)
+
+    @cute.jit
     def _by_width(self, widths: tuple, width, loop_args):
-        """The mainloop body of the narrowest class in `widths` (8-token blocks) that holds
-        `width` rows."""
+        """The K loop body (_mainloop, or _consume with producer warps) of the narrowest class in
+        `widths` (8-token blocks) that holds `width` rows."""
         if cutlass.const_expr(len(widths) == 1):
-            self._mainloop(widths[0], *loop_args)
+            self._body(widths[0], loop_args)
         else:
             if width > widths[-2] * 8:
-                self._mainloop(widths[-1], *loop_args)
+                self._body(widths[-1], loop_args)
             else:
                 self._by_width(widths[:-1], width, loop_args)
+
+    @cute.jit
+    def _body(self, live_nb: int, loop_args):
+        if cutlass.const_expr(self.cfg.producer_warps == 0):
+            self._mainloop(live_nb, *loop_args)
+        else:
+            self._consume(live_nb, *loop_args)
+
+    # ------------------------------------------------------------------ producer warps
+    @cute.jit
+    def _warp_specialized(self, ops, acc, e, p0, p1, bidx, warp, lane, r, q, s_base, b_lane):
+        """The tile with cfg.producer_warps copy-only warps after the MMA warps:
+        1. thread 0 sets up the stages' mbarriers: full[s] counts the copying threads' arrivals
+           (each lands when that thread's copies into stage s have), empty[s] the MMA warps';
+        2. a producer warp streams K-tile after K-tile into the ring (_produce), waiting only
+           for the stage it refills to be released;
+        3. an MMA warp runs the same decode and MMAs per K-tile as _mainloop, waiting only for
+           that stage's copies, then releases it (_consume), and writes its rows (_epilogue).
+        With row_tiles > 1 both sides run the CTA's row tiles bidx * row_tiles + i in turn, the
+        ring's K-tile count running on across them."""
+        cfg = self.cfg
+        full = s_base + self.bar_off
+        empty = full + 8 * cfg.stages
+        if warp == 0:
+            if lane == 0:
+                for st in cutlass.range_constexpr(cfg.stages):
+                    ptx.mbarrier_init(full + st * 8, cfg.producer_warps * 32)
+                    ptx.mbarrier_init(empty + st * 8, cfg.warps)
+                ptx.fence_mbarrier_init()
+        cute.arch.sync_threads()
+        if warp >= cfg.warps:
+            self._produce(ops, warp - cfg.warps, lane, bidx, e, p0, p1, s_base, full, empty)
+        else:
+            a_warp_off = self.b_bytes + warp * cfg.mw * self.a_group_bytes
+            self._by_width(cfg.live_widths, p1 - p0,
+                           (acc, ops, s_base, lane, b_lane, a_warp_off, full, empty, e, p0, p1,
+                            bidx, warp, r, q))
+
+    @cute.jit
+    def _produce(self, ops, pw, lane, bidx, e, p0, p1, s_base, full, empty):
+        """Producer warp pw: per K-tile, wait until the stage is free, cp.async into it its share
+        of the token rows (two copying threads per row, each 32-byte sector of a row read whole
+        by one instruction: thread j of the P warps' 32 P takes row j // 2 + 16 P i, chunks
+        j % 2, j % 2 + 2, ...; zeros past the tile's rows and the real K) and the weight groups
+        of MMA warps pw, pw + P, ..., then arrive on the stage's full barrier when this lane's
+        copies land (cp.async.mbarrier.arrive.noinc)."""
+        cfg = self.cfg
+        npw = cfg.producer_warps
+        sbpr = cfg.scale_bytes_per_row
+        group_w_stride = Int64(ops.k_tiles) * 1024
+        group_s_stride = Int64(ops.k_tiles) * (16 * sbpr)
+        ctid = pw * 32 + lane  # this thread among the producer warps'
+        rows_per_pass = 16 * npw
+        half = ctid % 2  # the chunks of the row this thread copies: half, half + 2, ...
+        row_src = [self._chunk_source((ctid // 2 + rows_per_pass * i) * 16 + half, p0, p1,
+                                      ops.order, ops.row_div, ops.src, ops.src_stride)
+                   for i in range(-(-cfg.bn // rows_per_pass))]
+        served = [pw + npw * j for j in range(-(-cfg.warps // npw))]  # MMA warps pw + P j
+        n_rt = ops.row_groups // (cfg.warps * cfg.mw)
+        for t in cutlass.range_constexpr(cfg.row_tiles):
+            rt = bidx * cfg.row_tiles + t
+            if rt < n_rt:
+                # per served warp: where its groups' codes and scales start, its stage slice
+                starts = [(Int64(e) * Int64(ops.row_groups) + Int64((rt * cfg.warps + w) * cfg.mw))
+                          * Int64(ops.k_tiles) for w in served]
+                weights = [(ops.wblob + t0 * 1024, ops.sblob + t0 * (16 * sbpr),
+                            self.b_bytes + w * cfg.mw * self.a_group_bytes, w)
+                           for t0, w in zip(starts, served)]
+                for kt in cutlass.range(ops.k_tiles, unroll=1):
+                    g = t * ops.k_tiles + kt  # the ring's K-tile count over the row tiles
+                    st = g % cfg.stages
+                    ptx.mbarrier_wait(empty + st * 8, ((g // cfg.stages) % 2) ^ 1)
+                    stage = s_base + st * self.stage_bytes
+                    for i in cutlass.range_constexpr(len(row_src)):
+                        if ctid // 2 + rows_per_pass * i < cfg.bn:
+                            base, dst, ch0, ok = row_src[i]
+                            for j in cutlass.range_constexpr(TILE_K // 16):
+                                self._copy_chunk((base + Int64(j * 32), dst + j * 32, ch0 + 2 * j,
+                                                  ok), kt, ops.k_real, ops.src, stage)
+                    for j in cutlass.range_constexpr(len(weights)):
+                        w_src, s_src, a_off, w = weights[j]
+                        if w < cfg.warps:
+                            self._copy_groups(kt, stage, lane, w_src, s_src, group_w_stride,
+                                              group_s_stride, a_off)
+                    ptx.cp_async_mbarrier_arrive_noinc(full + st * 8)
+
+    @cute.jit
+    def _consume(self, live_nb: int, acc, ops, s_base, lane, b_lane, a_warp_off, full, empty, e,
+                 p0, p1, bidx, warp, r, q):
+        """An MMA warp with producer warps, per row tile of the CTA: the K loop (wait for the
+        stage's copies, decode and MMA as _mainloop does, release the stage: every lane's
+        shared-memory reads are done at the warp barrier), then the row tile's epilogue."""
+        cfg = self.cfg
+        n_rt = ops.row_groups // (cfg.warps * cfg.mw)
+        for t in cutlass.range_constexpr(cfg.row_tiles):
+            rt = bidx * cfg.row_tiles + t
+            if rt < n_rt:
+                if cutlass.const_expr(t > 0):
+                    acc.fill(0.0)
+                for kt in cutlass.range(ops.k_tiles, unroll=1):
+                    g = t * ops.k_tiles + kt
+                    st = g % cfg.stages
+                    ptx.mbarrier_wait(full + st * 8, (g // cfg.stages) % 2)
+                    stage = s_base + st * self.stage_bytes
+                    words = [fm.load_group_words(stage + a_warp_off + gi * self.a_group_bytes, lane,
+                                                 cfg.weight_format) for gi in range(cfg.mw)]
+                    fm.mma_ktile(acc, words, stage + b_lane, live_nb, cfg.weight_format)
+                    cute.arch.sync_warp()
+                    if lane == 0:
+                        ptx.mbarrier_arrive(empty + st * 8)
+                self._epilogue(ops, acc, e, p0, p1, (rt * cfg.warps + warp) * cfg.mw, r, q)
 
     @cute.jit
     def _mainloop(self, live_nb: int, acc, k_tiles, s_base, lane, b_lane, sources, src, k_real,
@@ -274,9 +413,15 @@ class GroupedGemm:
     def _issue_stage(self, kt, stage, lane, sources, src, k_real,
                      w_warp, s_warp, group_w_stride, group_s_stride, a_warp_off):
         """cp.async K-tile kt's token rows (whole CTA) and this warp's weight tiles into a stage."""
-        cfg = self.cfg
         for it in cutlass.range_constexpr(self.b_iters):
             self._copy_chunk(sources[it], kt, k_real, src, stage)
+        self._copy_groups(kt, stage, lane, w_warp, s_warp, group_w_stride, group_s_stride, a_warp_off)
+
+    @cute.jit
+    def _copy_groups(self, kt, stage, lane, w_warp, s_warp, group_w_stride, group_s_stride,
+                     a_warp_off):
+        """cp.async K-tile kt of one warp's mw weight groups (codes, scales) into a stage."""
+        cfg = self.cfg
         scale_chunks = cfg.scale_bytes_per_row  # 16 rows x sbpr bytes = sbpr chunks of 16 B
         for g in cutlass.range_constexpr(cfg.mw):
             dst = stage + a_warp_off + g * self.a_group_bytes
