@@ -18,6 +18,13 @@ BN_CHOICES = (8, 16, 32, 64)
 WARPS64 = 8
 TALL_MIN_KTILES = 17
 STAGES = 4  # cp.async ring depth of every tile
+# 32-token tiles: one copy-only warp feeding a 3-deep ring through mbarriers (GemmConfig.
+# producer_warps) in place of the MMA warps' own copies and a CTA barrier per K-tile. Measured on
+# the H200 (tools/band_probe.py --config '32:producer_warps=1,stages=3', BENCHMARKS.md decisions):
+# DeepSeek-V3 T=256 / 512 -4.1% / -3.4%, Qwen3-30B-A3B T=128 / 256 -2.7% / -4.6%; one producer
+# warp at every width, or at 4 stages, moved the band by -1% to +3% only.
+PRODUCER_BN = 32
+PRODUCER_STAGES = 3
 
 
 def config(phase: str, weight_format: str, activation: str, bn: int, rows: int = 0,
@@ -29,9 +36,11 @@ def config(phase: str, weight_format: str, activation: str, bn: int, rows: int =
     if warps * 16 > 128 and rows % (warps * 16) != 0:
         warps = 8
     mw = 1 if bn <= 16 else max(1, 8 // warps)
+    producer = bn == PRODUCER_BN
     return GemmConfig(phase=phase, weight_format=weight_format,
                       activation=activation if phase == "fc1" else "none", bn=bn,
-                      mw=mw, warps=warps, stages=STAGES)
+                      mw=mw, warps=warps, stages=PRODUCER_STAGES if producer else STAGES,
+                      producer_warps=1 if producer else 0)
 
 
 def compile_config(cfg: GemmConfig):

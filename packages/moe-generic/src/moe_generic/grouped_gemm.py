@@ -22,7 +22,7 @@ Per K-tile each lane reads its codes and scales from shared memory, decodes e2m1
 registers (decode_fragment_word: shifts and masks), multiplies by the block scale (bf16x2, exact),
 and feeds the tensor cores: mma.sync.m16n8k16 with B fragments by ldmatrix from padded
 [bn][128 + 8] rows.
-With GemmConfig.producer_warps (a candidate, not yet picked by compile_cache.config) extra warps
+With GemmConfig.producer_warps (compile_cache.config picks one for the 32-token tiles) extra warps
 issue every copy and hand the stages over by mbarriers instead of a CTA barrier per K-tile.
 Epilogues apply the fp32 global scale (x the activation global scale in w4a4) and bias; FC1
 applies the activation with gate (row r) and up (row r + 8) of the same j in the same lane
