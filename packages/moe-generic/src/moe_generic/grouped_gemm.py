@@ -76,7 +76,7 @@ class GemmConfig:
     width_step: int = 8  # token granularity of the mainloop bodies (see live_widths)
     # 0: every warp copies its share of each stage and the CTA meets at a barrier per K-tile.
     # n > 0: n more warps only copy (cp.async into the same stages), each stage handed over by
-    # mbarriers (full: the copies landed; empty: every MMA warp is done with it), so the MMA
+    # mbarriers (full: the copies landed; empty: every MMA thread is done with it), so the MMA
     # warps issue no copy and never wait for each other (see _produce, _consume).
     producer_warps: int = 0
     # with producer warps: row tiles per CTA, one after the other through the same ring (the
@@ -249,7 +249,7 @@ class GroupedGemm:
     def _warp_specialized(self, ops, acc, e, p0, p1, bidx, warp, lane, r, q, s_base, b_lane):
         """The tile with cfg.producer_warps copy-only warps after the MMA warps:
         1. thread 0 sets up the stages' mbarriers: full[s] counts the copying threads' arrivals
-           (each lands when that thread's copies into stage s have), empty[s] the MMA warps';
+           (each lands when that thread's copies into stage s have), empty[s] the MMA threads';
         2. a producer warp streams K-tile after K-tile into the ring (_produce), waiting only
            for the stage it refills to be released;
         3. an MMA warp runs the same decode and MMAs per K-tile as _mainloop, waiting only for
@@ -263,7 +263,7 @@ class GroupedGemm:
             if lane == 0:
                 for st in cutlass.range_constexpr(cfg.stages):
                     ptx.mbarrier_init(full + st * 8, cfg.producer_warps * 32)
-                    ptx.mbarrier_init(empty + st * 8, cfg.warps)
+                    ptx.mbarrier_init(empty + st * 8, cfg.warps * 32)
                 ptx.fence_mbarrier_init()
         cute.arch.sync_threads()
         if warp >= cfg.warps:
@@ -326,8 +326,9 @@ class GroupedGemm:
     def _consume(self, live_nb: int, acc, ops, s_base, lane, b_lane, a_warp_off, full, empty, e,
                  p0, p1, bidx, warp, r, q):
         """An MMA warp with producer warps, per row tile of the CTA: the K loop (wait for the
-        stage's copies, decode and MMA as _mainloop does, release the stage: every lane's
-        shared-memory reads are done at the warp barrier), then the row tile's epilogue."""
+        stage's copies, decode and MMA as _mainloop does, release the stage: every thread
+        arrives after its own shared-memory reads, so each read is ordered before the refill by
+        the barrier itself), then the row tile's epilogue."""
         cfg = self.cfg
         n_rt = ops.row_groups // (cfg.warps * cfg.mw)
         for t in cutlass.range_constexpr(cfg.row_tiles):
@@ -343,9 +344,7 @@ class GroupedGemm:
                     words = [fm.load_group_words(stage + a_warp_off + gi * self.a_group_bytes, lane,
                                                  cfg.weight_format) for gi in range(cfg.mw)]
                     fm.mma_ktile(acc, words, stage + b_lane, live_nb, cfg.weight_format)
-                    cute.arch.sync_warp()
-                    if lane == 0:
-                        ptx.mbarrier_arrive(empty + st * 8)
+                    ptx.mbarrier_arrive(empty + st * 8)
                 self._epilogue(ops, acc, e, p0, p1, (rt * cfg.warps + warp) * cfg.mw, r, q)
 
     @cute.jit
