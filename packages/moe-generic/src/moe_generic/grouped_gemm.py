@@ -280,8 +280,8 @@ class GroupedGemm:
         of the token rows (two copying threads per row, each 32-byte sector of a row read whole
         by one instruction: thread j of the P warps' 32 P takes row j // 2 + 16 P i, chunks
         j % 2, j % 2 + 2, ...; zeros past the tile's rows and the real K) and the weight groups
-        of MMA warps pw, pw + P, ..., then arrive on the stage's full barrier when this lane's
-        copies land (cp.async.mbarrier.arrive.noinc)."""
+        of MMA warps pw, pw + P, ..., commit them as one group, and arrive on the full barrier
+        of the stage filled stages - 2 K-tiles before once that group has landed (wait_group)."""
         cfg = self.cfg
         npw = cfg.producer_warps
         sbpr = cfg.scale_bytes_per_row
@@ -295,6 +295,7 @@ class GroupedGemm:
                    for i in range(-(-cfg.bn // rows_per_pass))]
         served = [pw + npw * j for j in range(-(-cfg.warps // npw))]  # MMA warps pw + P j
         n_rt = ops.row_groups // (cfg.warps * cfg.mw)
+        lag = max(0, cfg.stages - 2)  # K-tiles in flight past the one just issued, as _mainloop
         for t in cutlass.range_constexpr(cfg.row_tiles):
             rt = bidx * cfg.row_tiles + t
             if rt < n_rt:
@@ -320,7 +321,19 @@ class GroupedGemm:
                         if w < cfg.warps:
                             self._copy_groups(kt, stage, lane, w_src, s_src, group_w_stride,
                                               group_s_stride, a_off)
-                    ptx.cp_async_mbarrier_arrive_noinc(full + st * 8)
+                    # publish the stage filled `lag` K-tiles ago: its copies have landed for this
+                    # thread, and the arrive (release) orders them before the MMA warps' reads
+                    ptx.cp_async_commit()
+                    ptx.cp_async_wait(lag)
+                    if g >= lag:
+                        ptx.mbarrier_arrive(full + ((g - lag) % cfg.stages) * 8)
+        # the last `lag` stages, once every copy has landed
+        ptx.cp_async_wait(0)
+        produced = cutlass.min(n_rt - bidx * cfg.row_tiles, cfg.row_tiles) * ops.k_tiles
+        for i in cutlass.range_constexpr(lag):
+            g = produced - lag + i
+            if g >= 0:
+                ptx.mbarrier_arrive(full + (g % cfg.stages) * 8)
 
     @cute.jit
     def _consume(self, live_nb: int, acc, ops, s_base, lane, b_lane, a_warp_off, full, empty, e,
