@@ -135,7 +135,7 @@ for s in "$@"; do
     candidates)  # moe-generic's config candidates (tests/test_generic_gpu.py) forced against
                  # the reference, then timed against the defaults in the band
       step candidates-tests 300 python3 -m pytest packages/moe-generic -m gpu -q -k config_candidates
-      step candidates-band 400 python3 tools/band_probe.py --preset ${BAND_PRESETS:-deepseek-v3 qwen3-30b-a3b qwen3.5-35b gpt-oss-120b nemotron-relu2} --tokens ${BAND_TOKENS:-64 128 256 512 1024} --bn --kernels auto --config 32:stages=3 '*:producer_warps=1' 32:producer_warps=1,stages=3 32:mw=1,warps=8,producer_warps=1 '*:producer_warps=1,row_tiles=2' --seed ${AB_SEED:-1} --json "$OUT/candidates-band.json" ;;
+      step candidates-band 400 python3 tools/band_probe.py --preset ${BAND_PRESETS:-deepseek-v3 qwen3-30b-a3b qwen3.5-35b gpt-oss-120b nemotron-relu2} --tokens ${BAND_TOKENS:-64 128 256 512 1024} --bn --kernels auto --config 32:producer_warps=0,stages=4 32:stages=4 '*:producer_warps=1' 32:mw=1,warps=8 --seed ${AB_SEED:-1} --json "$OUT/candidates-band.json" ;;
     relu2)  # moe-gated's relu2 path: its GPU tests, then nemotron-relu2 with each kernel forced
       step relu2-tests 300 python3 -m pytest packages/moe-gated -m gpu -q -k "relu2 or geometry"
       step relu2-bench 400 "${BENCH[@]}" --preset nemotron-relu2 --tokens 256 512 1024 2048 8192 --kernels auto moe-gated moe-generic --no-check --json "$OUT/relu2-bench.json" ;;

@@ -21,8 +21,9 @@ STAGES = 4  # cp.async ring depth of every tile
 # 32-token tiles: one copy-only warp feeding a 3-deep ring through mbarriers (GemmConfig.
 # producer_warps) in place of the MMA warps' own copies and a CTA barrier per K-tile. Measured on
 # the H200 (tools/band_probe.py --config '32:producer_warps=1,stages=3', BENCHMARKS.md decisions):
-# DeepSeek-V3 T=256 / 512 -4.1% / -3.4%, Qwen3-30B-A3B T=128 / 256 -2.7% / -4.6%; one producer
-# warp at every width, or at 4 stages, moved the band by -1% to +3% only.
+# DeepSeek-V3 T=256 / 512 -4.1% / -3.4%, Qwen3-30B-A3B T=128 / 256 -2.7% / -4.6% (5321ecb). A
+# producer warp at every width with 4 stages: level at 32 tokens, up to 6% slower at the 8- and
+# 16-token tiles (DeepSeek-V3 T=128 1858.6 -> 1976.3 us).
 PRODUCER_BN = 32
 PRODUCER_STAGES = 3
 

@@ -79,9 +79,6 @@ class GemmConfig:
     # mbarriers (full: the copies landed; empty: every MMA thread is done with it), so the MMA
     # warps issue no copy and never wait for each other (see _produce, _consume).
     producer_warps: int = 0
-    # with producer warps: row tiles per CTA, one after the other through the same ring (the
-    # producer streams the next row tile's first K-tiles while the MMA warps write this one's)
-    row_tiles: int = 1
 
     @property
     def gated(self) -> bool:
@@ -90,10 +87,6 @@ class GemmConfig:
     @property
     def cta_rows(self) -> int:
         return self.warps * self.mw * 16
-
-    def grid_m(self, rows: int) -> int:
-        """CTAs along the weight rows: the row tiles, row_tiles to a CTA."""
-        return -(-(rows // self.cta_rows) // self.row_tiles)
 
     @property
     def live_widths(self) -> tuple:
@@ -124,8 +117,7 @@ class GroupedGemm:
         # with producer warps: mbarriers full[stages], empty[stages] after the stages
         self.bar_off = cfg.stages * self.stage_bytes
         self.smem_bytes = self.bar_off + (16 * cfg.stages if cfg.producer_warps else 0)
-        assert cfg.producer_warps >= 0 and cfg.row_tiles >= 1, cfg
-        assert cfg.row_tiles == 1 or cfg.producer_warps > 0, cfg
+        assert cfg.producer_warps >= 0, cfg
         assert self.block_threads <= 1024, cfg
 
     # ------------------------------------------------------------------ host entry
@@ -248,14 +240,12 @@ class GroupedGemm:
     @cute.jit
     def _warp_specialized(self, ops, acc, e, p0, p1, bidx, warp, lane, r, q, s_base, b_lane):
         """The tile with cfg.producer_warps copy-only warps after the MMA warps:
-        1. thread 0 sets up the stages' mbarriers: full[s] counts the copying threads' arrivals
-           (each lands when that thread's copies into stage s have), empty[s] the MMA threads';
+        1. thread 0 sets up the stages' mbarriers: full[s] counts the copying threads' arrivals,
+           empty[s] the MMA threads';
         2. a producer warp streams K-tile after K-tile into the ring (_produce), waiting only
            for the stage it refills to be released;
         3. an MMA warp runs the same decode and MMAs per K-tile as _mainloop, waiting only for
-           that stage's copies, then releases it (_consume), and writes its rows (_epilogue).
-        With row_tiles > 1 both sides run the CTA's row tiles bidx * row_tiles + i in turn, the
-        ring's K-tile count running on across them."""
+           that stage's copies, then releases it (_consume), and writes its rows (_epilogue)."""
         cfg = self.cfg
         full = s_base + self.bar_off
         empty = full + 8 * cfg.stages
@@ -270,9 +260,10 @@ class GroupedGemm:
             self._produce(ops, warp - cfg.warps, lane, bidx, e, p0, p1, s_base, full, empty)
         else:
             a_warp_off = self.b_bytes + warp * cfg.mw * self.a_group_bytes
+            group0 = (bidx * cfg.warps + warp) * cfg.mw
             self._by_width(cfg.live_widths, p1 - p0,
                            (acc, ops, s_base, lane, b_lane, a_warp_off, full, empty, e, p0, p1,
-                            bidx, warp, r, q))
+                            group0, r, q))
 
     @cute.jit
     def _produce(self, ops, pw, lane, bidx, e, p0, p1, s_base, full, empty):
@@ -281,7 +272,9 @@ class GroupedGemm:
         by one instruction: thread j of the P warps' 32 P takes row j // 2 + 16 P i, chunks
         j % 2, j % 2 + 2, ...; zeros past the tile's rows and the real K) and the weight groups
         of MMA warps pw, pw + P, ..., commit them as one group, and arrive on the full barrier
-        of the stage filled stages - 2 K-tiles before once that group has landed (wait_group)."""
+        of the stage filled stages - 2 K-tiles before once that group has landed (wait_group):
+        the stages - 1 K-tiles in flight of _mainloop's ring, each handed over by a plain
+        arrive (release) after the copying thread saw its own copies land."""
         cfg = self.cfg
         npw = cfg.producer_warps
         sbpr = cfg.scale_bytes_per_row
@@ -294,71 +287,56 @@ class GroupedGemm:
                                       ops.order, ops.row_div, ops.src, ops.src_stride)
                    for i in range(-(-cfg.bn // rows_per_pass))]
         served = [pw + npw * j for j in range(-(-cfg.warps // npw))]  # MMA warps pw + P j
-        n_rt = ops.row_groups // (cfg.warps * cfg.mw)
-        lag = max(0, cfg.stages - 2)  # K-tiles in flight past the one just issued, as _mainloop
-        for t in cutlass.range_constexpr(cfg.row_tiles):
-            rt = bidx * cfg.row_tiles + t
-            if rt < n_rt:
-                # per served warp: where its groups' codes and scales start, its stage slice
-                starts = [(Int64(e) * Int64(ops.row_groups) + Int64((rt * cfg.warps + w) * cfg.mw))
-                          * Int64(ops.k_tiles) for w in served]
-                weights = [(ops.wblob + t0 * 1024, ops.sblob + t0 * (16 * sbpr),
-                            self.b_bytes + w * cfg.mw * self.a_group_bytes, w)
-                           for t0, w in zip(starts, served)]
-                for kt in cutlass.range(ops.k_tiles, unroll=1):
-                    g = t * ops.k_tiles + kt  # the ring's K-tile count over the row tiles
-                    st = g % cfg.stages
-                    ptx.mbarrier_wait(empty + st * 8, ((g // cfg.stages) % 2) ^ 1)
-                    stage = s_base + st * self.stage_bytes
-                    for i in cutlass.range_constexpr(len(row_src)):
-                        if ctid // 2 + rows_per_pass * i < cfg.bn:
-                            base, dst, ch0, ok = row_src[i]
-                            for j in cutlass.range_constexpr(TILE_K // 16):
-                                self._copy_chunk((base + Int64(j * 32), dst + j * 32, ch0 + 2 * j,
-                                                  ok), kt, ops.k_real, ops.src, stage)
-                    for j in cutlass.range_constexpr(len(weights)):
-                        w_src, s_src, a_off, w = weights[j]
-                        if w < cfg.warps:
-                            self._copy_groups(kt, stage, lane, w_src, s_src, group_w_stride,
-                                              group_s_stride, a_off)
-                    # publish the stage filled `lag` K-tiles ago: its copies have landed for this
-                    # thread, and the arrive (release) orders them before the MMA warps' reads
-                    ptx.cp_async_commit()
-                    ptx.cp_async_wait(lag)
-                    if g >= lag:
-                        ptx.mbarrier_arrive(full + ((g - lag) % cfg.stages) * 8)
+        # per served warp: where its groups' codes and scales start, its stage slice
+        starts = [(Int64(e) * Int64(ops.row_groups) + Int64((bidx * cfg.warps + w) * cfg.mw))
+                  * Int64(ops.k_tiles) for w in served]
+        weights = [(ops.wblob + t0 * 1024, ops.sblob + t0 * (16 * sbpr),
+                    self.b_bytes + w * cfg.mw * self.a_group_bytes, w)
+                   for t0, w in zip(starts, served)]
+        lag = max(0, cfg.stages - 2)
+        for kt in cutlass.range(ops.k_tiles, unroll=1):
+            st = kt % cfg.stages
+            ptx.mbarrier_wait(empty + st * 8, ((kt // cfg.stages) % 2) ^ 1)
+            stage = s_base + st * self.stage_bytes
+            for i in cutlass.range_constexpr(len(row_src)):
+                if ctid // 2 + rows_per_pass * i < cfg.bn:
+                    base, dst, ch0, ok = row_src[i]
+                    for j in cutlass.range_constexpr(TILE_K // 16):
+                        self._copy_chunk((base + Int64(j * 32), dst + j * 32, ch0 + 2 * j, ok),
+                                         kt, ops.k_real, ops.src, stage)
+            for j in cutlass.range_constexpr(len(weights)):
+                w_src, s_src, a_off, w = weights[j]
+                if w < cfg.warps:
+                    self._copy_groups(kt, stage, lane, w_src, s_src, group_w_stride,
+                                      group_s_stride, a_off)
+            ptx.cp_async_commit()
+            ptx.cp_async_wait(lag)
+            if kt >= lag:
+                ptx.mbarrier_arrive(full + ((kt - lag) % cfg.stages) * 8)
         # the last `lag` stages, once every copy has landed
         ptx.cp_async_wait(0)
-        produced = cutlass.min(n_rt - bidx * cfg.row_tiles, cfg.row_tiles) * ops.k_tiles
         for i in cutlass.range_constexpr(lag):
-            g = produced - lag + i
-            if g >= 0:
-                ptx.mbarrier_arrive(full + (g % cfg.stages) * 8)
+            kt = ops.k_tiles - lag + i
+            if kt >= 0:
+                ptx.mbarrier_arrive(full + (kt % cfg.stages) * 8)
 
     @cute.jit
     def _consume(self, live_nb: int, acc, ops, s_base, lane, b_lane, a_warp_off, full, empty, e,
-                 p0, p1, bidx, warp, r, q):
-        """An MMA warp with producer warps, per row tile of the CTA: the K loop (wait for the
-        stage's copies, decode and MMA as _mainloop does, release the stage: every thread
-        arrives after its own shared-memory reads, so each read is ordered before the refill by
-        the barrier itself), then the row tile's epilogue."""
+                 p0, p1, group0, r, q):
+        """An MMA warp with producer warps: the K loop (wait for the stage's copies, decode and
+        MMA as _mainloop does, release the stage: every thread arrives after its own
+        shared-memory reads, so each read is ordered before the refill by the barrier itself),
+        then the epilogue."""
         cfg = self.cfg
-        n_rt = ops.row_groups // (cfg.warps * cfg.mw)
-        for t in cutlass.range_constexpr(cfg.row_tiles):
-            rt = bidx * cfg.row_tiles + t
-            if rt < n_rt:
-                if cutlass.const_expr(t > 0):
-                    acc.fill(0.0)
-                for kt in cutlass.range(ops.k_tiles, unroll=1):
-                    g = t * ops.k_tiles + kt
-                    st = g % cfg.stages
-                    ptx.mbarrier_wait(full + st * 8, (g // cfg.stages) % 2)
-                    stage = s_base + st * self.stage_bytes
-                    words = [fm.load_group_words(stage + a_warp_off + gi * self.a_group_bytes, lane,
-                                                 cfg.weight_format) for gi in range(cfg.mw)]
-                    fm.mma_ktile(acc, words, stage + b_lane, live_nb, cfg.weight_format)
-                    ptx.mbarrier_arrive(empty + st * 8)
-                self._epilogue(ops, acc, e, p0, p1, (rt * cfg.warps + warp) * cfg.mw, r, q)
+        for kt in cutlass.range(ops.k_tiles, unroll=1):
+            st = kt % cfg.stages
+            ptx.mbarrier_wait(full + st * 8, (kt // cfg.stages) % 2)
+            stage = s_base + st * self.stage_bytes
+            words = [fm.load_group_words(stage + a_warp_off + gi * self.a_group_bytes, lane,
+                                         cfg.weight_format) for gi in range(cfg.mw)]
+            fm.mma_ktile(acc, words, stage + b_lane, live_nb, cfg.weight_format)
+            ptx.mbarrier_arrive(empty + st * 8)
+        self._epilogue(ops, acc, e, p0, p1, group0, r, q)
 
     @cute.jit
     def _mainloop(self, live_nb: int, acc, k_tiles, s_base, lane, b_lane, sources, src, k_real,

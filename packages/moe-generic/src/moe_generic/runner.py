@@ -121,7 +121,7 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
                      row_groups=prep.fc1_rows // 16, out=inter.data_ptr(), out_stride=Ip,
                      out_rows=Ip, pair_orig=0, route_w=0, act_alpha=activation.alpha,
                      act_beta=activation.beta, act_limit=limit),
-        cfg1.grid_m(prep.fc1_rows), max_tiles, stream)
+        prep.fc1_rows // cfg1.cta_rows, max_tiles, stream)
 
     if quant_mode == "w4a4":
         w4a4_requantize_intermediate(inter, weights, ids, order)
@@ -138,7 +138,7 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
                      k_real=Ip, k_tiles=Ip // TILE_K, row_groups=prep.fc2_rows // 16,
                      out=y.data_ptr(), out_stride=H, out_rows=H, pair_orig=order.data_ptr(),
                      route_w=route_w.data_ptr(), act_alpha=1.0, act_beta=1.0, act_limit=math.inf),
-        cfg2.grid_m(prep.fc2_rows), max_tiles, stream)
+        prep.fc2_rows // cfg2.cta_rows, max_tiles, stream)
 
     # 4. out[t] = sum over the top-k, fixed order, one rounding
     if out is None:

@@ -394,14 +394,6 @@ def cp_async_16_zfill(smem_addr, gmem_addr, nbytes, *, loc=None, ip=None):
 
 
 @dsl_user_op
-def cp_async_mbarrier_arrive_noinc(addr, *, loc=None, ip=None):
-    """Arrive on the mbarrier once every cp.async this thread issued so far has landed (the
-    mbarrier's expected count includes this arrival: .noinc)."""
-    _stmt([Int32(addr).ir_value(loc=loc, ip=ip)],
-          "cp.async.mbarrier.arrive.noinc.shared::cta.b64 [$0];", "r")
-
-
-@dsl_user_op
 def cp_async_commit(*, loc=None, ip=None):
     _stmt([], "cp.async.commit_group;", "")
 
