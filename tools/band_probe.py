@@ -18,8 +18,8 @@ import argparse
 import dataclasses
 import json
 
-import moe_generic.compile_cache as generic_cache
 import moe_generic.runner as generic_runner
+from config_probe import parse_fields, rows_with_config  # tools/, this script's directory
 from dispatcher.bench import bench_preset, format_row
 from dispatcher.presets import PRESETS
 
@@ -28,25 +28,14 @@ def config_rows(p, tokens, variant: str, seed: int) -> list:
     """moe-generic rows with GemmConfig fields replaced (--config)."""
     which, fields = variant.split(":")
     bn, _, phase = which.partition("/")
-    changes = {k: int(v) for k, v in (f.split("=") for f in fields.split(","))}
-    default_config = generic_cache.config
+    changes = parse_fields(fields)
 
-    def config(*a, **kw):
-        cfg = default_config(*a, **kw)
+    def change(cfg):
         if bn in ("*", str(cfg.bn)) and phase in ("", cfg.phase):
-            cfg = dataclasses.replace(cfg, **changes)
+            return dataclasses.replace(cfg, **changes)
         return cfg
 
-    generic_cache.config = config
-    try:
-        rows = bench_preset(p, tokens, kernels=["moe-generic"], seed=seed, check=False,
-                            log=lambda s: None)
-    finally:
-        generic_cache.config = default_config
-    for r in rows:
-        r["kernel"] = f"moe-generic {variant}"
-        print(format_row(r), flush=True)
-    return rows
+    return rows_with_config("moe-generic", p, tokens, variant, change, seed)
 
 
 def main():
