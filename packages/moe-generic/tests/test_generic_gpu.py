@@ -160,19 +160,29 @@ def test_every_tile_width_matches_reference(bn, case, monkeypatch):
                                         (8, {"producer_warps": 1}), (16, {"producer_warps": 1}),
                                         (32, {"stages": 4}), (64, {"producer_warps": 1}),
                                         (32, {"mw": 1, "warps": 8}),
-                                        (64, {"producer_warps": 2}), (32, {"producer_warps": 3})])
+                                        (64, {"producer_warps": 2}), (32, {"producer_warps": 3}),
+                                        (32, {"warps": 8, "mw": 2}),
+                                        (32, {"warps": 8, "mw": 2, "producer_warps": 2}),
+                                        (16, {"mw": 2}), (8, {"mw": 2})])
 @pytest.mark.parametrize("case", SKEWED_CASES)
 def test_config_candidates_match_reference(bn, changes, case, monkeypatch):
     """GemmConfig settings that measurements may switch to, forced: the 32-token tiles without
     their producer warp (every MMA warp copying, a CTA barrier per K-tile) or with a 4-deep
-    ring; 16-token mainloop bodies; producer warps at the other widths, two or three of them.
-    A switch then needs only its A/B."""
+    ring; 16-token mainloop bodies; producer warps at the other widths, two or three of them;
+    twice the weight rows per CTA (each token row read from L2 once per 256 or 128 rows). A
+    switch then needs only its A/B. Where a candidate's rows per CTA do not divide the GEMM's
+    rows, the default runs."""
     import dataclasses
 
     from moe_generic import compile_cache, runner
 
     default_config = compile_cache.config
     monkeypatch.setattr(runner, "pick_bn", lambda pairs, experts: bn)
-    monkeypatch.setattr(compile_cache, "config", lambda *a, **kw: dataclasses.replace(
-        default_config(*a, **kw), **changes))
+
+    def config(phase, weight_format, activation, width, rows=0, k_tiles=0):
+        cfg = default_config(phase, weight_format, activation, width, rows, k_tiles)
+        candidate = dataclasses.replace(cfg, **changes)
+        return candidate if rows % candidate.cta_rows == 0 else cfg
+
+    monkeypatch.setattr(compile_cache, "config", config)
     _check_skewed(case, f"bn={bn} {changes}")
