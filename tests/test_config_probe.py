@@ -45,3 +45,32 @@ def test_rows_see_the_replaced_config_and_the_default_returns(monkeypatch, kerne
     with pytest.raises(RuntimeError):
         config_probe.variant_rows(kernel, None, [1], f"{field}={value}", seed=1)
     assert cache.config is default
+
+
+def test_generic_candidates_keep_the_default_where_their_rows_do_not_divide(monkeypatch):
+    """A 256-row moe-generic tile offered for a GEMM of 384 rows: its own 128-row tile runs
+    (the grid has rows // cta_rows CTAs; compile_cache.get refuses the rest)."""
+    from moe_generic import compile_cache
+
+    seen = []
+
+    def bench(p, tokens, kernels, **kw):
+        for rows in (512, 384):
+            seen.append(compile_cache.config("fc2", "nvfp4", "none", 32, rows, 16).cta_rows)
+        return []
+
+    monkeypatch.setattr(config_probe, "bench_preset", bench)
+    config_probe.variant_rows("moe-generic", None, [1], "warps=8,mw=2", seed=1)
+    assert seen == [256, 128]
+
+
+def test_generic_cache_refuses_rows_its_grid_would_miss(monkeypatch):
+    import dataclasses
+
+    from moe_generic import compile_cache
+
+    default = compile_cache.config
+    monkeypatch.setattr(compile_cache, "config", lambda *a, **kw: dataclasses.replace(
+        default(*a, **kw), warps=8, mw=2))
+    with pytest.raises(ValueError, match="384 weight rows are not a multiple of the tile's 256"):
+        compile_cache.get("fc2", "nvfp4", "none", 32, 384, 16)

@@ -39,7 +39,19 @@ def rows_with_config(kernel: str, p, tokens, label: str, change, seed: int) -> l
     through change(cfg) first, labelled `kernel label`."""
     cache = importlib.import_module(kernel.replace("-", "_") + ".compile_cache")
     default_config = cache.config
-    cache.config = lambda *a, **kw: change(default_config(*a, **kw))
+
+    def config(*a, **kw):
+        cfg = default_config(*a, **kw)
+        candidate = change(cfg)
+        if kernel == "moe-generic":  # its grid needs the CTA's rows to divide the GEMM's
+            rows = kw.get("rows", a[4] if len(a) > 4 else 0)
+            if rows % candidate.cta_rows:
+                print(f"# {kernel} {label}: its own config for {rows} rows (not a multiple of "
+                      f"{candidate.cta_rows})", flush=True)
+                return cfg
+        return candidate
+
+    cache.config = config
     try:
         rows = bench_preset(p, tokens, kernels=[kernel], seed=seed, check=False,
                             log=lambda s: None)

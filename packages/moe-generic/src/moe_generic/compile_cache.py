@@ -43,6 +43,11 @@ def compile_config(cfg: GemmConfig):
 
 def get(phase: str, weight_format: str, activation: str, bn: int, rows: int, k_tiles: int):
     cfg = config(phase, weight_format, activation, bn, rows, k_tiles)
+    # the grid has rows // cta_rows CTAs along the rows: a config (or a probe's replacement)
+    # that does not divide them would leave rows unwritten
+    if rows % cfg.cta_rows:
+        raise ValueError(f"moe-generic: {rows} weight rows are not a multiple of the tile's "
+                         f"{cfg.cta_rows} ({cfg})")
     return cfg, jit.compiled(("moe-generic", cfg), lambda: compile_config(cfg))
 
 
