@@ -20,9 +20,9 @@ Steps:
 4. Write each launch as its kernel (the compile-cache key; a config dataclass without the
    removed development fields at their defaults) and one line per kernel parameter: operand
    bundles (NamedTuples, or jit.operands' ctypes structures) flattened in field order, DSL
-   scalars as numbers (floats rounded to fp32, as the
-   launcher passes them), and every integer inside a known tensor (inputs, output, MoEWeights
-   fields, the packed weights in kernel_cache, the workspace buffers) as its name + byte offset.
+   scalars as numbers (floats rounded to fp32, as the launcher passes them), and every
+   integer inside a known tensor (inputs, output, MoEWeights fields, the packed weights in
+   kernel_cache, the workspace buffers) as its name + byte offset.
 5. Diff the two trees' listings; exit 1 on any difference, 0 when identical.
 """
 from __future__ import annotations

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import math
 import time
 import types
@@ -69,13 +70,11 @@ class Launch:
         middle = (self.operands(),) if self.bundle is not None else ()
         return self.before + middle + self.after
 
-    @property
+    @functools.cached_property
     def values(self) -> dict:
-        if not hasattr(self, "_values"):
-            from moe_common.testing import numbered_operand_values
+        from moe_common.testing import numbered_operand_values
 
-            self._values = numbered_operand_values(self.bundle)
-        return self._values
+        return numbered_operand_values(self.bundle)
 
 
 def launches() -> list:

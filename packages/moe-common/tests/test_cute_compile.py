@@ -123,7 +123,6 @@ def test_int64_ids_are_saturated_before_narrowing(tmp_path):
             assert -1 not in order and order == sorted(order), (name, ln)
 
 
-
 class Sample(NamedTuple):
     """An operand bundle of each field type."""
     ptr: Int64

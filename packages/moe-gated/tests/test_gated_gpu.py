@@ -1,8 +1,8 @@
 """moe-gated on the H200: the docs/DESIGN.md section 5 bar at prefill sizes (T = 256..16384)
 for every activation (the gated ones and relu2), format, mode and bias; skewed routing with
-empty experts; expert parallelism; out-of-range ids; CUDA-graph replay; determinism. The dispatcher's choice of it
-is tested in tests/test_dispatch_choice_gpu.py (the kernel packages do not depend on the
-dispatcher)."""
+empty experts; expert parallelism; out-of-range ids; CUDA-graph replay; determinism. The
+dispatcher's choice of it is tested in tests/test_dispatch_choice_gpu.py (the kernel packages
+do not depend on the dispatcher)."""
 from __future__ import annotations
 
 import itertools
