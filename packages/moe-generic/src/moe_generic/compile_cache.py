@@ -21,7 +21,8 @@ STAGES = 4  # cp.async ring depth of every tile
 # 32-token tiles: one copy-only warp feeding a 3-deep ring through mbarriers (GemmConfig.
 # producer_warps) in place of the MMA warps' own copies and a CTA barrier per K-tile. Measured on
 # the H200 (tools/band_probe.py --config '32:producer_warps=1,stages=3', BENCHMARKS.md decisions):
-# DeepSeek-V3 T=256 / 512 -4.1% / -3.4%, Qwen3-30B-A3B T=128 / 256 -2.7% / -4.6% (5321ecb). A
+# DeepSeek-V3 T=256 / 512 -4.1% / -3.4%, Qwen3-30B-A3B T=128 / 256 -2.7% / -4.6% (5321ecb); the
+# landed hand-over (256bc33) in a five-preset same-run A/B: -2.5% to -4.8% at T = 256-512. A
 # producer warp at every width with 4 stages: level at 32 tokens, up to 6% slower at the 8- and
 # 16-token tiles (DeepSeek-V3 T=128 1858.6 -> 1976.3 us).
 PRODUCER_BN = 32
