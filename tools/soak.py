@@ -12,7 +12,8 @@ Steps:
    inputs copied into its static buffers, an eager call of A (stream 1), an eager call of B
    (stream 2), or fused_moe with a forced kernel among those offered (stream 2); T drawn
    log-uniformly from 1..max-tokens, int32 or int64 ids (some outside the local experts).
-   Streams 1 and 2 are never synchronized with each other except at checks.
+   Each step's inputs are made on the stream that reads them. Streams 1 and 2 are never
+   synchronized with each other except at checks.
 4. Every --check-every steps: synchronize, compare the step's result (copied when it was made)
    with the fp32 reference (DESIGN section 5 bar), and read the allocator's memory.
 5. A watchdog thread exits with code 3 when no step finishes within --watchdog seconds (a hang).
@@ -156,9 +157,11 @@ class Soak:
                 graph.replay()
                 result = (fresh, out.clone()) if keep else None
         else:
-            args = self.inputs(t, s["int64"], s["wild_ids"])
             stream = self.s1 if s["op"] == "eager_a" else self.s2
             with torch.cuda.stream(stream):
+                # made on the stream that reads them: the side streams do not wait for the
+                # default one, and the allocator reuses a freed block on its own stream only
+                args = self.inputs(t, s["int64"], s["wild_ids"])
                 if s["op"] == "eager_a":
                     out = self.a(*args)
                 elif s["op"] == "eager_b":

@@ -28,7 +28,7 @@ def _note_reference_on_gpu(choice: Offer, shape: MoEShape) -> None:
         if key not in _REFERENCE_LOGGED:
             _REFERENCE_LOGGED.add(key)
             log.warning("fused_moe: running the torch reference on a GPU (sm_%d%d) for %s; "
-                        "no kernel offered (see dispatcher.explain)",
+                        "forced, or no kernel offered (see dispatcher.explain)",
                         *shape.device_capability, shape)
 
 

@@ -39,8 +39,8 @@ def _run(
     if x.is_cuda and not _warned_on_gpu:
         _warned_on_gpu = True
         logger.warning(
-            "fused MoE: running the slow torch reference on GPU %s; no kernel plugin offered "
-            "to handle this call (see dispatcher.explain(...) for why)",
+            "fused MoE: running the slow torch reference on GPU %s: forced, or no kernel plugin "
+            "offered to handle this call (see dispatcher.explain(...) for why)",
             x.device,
         )
     return reference_moe(
