@@ -63,6 +63,7 @@ from moe_common.cute import jit
 from moe_common.cute import ptx
 from moe_common.cute.wgmma_decode import wgmma_decode_k128
 from moe_common.fragments import TILE_K
+from moe_common.hopper import SMEM_PER_CTA
 
 from .limits import ACTIVATIONS
 
@@ -99,7 +100,6 @@ THREADS = 32 * (CONSUMER_WARPS + 4)
 PRODUCER_REGS = 40
 CONSUMER_REGS = 232
 STG_TOKENS = 32  # FC1 epilogue: tokens per staged chunk (512 bytes per warp)
-SMEM_LIMIT = 227 * 1024  # sm_90's largest dynamic shared memory per CTA
 ITEM_SLOTS = 8  # work-item ring from the producer to the consumers (it leads by <= stages items)
 # a ring slot: (item, expert, first pair, end pair), the tile facts the producer has loaded
 # anyway, so a consumer starts an item without a global round trip
@@ -191,11 +191,11 @@ class GatedGemm:
         # K-tile (`split`: wide, 288 tokens: 4 x 46 KiB, [B's first half | A], then [B's second
         # half]); 2 whole-K-tile stages measured 29-32% slower (8f0f6f9). One CTA per SM.
         self.stage_bytes = _align(self.b_bytes + self.a_bytes)
-        self.split = 3 * (self.stage_bytes + 16) > SMEM_LIMIT - fixed
+        self.split = 3 * (self.stage_bytes + 16) > SMEM_PER_CTA - fixed
         if self.split:
             self.stage_bytes = _align(self.b_bytes // 2 + self.a_bytes)
         max_stages = 2 * MAX_STAGES if self.split else MAX_STAGES
-        self.stages = min(max_stages, (SMEM_LIMIT - fixed) // (self.stage_bytes + 16))
+        self.stages = min(max_stages, (SMEM_PER_CTA - fixed) // (self.stage_bytes + 16))
         # shared memory: the stages, then 8-byte mbarriers (full[stages], empty[stages],
         # item_full[ITEM_SLOTS]), the work-item ring (ITEM_BYTES per slot), then per phase
         # FC1: each consumer warp's epilogue staging (STG_TOKENS tokens x 16 bytes);
@@ -206,7 +206,7 @@ class GatedGemm:
         self.item_off = self.item_bar_off + 8 * ITEM_SLOTS
         self.ep_off = self.item_off + ITEM_BYTES * ITEM_SLOTS
         self.smem_bytes = self.ep_off + ep_bytes
-        assert self.stages >= 3 and self.smem_bytes <= SMEM_LIMIT, (self.stages, self.smem_bytes)
+        assert self.stages >= 3 and self.smem_bytes <= SMEM_PER_CTA, (self.stages, self.smem_bytes)
         assert 2 * self.groups <= 32  # one producer lane per copy of a K-tile's weights
         assert self.bn % STG_TOKENS == 0 and self.bn <= 512  # FC1's epilogue blocks; wgmma
         assert self.gpw in (1, 2)  # FC2 stores a token's values with one 8- or 16-byte store

@@ -51,6 +51,7 @@ from moe_common.cute import ptx
 from moe_common.cute.routing import local_expert
 from moe_common.cute.scan import exclusive_scan2
 from moe_common.fragments import TILE_K
+from moe_common.hopper import SMEM_PER_CTA
 
 
 WARPS = 16
@@ -70,7 +71,6 @@ SLOT_BYTES = B_OFF + CHUNK * B_ROW_BYTES  # 6784
 DEPTH = 2
 MAX_LOCAL_EXPERTS = 512
 MAX_PAIRS = 2048  # pair ids (< MAX_PAIRS) are kept as u16 in shared memory
-SMEM_LIMIT = 227 * 1024
 EXPERTS_PER_THREAD = MAX_LOCAL_EXPERTS // THREADS
 # FC1 unit cut in two (see _meet_leave): the fragment (32 lanes x 4 fp32) of its piece from the cut
 MEET_BYTES = 512
@@ -188,7 +188,7 @@ class StaticMoE:
         self.flag_off = self.mbar_off + WARPS * DEPTH * 8  # [WARPS] FC1 cut flags (_meet_leave)
         self.smem_bytes = self.flag_off + WARPS * 4
         assert (MAX_LOCAL_EXPERTS + 2 * THREADS) * 4 <= self.ring_bytes
-        assert self.smem_bytes <= SMEM_LIMIT, f"{self.smem_bytes} B of shared memory"
+        assert self.smem_bytes <= SMEM_PER_CTA, f"{self.smem_bytes} B of shared memory"
 
     # ------------------------------------------------------------------ host entry
     @cute.jit
