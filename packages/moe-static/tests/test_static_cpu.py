@@ -132,6 +132,21 @@ def test_measured_cutover_is_thirty_two_tokens():
         assert 0 < priority(_shape(tokens=33, top_k=k)) < PRIORITY_GENERIC
 
 
+@pytest.mark.parametrize("experts,top_k,tokens,highest", [
+    (256, 8, 64, True),  # DeepSeek-V3, Qwen3.5-35B: 2 routed rows per expert
+    (128, 4, 64, True),  # gpt-oss-120b: 2
+    (128, 6, 64, True),  # nemotron-relu2: 3
+    (128, 8, 64, False),  # Qwen3-30B-A3B: 4
+    (256, 8, 128, False),  # 4
+    (128, 4, 97, False),  # 3.03
+    (8, 2, 32, True),  # up to 32 tokens whatever the rows (8 here)
+])
+def test_bids_highest_up_to_32_tokens_or_3_routed_rows_per_expert(experts, top_k, tokens,
+                                                                   highest):
+    shape = _shape(tokens=tokens, top_k=top_k, num_experts=experts, num_local_experts=experts)
+    assert (priority(shape) == PRIORITY_STATIC) == highest
+
+
 def test_plugin_offer_and_decline():
     from moe_static import plugin
 

@@ -15,9 +15,15 @@ DIM_MULTIPLE = 32
 # 840fc42: ahead at every T <= 32 point (1.02-1.54), mixed at T=64 (0.99-1.07), behind at T=128
 # on all five (0.87-0.99); and at b122685: ahead at every T <= 32 point (1.02-1.56), mixed at
 # T=64 (0.99-1.06), behind at T=128 (0.88-0.98). It was 16 at 1ef1a68 (T=32 then 0.97-1.05).
-# The cutover counts tokens, not routed pairs: the kernels' balance differs by preset at equal
-# pairs (gpt-oss-120b has k=4, the rest 6-8).
+# Past 32 tokens it still bids highest while the experts get few routed rows each (T * k / E,
+# E all experts: a slice's local experts get the same mean): at b122685, T=64, with 2 rows per
+# expert it was ahead (DeepSeek-V3 1634.9 against 1661.1 us, gpt-oss-120b 460.7 against 488.6,
+# Qwen3.5-35B 132.6 against 135.4), at 3 level (nemotron-relu2 232.9 both), from 4 behind
+# (Qwen3-30B-A3B T=64 124.7 against 123.2; every preset at T=128, 1.6-14%). Tokens alone left
+# gpt-oss-120b T=64 6% slow; routed pairs alone would not separate it (k=4) from Qwen3-30B-A3B
+# (k=8) at T=32 and 64.
 CUTOVER_TOKENS = 32
+CUTOVER_ROWS_PER_EXPERT = 3
 
 
 def unsupported_reason(shape, activation):
@@ -39,7 +45,9 @@ def unsupported_reason(shape, activation):
 
 
 def priority(shape) -> int:
-    """Above every kernel up to the cutover's tokens, else below moe-generic."""
-    if shape.tokens <= CUTOVER_TOKENS:
+    """Above every kernel up to the cutover's tokens or routed rows per expert, else below
+    moe-generic."""
+    rows_per_expert = shape.tokens * shape.top_k / max(1, shape.num_experts)
+    if shape.tokens <= CUTOVER_TOKENS or rows_per_expert <= CUTOVER_ROWS_PER_EXPERT:
         return PRIORITY_STATIC
     return PRIORITY_GENERIC - 5  # still above the reference, below moe-generic

@@ -1,0 +1,56 @@
+"""The dispatcher's choice against the kernels' measured times (CPU: `explain` on the presets'
+shapes as an H200 would see them, the times from the recorded benchmark JSON).
+
+Each JSON below forced every kernel at the same points in one run of the tree it names. At
+every point the kernel the dispatcher picks must be within 3% of the fastest one (issue 29's
+bar), so a change of priorities or cutovers that contradicts a recorded measurement fails here
+until the measurement is redone.
+"""
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from dispatcher import explain
+from dispatcher.presets import PRESETS
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+MEASURED = [
+    # moe-static against moe-generic at T = 1..128 (moe_static.limits.CUTOVER_TOKENS)
+    "2026-12-01-h200-b122685-static.json", "2026-12-01-h200-b122685-static-all.json",
+    # moe-generic (with its producer-warp tiles) against moe-gated at 16-48 routed rows per
+    # expert (moe_gated.limits.cutover_rows)
+    "2026-12-02-h200-256bc33-cutover.json",
+]
+TOLERANCE = 1.03
+
+
+def _points():
+    out = []
+    for name in MEASURED:
+        times = defaultdict(dict)
+        for row in json.loads((BENCHMARKS / name).read_text())["rows"]:
+            if "median_us" in row and not row["kernel"].startswith("auto"):
+                times[(row["shape"], row["T"])][row["kernel"]] = row["median_us"]
+        out += [(name, preset, T, t) for (preset, T), t in sorted(times.items()) if len(t) > 1]
+    return out
+
+
+@pytest.mark.parametrize("source,preset,tokens,times", _points(),
+                         ids=lambda v: v if isinstance(v, (str, int)) else "")
+def test_the_choice_is_within_3_percent_of_the_fastest(source, preset, tokens, times):
+    p = PRESETS[preset]
+    ex = explain(p.shape(tokens, device_capability=(9, 0)), activation=p.activation)
+    chosen = ex.choice.kernel
+    fastest = min(times, key=times.get)
+    assert chosen in times, (chosen, times)
+    assert times[chosen] <= TOLERANCE * times[fastest], (
+        f"{preset} T={tokens}: the dispatcher picks {chosen} ({times[chosen]:.1f} us), "
+        f"{fastest} ran {times[fastest]:.1f} us ({source})")
+
+
+def test_the_measurements_cover_every_preset():
+    assert {preset for _, preset, _, _ in _points()} == set(PRESETS)
