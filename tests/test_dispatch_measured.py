@@ -24,6 +24,8 @@ MEASURED = [
     # moe-generic (with its producer-warp tiles) against moe-gated at 16-48 routed rows per
     # expert (moe_gated.limits.cutover_rows)
     "2026-12-02-h200-256bc33-cutover.json",
+    # moe-gated against moe-generic, relu2 and gated presets, T = 128..16384
+    "2026-12-02-h200-ded395c-relu2.json", "2026-12-01-h200-47afd6b-gated-all.json",
 ]
 TOLERANCE = 1.03
 
