@@ -179,8 +179,8 @@ def test_config_candidates_match_reference(bn, changes, case, monkeypatch):
     default_config = compile_cache.config
     monkeypatch.setattr(runner, "pick_bn", lambda pairs, experts: bn)
 
-    def config(phase, weight_format, activation, width, rows=0, k_tiles=0):
-        cfg = default_config(phase, weight_format, activation, width, rows, k_tiles)
+    def config(phase, weight_format, activation, width, rows=0, k_tiles=0, k_tail=False):
+        cfg = default_config(phase, weight_format, activation, width, rows, k_tiles, k_tail)
         candidate = dataclasses.replace(cfg, **changes)
         return candidate if rows % candidate.cta_rows == 0 else cfg
 

@@ -30,8 +30,10 @@ PRODUCER_STAGES = 3
 
 
 def config(phase: str, weight_format: str, activation: str, bn: int, rows: int = 0,
-           k_tiles: int = 0) -> GemmConfig:
-    """The tile for one GEMM of `rows` weight rows (a multiple of 128) and `k_tiles` K-tiles."""
+           k_tiles: int = 0, k_tail: bool = False) -> GemmConfig:
+    """The tile for one GEMM of `rows` weight rows (a multiple of 128) and `k_tiles` K-tiles;
+    `k_tail`: the real K stops inside the last K-tile (FC1 of a hidden size not a multiple of
+    128; FC2 reads the intermediate padded with zeros to whole K-tiles)."""
     warps = WARPS64 if bn == 64 else 4
     if warps == 8 and bn == 64 and k_tiles >= TALL_MIN_KTILES:
         warps = 16
@@ -42,7 +44,7 @@ def config(phase: str, weight_format: str, activation: str, bn: int, rows: int =
     return GemmConfig(phase=phase, weight_format=weight_format,
                       activation=activation if phase == "fc1" else "none", bn=bn,
                       mw=mw, warps=warps, stages=PRODUCER_STAGES if producer else STAGES,
-                      producer_warps=1 if producer else 0)
+                      producer_warps=1 if producer else 0, k_tail=k_tail)
 
 
 def compile_config(cfg: GemmConfig):
@@ -52,8 +54,9 @@ def compile_config(cfg: GemmConfig):
                               jit.example_stream())
 
 
-def get(phase: str, weight_format: str, activation: str, bn: int, rows: int, k_tiles: int):
-    cfg = config(phase, weight_format, activation, bn, rows, k_tiles)
+def get(phase: str, weight_format: str, activation: str, bn: int, rows: int, k_tiles: int,
+        k_tail: bool = False):
+    cfg = config(phase, weight_format, activation, bn, rows, k_tiles, k_tail)
     # the grid has rows // cta_rows CTAs along the rows: a config (or a probe's replacement)
     # that does not divide them would leave rows unwritten
     if rows % cfg.cta_rows:
@@ -68,10 +71,13 @@ def all_configs():
     for fmt in ("nvfp4", "mxfp4"):
         for bn in BN_CHOICES:
             for act in ("silu", "gelu_tanh", "swigluoai", "relu2"):
-                out.append(config("fc1", fmt, act, bn))
+                for tail in (False, True):
+                    out.append(config("fc1", fmt, act, bn, k_tail=tail))
             out.append(config("fc2", fmt, "none", bn))
         # the 256-row tiles of long K loops
         for act in ("silu", "gelu_tanh", "swigluoai", "relu2"):
-            out.append(config("fc1", fmt, act, 64, rows=256, k_tiles=TALL_MIN_KTILES))
+            for tail in (False, True):
+                out.append(config("fc1", fmt, act, 64, rows=256, k_tiles=TALL_MIN_KTILES,
+                                  k_tail=tail))
         out.append(config("fc2", fmt, "none", 64, rows=256, k_tiles=TALL_MIN_KTILES))
     return list(dict.fromkeys(out))

@@ -113,7 +113,7 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     inter = bufs.get("inter", (P, Ip), torch.bfloat16)
     limit = activation.limit if activation.limit is not None else math.inf
     cfg1, fc1 = compile_cache.get("fc1", weights.weight_format, activation.name, bn,
-                                  prep.fc1_rows, Hp // TILE_K)
+                                  prep.fc1_rows, Hp // TILE_K, k_tail=H != Hp)
     fc1(jit.operands(GemmOperands, wblob=prep.w13.data_ptr(), sblob=prep.w13_scale.data_ptr(),
                      gscale=prep.fc1_alpha[quant_mode].data_ptr(), bias=prep.w13_bias.data_ptr(),
                      **routed.tile_operands, row_div=row_div, src=src.data_ptr(),
