@@ -32,8 +32,8 @@ PRODUCER_STAGES = 3
 def config(phase: str, weight_format: str, activation: str, bn: int, rows: int = 0,
            k_tiles: int = 0, k_tail: bool = False) -> GemmConfig:
     """The tile for one GEMM of `rows` weight rows (a multiple of 128) and `k_tiles` K-tiles;
-    `k_tail`: the real K stops inside the last K-tile (FC1 of a hidden size not a multiple of
-    128; FC2 reads the intermediate padded with zeros to whole K-tiles)."""
+    `k_tail`: its real K stops inside the last K-tile (FC1 of a hidden size that is not a
+    multiple of 128; FC2 reads the intermediate zero-padded to whole K-tiles)."""
     warps = WARPS64 if bn == 64 else 4
     if warps == 8 and bn == 64 and k_tiles >= TALL_MIN_KTILES:
         warps = 16
@@ -44,7 +44,8 @@ def config(phase: str, weight_format: str, activation: str, bn: int, rows: int =
     return GemmConfig(phase=phase, weight_format=weight_format,
                       activation=activation if phase == "fc1" else "none", bn=bn,
                       mw=mw, warps=warps, stages=PRODUCER_STAGES if producer else STAGES,
-                      producer_warps=1 if producer else 0, k_tail=k_tail)
+                      producer_warps=1 if producer else 0,
+                      producer_bulk=producer and not k_tail)
 
 
 def compile_config(cfg: GemmConfig):
@@ -71,13 +72,11 @@ def all_configs():
     for fmt in ("nvfp4", "mxfp4"):
         for bn in BN_CHOICES:
             for act in ("silu", "gelu_tanh", "swigluoai", "relu2"):
-                for tail in (False, True):
-                    out.append(config("fc1", fmt, act, bn, k_tail=tail))
+                for k_tail in (False, True):  # the same config where k_tail changes nothing
+                    out.append(config("fc1", fmt, act, bn, k_tail=k_tail))
             out.append(config("fc2", fmt, "none", bn))
         # the 256-row tiles of long K loops
         for act in ("silu", "gelu_tanh", "swigluoai", "relu2"):
-            for tail in (False, True):
-                out.append(config("fc1", fmt, act, 64, rows=256, k_tiles=TALL_MIN_KTILES,
-                                  k_tail=tail))
+            out.append(config("fc1", fmt, act, 64, rows=256, k_tiles=TALL_MIN_KTILES))
         out.append(config("fc2", fmt, "none", 64, rows=256, k_tiles=TALL_MIN_KTILES))
     return list(dict.fromkeys(out))

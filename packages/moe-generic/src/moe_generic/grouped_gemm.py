@@ -79,16 +79,12 @@ class GemmConfig:
     # mbarriers (full: the copies landed; empty: every MMA thread is done with it), so the MMA
     # warps issue no copy and never wait for each other (see _produce, _consume).
     producer_warps: int = 0
-    # the real K is not a multiple of TILE_K (FC1 of H % 128 != 0): every token-row copy checks
-    # its columns against k_real. Without a tail each row is either read whole or zero-filled,
-    # so a copy is one cp.async with a byte count fixed per tile (see _copy_chunk).
-    k_tail: bool = False
-    # how the producer warps copy (development candidates): "cp_async" every copy 16 B per lane
-    # (commit groups, full arrived on after wait_group); "bulk_weights" each served warp's weight
-    # groups by bulk copies from one elected lane (complete_tx on full), token rows as before;
-    # "bulk" the token rows too, one bulk copy per live row (no cp.async: full completes on the
-    # bytes alone; rows past the tile are not zeroed, their MMA columns are never stored)
-    producer_copy: str = "cp_async"
+    # with one producer warp: every copy a bulk copy (cp.async.bulk) completing its bytes on the
+    # stage's full barrier (weights from one elected lane, each live token row from its lane) in
+    # place of 16-byte cp.async copies, commit groups and arrivals. Bulk copies do not zero-fill,
+    # so only where the real K is whole K-tiles (compile_cache.config); rows past the tile keep
+    # stale bytes, which reach only MMA columns that are never stored.
+    producer_bulk: bool = False
 
     @property
     def gated(self) -> bool:
@@ -128,13 +124,7 @@ class GroupedGemm:
         self.bar_off = cfg.stages * self.stage_bytes
         self.smem_bytes = self.bar_off + (16 * cfg.stages if cfg.producer_warps else 0)
         assert cfg.producer_warps >= 0, cfg
-        assert cfg.producer_copy in ("cp_async", "bulk_weights", "bulk"), cfg
-        assert cfg.producer_copy != "bulk" or not cfg.k_tail, cfg  # bulk copies do not zero-fill
-        assert cfg.producer_copy == "cp_async" or cfg.producer_warps == 1, cfg
-        # arrivals that complete a full barrier's phase: every copying thread after its cp.async
-        # group landed, plus each producer warp's elected lane announcing its bulk bytes
-        self.full_arrivals = {"cp_async": 32, "bulk_weights": 33, "bulk": 1}[cfg.producer_copy] \
-            * cfg.producer_warps
+        assert not cfg.producer_bulk or cfg.producer_warps == 1, cfg
         assert self.block_threads <= 1024, cfg
 
     # ------------------------------------------------------------------ host entry
@@ -269,12 +259,17 @@ class GroupedGemm:
         if warp == 0:
             if lane == 0:
                 for st in cutlass.range_constexpr(cfg.stages):
-                    ptx.mbarrier_init(full + st * 8, self.full_arrivals)
+                    # bulk copies: one arrival (expect_tx) and the bytes; else each copying thread
+                    ptx.mbarrier_init(full + st * 8,
+                                      1 if cfg.producer_bulk else cfg.producer_warps * 32)
                     ptx.mbarrier_init(empty + st * 8, cfg.warps * 32)
                 ptx.fence_mbarrier_init()
         cute.arch.sync_threads()
         if warp >= cfg.warps:
-            self._produce(ops, warp - cfg.warps, lane, bidx, e, p0, p1, s_base, full, empty)
+            if cutlass.const_expr(cfg.producer_bulk):
+                self._produce_bulk(ops, lane, bidx, e, p0, p1, s_base, full, empty)
+            else:
+                self._produce(ops, warp - cfg.warps, lane, bidx, e, p0, p1, s_base, full, empty)
         else:
             a_warp_off = self.b_bytes + warp * cfg.mw * self.a_group_bytes
             group0 = (bidx * cfg.warps + warp) * cfg.mw
@@ -295,6 +290,14 @@ class GroupedGemm:
         cfg = self.cfg
         npw = cfg.producer_warps
         sbpr = cfg.scale_bytes_per_row
+        group_w_stride = Int64(ops.k_tiles) * 1024
+        group_s_stride = Int64(ops.k_tiles) * (16 * sbpr)
+        ctid = pw * 32 + lane  # this thread among the producer warps'
+        rows_per_pass = 16 * npw
+        half = ctid % 2  # the chunks of the row this thread copies: half, half + 2, ...
+        row_src = [self._chunk_source((ctid // 2 + rows_per_pass * i) * 16 + half, p0, p1,
+                                      ops.order, ops.row_div, ops.src, ops.src_stride)
+                   for i in range(-(-cfg.bn // rows_per_pass))]
         served = [pw + npw * j for j in range(-(-cfg.warps // npw))]  # MMA warps pw + P j
         # per served warp: where its groups' codes and scales start, its stage slice
         starts = [(Int64(e) * Int64(ops.row_groups) + Int64((bidx * cfg.warps + w) * cfg.mw))
@@ -302,45 +305,22 @@ class GroupedGemm:
         weights = [(ops.wblob + t0 * 1024, ops.sblob + t0 * (16 * sbpr),
                     self.b_bytes + w * cfg.mw * self.a_group_bytes, w)
                    for t0, w in zip(starts, served)]
-        if cutlass.const_expr(cfg.producer_copy == "bulk"):
-            self._produce_bulk(ops, pw, lane, p0, p1, s_base, full, empty, weights)
-        else:
-            ctid = pw * 32 + lane  # this thread among the producer warps'
-            rows_per_pass = 16 * npw
-            half = ctid % 2  # the chunks of the row this thread copies: half, half + 2, ...
-            row_src = [self._chunk_source((ctid // 2 + rows_per_pass * i) * 16 + half, p0, p1,
-                                          ops.order, ops.row_div, ops.src, ops.src_stride)
-                       for i in range(-(-cfg.bn // rows_per_pass))]
-            self._produce_cp_async(ops, ctid, lane, s_base, full, empty, row_src, weights,
-                                   rows_per_pass)
-
-    @cute.jit
-    def _produce_cp_async(self, ops, ctid, lane, s_base, full, empty, row_src, weights,
-                          rows_per_pass):
-        cfg = self.cfg
-        sbpr = cfg.scale_bytes_per_row
-        group_w_stride = Int64(ops.k_tiles) * 1024
-        group_s_stride = Int64(ops.k_tiles) * (16 * sbpr)
         lag = max(0, cfg.stages - 2)
         for kt in cutlass.range(ops.k_tiles, unroll=1):
             st = kt % cfg.stages
             ptx.mbarrier_wait(empty + st * 8, ((kt // cfg.stages) % 2) ^ 1)
             stage = s_base + st * self.stage_bytes
-            if cutlass.const_expr(cfg.producer_copy == "bulk_weights"):
-                self._bulk_weights(kt, stage, full + st * 8, weights, 0, group_w_stride,
-                                   group_s_stride)
             for i in cutlass.range_constexpr(len(row_src)):
                 if ctid // 2 + rows_per_pass * i < cfg.bn:
                     base, dst, ch0, ok = row_src[i]
                     for j in cutlass.range_constexpr(TILE_K // 16):
                         self._copy_chunk((base + Int64(j * 32), dst + j * 32, ch0 + 2 * j, ok),
                                          kt, ops.k_real, ops.src, stage)
-            if cutlass.const_expr(cfg.producer_copy == "cp_async"):
-                for j in cutlass.range_constexpr(len(weights)):
-                    w_src, s_src, a_off, w = weights[j]
-                    if w < cfg.warps:
-                        self._copy_groups(kt, stage, lane, w_src, s_src, group_w_stride,
-                                          group_s_stride, a_off)
+            for j in cutlass.range_constexpr(len(weights)):
+                w_src, s_src, a_off, w = weights[j]
+                if w < cfg.warps:
+                    self._copy_groups(kt, stage, lane, w_src, s_src, group_w_stride,
+                                      group_s_stride, a_off)
             ptx.cp_async_commit()
             ptx.cp_async_wait(lag)
             if kt >= lag:
@@ -353,61 +333,45 @@ class GroupedGemm:
                 ptx.mbarrier_arrive(full + (kt % cfg.stages) * 8)
 
     @cute.jit
-    def _bulk_weights(self, kt, stage, bar, weights, row_bytes, group_w_stride, group_s_stride):
-        """One elected lane: arrive on the stage's full barrier expecting this warp's bulk bytes
-        (its served warps' weight groups, plus row_bytes of token rows the lanes copy), and bulk
-        copy K-tile kt of those weight groups (codes, scales) into the stage."""
+    def _produce_bulk(self, ops, lane, bidx, e, p0, p1, s_base, full, empty):
+        """The producer warp with cfg.producer_bulk: per K-tile, wait until the stage is free;
+        one elected lane arrives on its full barrier expecting the stage's bytes and bulk copies
+        every MMA warp's weight groups (codes and scales, two copies per group); lane n copies
+        live token row n (one 256-byte copy). The barrier completes when the bytes have landed."""
         cfg = self.cfg
         scale_bytes = 16 * cfg.scale_bytes_per_row
-        copies = []
-        for j in cutlass.range_constexpr(len(weights)):  # one producer warp: every MMA warp
-            w_src, s_src, a_off, _ = weights[j]
-            for g in cutlass.range_constexpr(cfg.mw):
-                dst = stage + a_off + g * self.a_group_bytes
-                copies.append((dst, w_src + Int64(g) * group_w_stride + Int64(kt) * 1024, 1024))
-                copies.append((dst + 1024, s_src + Int64(g) * group_s_stride
-                               + Int64(kt) * scale_bytes, scale_bytes))
-        ptx.bulk_copies_g2s_elected(bar, len(copies) // 2 * (1024 + scale_bytes) + row_bytes,
-                                    copies)
-
-    @cute.jit
-    def _produce_bulk(self, ops, pw, lane, p0, p1, s_base, full, empty, weights):
-        """Every copy a bulk copy completing on the stage's full barrier: the weight groups from
-        one elected lane (_bulk_weights), live token row n (n = lane + 32 i, i over the producer
-        warps' passes) from its lane. Rows past the tile are left as they are."""
-        cfg = self.cfg
-        npw = cfg.producer_warps
-        sbpr = cfg.scale_bytes_per_row
-        group_w_stride = Int64(ops.k_tiles) * 1024
-        group_s_stride = Int64(ops.k_tiles) * (16 * sbpr)
         live = cutlass.min(p1 - p0, cfg.bn)
-        passes = -(-cfg.bn // (32 * npw))
-        rows = []  # (row n, its K-tile 0 address) per pass of this warp's lanes
-        for i in cutlass.range_constexpr(passes):
-            n = (pw + npw * i) * 32 + lane
-            src_row = ops.src
+        rows = []  # per pass over the tile's rows: (row n, its source row's address)
+        for i in cutlass.range_constexpr(-(-cfg.bn // 32)):
+            n = i * 32 + lane
+            src_row = ops.src  # never read past the tile
             if n < live:
-                row = p0 + n
+                row = p0 + n  # FC2 reads the intermediate in sorted order
                 if cutlass.const_expr(cfg.phase == "fc1"):
                     row = ptx.ld_u32(ops.order + Int64(p0 + n) * 4) // ops.row_div
                 src_row = ops.src + Int64(row) * Int64(ops.src_stride) * 2
             rows.append((n, src_row))
-        # the rows this warp copies, counted for its barrier arrival
-        mine = Int32(0)
-        for i in cutlass.range_constexpr(passes):
-            base_n = (pw + npw * i) * 32
-            mine = mine + cutlass.max(0, cutlass.min(live - base_n, 32))
+        # weight tile index (expert, group, K-tile 0) of each group, in stage order
+        groups = [(Int64(e) * Int64(ops.row_groups) + Int64(bidx * cfg.warps * cfg.mw + j))
+                  * Int64(ops.k_tiles) for j in range(cfg.warps * cfg.mw)]
+        tx_bytes = len(groups) * (1024 + scale_bytes) + live * (TILE_K * 2)
         for kt in cutlass.range(ops.k_tiles, unroll=1):
             st = kt % cfg.stages
             ptx.mbarrier_wait(empty + st * 8, ((kt // cfg.stages) % 2) ^ 1)
             stage = s_base + st * self.stage_bytes
-            self._bulk_weights(kt, stage, full + st * 8, weights, mine * (TILE_K * 2),
-                               group_w_stride, group_s_stride)
-            for i in cutlass.range_constexpr(passes):
+            bar = full + st * 8
+            copies = []
+            for j in cutlass.range_constexpr(len(groups)):
+                dst = stage + self.b_bytes + j * self.a_group_bytes
+                t = groups[j] + Int64(kt)
+                copies.append((dst, ops.wblob + t * 1024, 1024))
+                copies.append((dst + 1024, ops.sblob + t * scale_bytes, scale_bytes))
+            ptx.bulk_copies_g2s_elected(bar, tx_bytes, copies)
+            for i in cutlass.range_constexpr(len(rows)):
                 n, src_row = rows[i]
                 if n < live:
                     ptx.bulk_copy_g2s(stage + n * SMEM_ROW_BYTES,
-                                      src_row + Int64(kt) * (TILE_K * 2), TILE_K * 2, full + st * 8)
+                                      src_row + Int64(kt) * (TILE_K * 2), TILE_K * 2, bar)
 
     @cute.jit
     def _consume(self, live_nb: int, acc, ops, s_base, lane, b_lane, a_warp_off, full, empty, e,
@@ -479,19 +443,14 @@ class GroupedGemm:
     @cute.jit
     def _copy_chunk(self, source, kt, k_real, src, stage_base):
         base, dst, ch, ok = source
-        if cutlass.const_expr(self.cfg.k_tail):
-            k0 = kt * TILE_K + ch * 8
-            nbytes = Int32(0)
-            gaddr = src  # any valid address when nothing is read (zero-fill)
-            if ok != Int32(0):
-                if k0 < k_real:
-                    gaddr = base + Int64(kt) * (TILE_K * 2)
-                    nbytes = Int32(16)
-            ptx.cp_async_16_zfill(stage_base + dst, gaddr, nbytes)
-        else:
-            # whole K-tiles: a row past the tile reads nothing from row 0's K-tile kt (base is
-            # src there, and row 0 holds k_tiles * TILE_K columns), so no select per copy
-            ptx.cp_async_16_zfill(stage_base + dst, base + Int64(kt) * (TILE_K * 2), ok * 16)
+        k0 = kt * TILE_K + ch * 8
+        nbytes = Int32(0)
+        gaddr = src  # any valid address when nothing is read (zero-fill)
+        if ok != Int32(0):
+            if k0 < k_real:
+                gaddr = base + Int64(kt) * (TILE_K * 2)
+                nbytes = Int32(16)
+        ptx.cp_async_16_zfill(stage_base + dst, gaddr, nbytes)
 
     @cute.jit
     def _issue_stage(self, kt, stage, lane, sources, src, k_real,
