@@ -24,8 +24,9 @@ def test_every_dispatchable_config_compiles_for_sm90a():
     from moe_generic.compile_cache import all_configs, compile_config
 
     configs = all_configs()
-    # 2 formats x 4 tile widths x (4 FC1 activations + FC2), + the 256-row tiles
-    assert len(configs) == 50
+    # 2 formats x 4 tile widths x (4 FC1 activations + FC2), + the 256-row tiles, + the 32-token
+    # FC1 tiles of a K tail (their producer copies by cp.async: bulk copies do not zero-fill)
+    assert len(configs) == 58
     for cfg in configs:
         assert compile_config(cfg) is not None, cfg
 
@@ -37,7 +38,8 @@ bn = int(sys.argv[1])
 for fmt in ("nvfp4", "mxfp4"):
     for phase, act in (("fc1", "swigluoai"), ("fc2", "none")):
         for pw in (1, 2):
-            c = compile_config(dataclasses.replace(config(phase, fmt, act, bn), producer_warps=pw))
+            c = compile_config(dataclasses.replace(config(phase, fmt, act, bn), producer_warps=pw,
+                                                   producer_bulk=False))
             open(f"{fmt}-{phase}-{pw}.txt", "w").write(c.__ptx__)
 """
 
@@ -67,6 +69,42 @@ def test_producer_warp_configs_hand_stages_over_by_mbarrier(bn, tmp_path):
         assert text.count("cp.async.commit_group") == 1, name
         assert "mbarrier.try_wait.parity" in text, name
         assert "cp.async.mbarrier.arrive" not in text, name
+
+
+_BULK_PROBE = """
+from moe_generic.compile_cache import compile_config, config
+for fmt in ("nvfp4", "mxfp4"):
+    for phase, act, tail in (("fc1", "silu", False), ("fc2", "none", False), ("fc1", "silu", True)):
+        cfg = config(phase, fmt, act, 32, k_tail=tail)
+        name = f"{fmt}-{phase}-{'tail' if tail else 'whole'}-{'bulk' if cfg.producer_bulk else 'cp'}"
+        open(name + ".txt", "w").write(compile_config(cfg).__ptx__)
+"""
+
+
+def test_bulk_producer_copies_by_bulk_copies_only(tmp_path):
+    """The 32-token tiles' producer (GemmConfig.producer_bulk, where K has no tail): per K-tile
+    one elected lane arrives expecting the bytes and starts the 16 weight copies, and each lane
+    its token row's copy, all completing on the full barrier (17 bulk copies in the PTX); no
+    16-byte cp.async, commit group or wait_group is left. With a K tail the producer keeps its
+    zero-filling cp.async copies."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = dict(os.environ, CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=str(tmp_path))
+    subprocess.run([sys.executable, "-c", _BULK_PROBE], env=env, check=True, cwd=tmp_path)
+    ptx = {p.stem: p.read_text() for p in Path(tmp_path).glob("*-fc*.txt")}
+    assert sorted(ptx) == sorted(f"{f}-{ph}" for f in ("nvfp4", "mxfp4")
+                                 for ph in ("fc1-whole-bulk", "fc2-whole-bulk", "fc1-tail-cp"))
+    for name, text in ptx.items():
+        if name.endswith("bulk"):
+            assert text.count("cp.async.bulk.shared::cluster.global.mbarrier") == 17, name
+            assert "elect.sync" in text and "mbarrier.arrive.expect_tx" in text, name
+            assert "cp.async.cg" not in text and "cp.async.wait_group" not in text, name
+            assert text.count("bar.sync") == 1, name
+        else:
+            assert "cp.async.bulk" not in text and "cp.async.cg" in text, name
 
 
 def test_operands_reach_the_kernel_in_field_order():

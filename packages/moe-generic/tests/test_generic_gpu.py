@@ -155,14 +155,18 @@ def test_every_tile_width_matches_reference(bn, case, monkeypatch):
 
 
 
-@pytest.mark.parametrize("bn,changes", [(32, {"producer_warps": 0, "stages": 4}),
+@pytest.mark.parametrize("bn,changes", [(32, {"producer_warps": 0, "stages": 4,
+                                              "producer_bulk": False}),
+                                        (32, {"producer_bulk": False}),
                                         (32, {"width_step": 16}), (64, {"width_step": 16}),
                                         (8, {"producer_warps": 1}), (16, {"producer_warps": 1}),
                                         (32, {"stages": 4}), (64, {"producer_warps": 1}),
                                         (32, {"mw": 1, "warps": 8}),
-                                        (64, {"producer_warps": 2}), (32, {"producer_warps": 3}),
+                                        (64, {"producer_warps": 2}),
+                                        (32, {"producer_warps": 3, "producer_bulk": False}),
                                         (32, {"warps": 8, "mw": 2}),
-                                        (32, {"warps": 8, "mw": 2, "producer_warps": 2}),
+                                        (32, {"warps": 8, "mw": 2, "producer_warps": 2,
+                                              "producer_bulk": False}),
                                         (16, {"mw": 2}), (8, {"mw": 2})])
 @pytest.mark.parametrize("case", SKEWED_CASES)
 def test_config_candidates_match_reference(bn, changes, case, monkeypatch):
