@@ -24,7 +24,9 @@ STAGES = 4  # cp.async ring depth of every tile
 # DeepSeek-V3 T=256 / 512 -4.1% / -3.4%, Qwen3-30B-A3B T=128 / 256 -2.7% / -4.6% (5321ecb); the
 # landed hand-over (256bc33) in a five-preset same-run A/B: -2.5% to -4.8% at T = 256-512. A
 # producer warp at every width with 4 stages: level at 32 tokens, up to 6% slower at the 8- and
-# 16-token tiles (DeepSeek-V3 T=128 1858.6 -> 1976.3 us).
+# 16-token tiles (DeepSeek-V3 T=128 1858.6 -> 1976.3 us). Its copies are bulk copies
+# (GemmConfig.producer_bulk) unless K has a tail: five presets x 10 T against 52d4e0e, same run,
+# -8% to -12% at the 32-token points (DeepSeek-V3 T=256 2185.7 -> 1913.7 us; 268912f).
 PRODUCER_BN = 32
 PRODUCER_STAGES = 3
 

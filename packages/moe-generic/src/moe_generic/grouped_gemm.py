@@ -23,7 +23,9 @@ registers (decode_fragment_word: shifts and masks), multiplies by the block scal
 and feeds the tensor cores: mma.sync.m16n8k16 with B fragments by ldmatrix from padded
 [bn][128 + 8] rows.
 With GemmConfig.producer_warps (compile_cache.config picks one for the 32-token tiles) extra warps
-issue every copy and hand the stages over by mbarriers instead of a CTA barrier per K-tile.
+issue every copy and hand the stages over by mbarriers instead of a CTA barrier per K-tile; with
+GemmConfig.producer_bulk (where K has no tail) that warp's copies are bulk copies whose bytes
+complete the stage's full barrier (_produce_bulk).
 Epilogues apply the fp32 global scale (x the activation global scale in w4a4) and bias; FC1
 applies the activation with gate (row r) and up (row r + 8) of the same j in the same lane
 (weights repacked so), FC2 the router weight and writes each (pair, h) exactly once, so the
