@@ -13,9 +13,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 config_probe = importlib.import_module("config_probe")
 
 
-def test_fields_parse_as_int_or_str():
-    assert config_probe.parse_fields("team_fc1=1,geometry=tall,x=-2") == {
-        "team_fc1": 1, "geometry": "tall", "x": -2}
+def test_fields_parse_as_int_bool_or_str():
+    assert config_probe.parse_fields("team_fc1=1,geometry=tall,x=-2,producer_bulk=True,b=False") == {
+        "team_fc1": 1, "geometry": "tall", "x": -2, "producer_bulk": True, "b": False}
 
 
 @pytest.mark.parametrize("kernel, args, field, value", [
@@ -62,6 +62,28 @@ def test_generic_candidates_keep_the_default_where_their_rows_do_not_divide(monk
     monkeypatch.setattr(config_probe, "bench_preset", bench)
     config_probe.variant_rows("moe-generic", None, [1], "warps=8,mw=2", seed=1)
     assert seen == [256, 128]
+
+
+def test_generic_bulk_candidates_keep_the_default_where_k_has_a_tail(monkeypatch):
+    """A bulk-copy producer offered for every 16-token tile: taken where the real K is whole
+    K-tiles, refused for an FC1 whose K stops inside its last K-tile (bulk copies do not
+    zero-fill; compile_cache.config's own rule)."""
+    from moe_generic import compile_cache
+
+    seen = []
+
+    def bench(p, tokens, kernels, **kw):
+        for tail in (False, True):
+            seen.append(compile_cache.config("fc1", "mxfp4", "swigluoai", 16, 5760, 23,
+                                             tail).producer_bulk)
+        seen.append(compile_cache.config("fc1", "mxfp4", "swigluoai", 16, 5760, 23,
+                                         k_tail=True).producer_bulk)
+        return []
+
+    monkeypatch.setattr(config_probe, "bench_preset", bench)
+    config_probe.variant_rows("moe-generic", None, [1],
+                              "producer_warps=1,stages=3,producer_bulk=True", seed=1)
+    assert seen == [True, False, False]
 
 
 def test_generic_cache_refuses_rows_its_grid_would_miss(monkeypatch):

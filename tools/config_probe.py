@@ -29,9 +29,16 @@ KERNELS = ("moe-static", "moe-gated", "moe-generic")
 
 
 def parse_fields(fields: str) -> dict:
-    """'a=1,b=tall' -> {'a': 1, 'b': 'tall'} (integer fields as int, the rest as str)."""
+    """'a=1,b=tall,c=True' -> {'a': 1, 'b': 'tall', 'c': True} (integers as int, True and False
+    as bool, the rest as str)."""
     pairs = (f.split("=", 1) for f in fields.split(","))
-    return {k: int(v) if v.lstrip("-").isdigit() else v for k, v in pairs}
+    return {k: _value(v) for k, v in pairs}
+
+
+def _value(v: str):
+    if v.lstrip("-").isdigit():
+        return int(v)
+    return {"True": True, "False": False}.get(v, v)
 
 
 def rows_with_config(kernel: str, p, tokens, label: str, change, seed: int) -> list:
@@ -48,6 +55,10 @@ def rows_with_config(kernel: str, p, tokens, label: str, change, seed: int) -> l
             if rows % candidate.cta_rows:
                 print(f"# {kernel} {label}: its own config for {rows} rows (not a multiple of "
                       f"{candidate.cta_rows})", flush=True)
+                return cfg
+            # bulk copies do not zero-fill: never where the real K stops inside a K-tile
+            if candidate.producer_bulk and kw.get("k_tail", a[6] if len(a) > 6 else False):
+                print(f"# {kernel} {label}: its own config where K has a tail", flush=True)
                 return cfg
         return candidate
 

@@ -167,12 +167,19 @@ def test_every_tile_width_matches_reference(bn, case, monkeypatch):
                                         (32, {"warps": 8, "mw": 2}),
                                         (32, {"warps": 8, "mw": 2, "producer_warps": 2,
                                               "producer_bulk": False}),
-                                        (16, {"mw": 2}), (8, {"mw": 2})])
+                                        (16, {"mw": 2}), (8, {"mw": 2}),
+                                        (8, {"producer_warps": 1, "stages": 3,
+                                             "producer_bulk": True}),
+                                        (16, {"producer_warps": 1, "stages": 3,
+                                              "producer_bulk": True})],
+                         ids=lambda v: ",".join(f"{k}={x}" for k, x in v.items())
+                         if isinstance(v, dict) else str(v))
 @pytest.mark.parametrize("case", SKEWED_CASES)
 def test_config_candidates_match_reference(bn, changes, case, monkeypatch):
     """GemmConfig settings that measurements may switch to, forced: the 32-token tiles without
     their producer warp (every MMA warp copying, a CTA barrier per K-tile) or with a 4-deep
-    ring; 16-token mainloop bodies; producer warps at the other widths, two or three of them;
+    ring; 16-token mainloop bodies; producer warps at the other widths, two or three of them,
+    copying by cp.async or (where K has no tail) by bulk copies;
     twice the weight rows per CTA (each token row read from L2 once per 256 or 128 rows). A
     switch then needs only its A/B. Where a candidate's rows per CTA do not divide the GEMM's
     rows, the default runs."""
@@ -186,6 +193,8 @@ def test_config_candidates_match_reference(bn, changes, case, monkeypatch):
     def config(phase, weight_format, activation, width, rows=0, k_tiles=0, k_tail=False):
         cfg = default_config(phase, weight_format, activation, width, rows, k_tiles, k_tail)
         candidate = dataclasses.replace(cfg, **changes)
+        if candidate.producer_bulk and k_tail:  # bulk copies do not zero-fill (config's rule)
+            return cfg
         return candidate if rows % candidate.cta_rows == 0 else cfg
 
     monkeypatch.setattr(compile_cache, "config", config)
