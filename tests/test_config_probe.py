@@ -67,7 +67,8 @@ def test_generic_candidates_keep_the_default_where_their_rows_do_not_divide(monk
 def test_generic_bulk_candidates_keep_the_default_where_k_has_a_tail(monkeypatch):
     """A bulk-copy producer offered for every 16-token tile: taken where the real K is whole
     K-tiles, refused for an FC1 whose K stops inside its last K-tile (bulk copies do not
-    zero-fill; compile_cache.config's own rule)."""
+    zero-fill), unless the config's producer zeroes the tail itself (GemmConfig.k_tail: the
+    32-token tiles)."""
     from moe_generic import compile_cache
 
     seen = []
@@ -78,12 +79,14 @@ def test_generic_bulk_candidates_keep_the_default_where_k_has_a_tail(monkeypatch
                                              tail).producer_bulk)
         seen.append(compile_cache.config("fc1", "mxfp4", "swigluoai", 16, 5760, 23,
                                          k_tail=True).producer_bulk)
+        seen.append(compile_cache.config("fc1", "mxfp4", "swigluoai", 32, 5760, 23,
+                                         k_tail=True).producer_bulk)
         return []
 
     monkeypatch.setattr(config_probe, "bench_preset", bench)
     config_probe.variant_rows("moe-generic", None, [1],
                               "producer_warps=1,stages=3,producer_bulk=True", seed=1)
-    assert seen == [True, False, False]
+    assert seen == [True, False, False, True]
 
 
 def test_generic_cache_refuses_rows_its_grid_would_miss(monkeypatch):

@@ -28,8 +28,9 @@ CASES = ["static-T1-mxfp4-gelu-ids64-wide", "generic-T40-nvfp4-swigluoai-w4a4-bi
 # Compile-time config fields added or re-chosen since BASE_REV: they choose the code compiled,
 # not a value passed at launch, so they are left out of the comparison (width_step: moe-generic's
 # mainloop bodies per width class, 9c2e706; producer_warps and stages: its 32-token tiles'
-# producer warp and 3-deep ring, e0df7bf; producer_bulk: that warp's bulk copies, 268912f).
-CONFIG_FIELDS_SINCE_BASE = ("width_step", "producer_warps", "stages", "producer_bulk")
+# producer warp and 3-deep ring, e0df7bf; producer_bulk and k_tail: that warp's bulk copies,
+# 268912f, and its own zeroing of a K tail).
+CONFIG_FIELDS_SINCE_BASE = ("width_step", "producer_warps", "stages", "producer_bulk", "k_tail")
 # (runner file, text, text with two fields swapped)
 SWAPS = [
     ("packages/moe-static/src/moe_static/runner.py",

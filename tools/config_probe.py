@@ -56,8 +56,10 @@ def rows_with_config(kernel: str, p, tokens, label: str, change, seed: int) -> l
                 print(f"# {kernel} {label}: its own config for {rows} rows (not a multiple of "
                       f"{candidate.cta_rows})", flush=True)
                 return cfg
-            # bulk copies do not zero-fill: never where the real K stops inside a K-tile
-            if candidate.producer_bulk and kw.get("k_tail", a[6] if len(a) > 6 else False):
+            # bulk copies do not zero-fill: where the real K stops inside a K-tile only a
+            # producer that zeroes the tail itself (GemmConfig.k_tail)
+            tail = kw.get("k_tail", a[6] if len(a) > 6 else False)
+            if candidate.producer_bulk and tail and not candidate.k_tail:
                 print(f"# {kernel} {label}: its own config where K has a tail", flush=True)
                 return cfg
         return candidate

@@ -139,10 +139,13 @@ for s in "$@"; do
     bulk-band)  # after 268912f (32-token tiles by bulk copy, 8-12% faster): what it moves.
                 # 1. the bulk-copy producer at the 8- and 16-token tiles against the reference;
                 # 2. moe-generic's widths forced (runner.TILE_COST) and those candidates timed
-                #    at 4-16 routed rows per expert; 3. the moe-gated cutover
+                #    at 4-16 routed rows per expert; the bulk producer where K has a tail;
+                #    3. the moe-gated cutover
                 #    (limits.cutover_rows) with both kernels forced at 32 and 64 rows
       step bulk-tests 300 python3 -m pytest packages/moe-generic -m gpu -q -k "config_candidates and producer_bulk"
       step bulk-band 500 python3 tools/band_probe.py --preset ${BAND_PRESETS:-deepseek-v3 qwen3-30b-a3b qwen3.5-35b gpt-oss-120b nemotron-relu2} --tokens ${BAND_TOKENS:-64 128 256} --bn 8 16 32 --kernels auto --config '8:producer_warps=1,stages=3,producer_bulk=True' '16:producer_warps=1,stages=3,producer_bulk=True' --seed ${AB_SEED:-1} --json "$OUT/bulk-band.json"
+      # the bulk producer where K has a tail (gpt-oss-120b FC1, H = 2880: it zeroes the tail)
+      step bulk-tail 200 python3 tools/band_probe.py --preset gpt-oss-120b --tokens 256 512 1024 --bn --config '32/fc1:producer_bulk=True' --seed ${AB_SEED:-1} --json "$OUT/bulk-tail.json"
       step bulk-cutover 400 "${BENCH[@]}" --preset qwen3-30b-a3b qwen3.5-35b deepseek-v3 gpt-oss-120b nemotron-relu2 --tokens 512 1024 2048 --kernels moe-generic moe-gated --no-check --seed ${AB_SEED:-1} --json "$OUT/bulk-cutover.json" ;;
     relu2)  # moe-gated's relu2 path: its GPU tests, then nemotron-relu2 with each kernel forced
       step relu2-tests 300 python3 -m pytest packages/moe-gated -m gpu -q -k "relu2 or geometry"

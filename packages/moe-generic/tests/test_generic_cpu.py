@@ -72,12 +72,15 @@ def test_producer_warp_configs_hand_stages_over_by_mbarrier(bn, tmp_path):
 
 
 _BULK_PROBE = """
+import dataclasses
 from moe_generic.compile_cache import compile_config, config
 for fmt in ("nvfp4", "mxfp4"):
     for phase, act, tail in (("fc1", "silu", False), ("fc2", "none", False), ("fc1", "silu", True)):
         cfg = config(phase, fmt, act, 32, k_tail=tail)
         name = f"{fmt}-{phase}-{'tail' if tail else 'whole'}-{'bulk' if cfg.producer_bulk else 'cp'}"
         open(name + ".txt", "w").write(compile_config(cfg).__ptx__)
+    cfg = dataclasses.replace(config("fc1", fmt, "silu", 32, k_tail=True), producer_bulk=True)
+    open(f"{fmt}-fc1-tail-bulk.txt", "w").write(compile_config(cfg).__ptx__)
 """
 
 
@@ -85,8 +88,8 @@ def test_bulk_producer_copies_by_bulk_copies_only(tmp_path):
     """The 32-token tiles' producer (GemmConfig.producer_bulk, where K has no tail): per K-tile
     one elected lane arrives expecting the bytes and starts the 16 weight copies, and each lane
     its token row's copy, all completing on the full barrier (17 bulk copies in the PTX); no
-    16-byte cp.async, commit group or wait_group is left. With a K tail the producer keeps its
-    zero-filling cp.async copies."""
+    16-byte cp.async, commit group or wait_group is left. With a K tail the dispatched producer
+    keeps its zero-filling cp.async copies; the bulk one (a candidate) zeroes the tail itself."""
     import os
     import subprocess
     import sys
@@ -96,13 +99,18 @@ def test_bulk_producer_copies_by_bulk_copies_only(tmp_path):
     subprocess.run([sys.executable, "-c", _BULK_PROBE], env=env, check=True, cwd=tmp_path)
     ptx = {p.stem: p.read_text() for p in Path(tmp_path).glob("*-fc*.txt")}
     assert sorted(ptx) == sorted(f"{f}-{ph}" for f in ("nvfp4", "mxfp4")
-                                 for ph in ("fc1-whole-bulk", "fc2-whole-bulk", "fc1-tail-cp"))
+                                 for ph in ("fc1-whole-bulk", "fc2-whole-bulk", "fc1-tail-cp",
+                                            "fc1-tail-bulk"))
     for name, text in ptx.items():
         if name.endswith("bulk"):
             assert text.count("cp.async.bulk.shared::cluster.global.mbarrier") == 17, name
             assert "elect.sync" in text and "mbarrier.arrive.expect_tx" in text, name
             assert "cp.async.cg" not in text and "cp.async.wait_group" not in text, name
             assert text.count("bar.sync") == 1, name
+            # a tail: the producer zeroes the last K-tile's columns past K, then the warp
+            # barrier orders those stores before the elected arrival
+            tail = "tail" in name
+            assert ("st.shared.v4.u32" in text) == tail and ("bar.warp.sync" in text) == tail, name
         else:
             assert "cp.async.bulk" not in text and "cp.async.cg" in text, name
 

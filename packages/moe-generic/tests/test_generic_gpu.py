@@ -158,6 +158,7 @@ def test_every_tile_width_matches_reference(bn, case, monkeypatch):
 @pytest.mark.parametrize("bn,changes", [(32, {"producer_warps": 0, "stages": 4,
                                               "producer_bulk": False}),
                                         (32, {"producer_bulk": False}),
+                                        (32, {"producer_bulk": True}),
                                         (32, {"width_step": 16}), (64, {"width_step": 16}),
                                         (8, {"producer_warps": 1}), (16, {"producer_warps": 1}),
                                         (32, {"stages": 4}), (64, {"producer_warps": 1}),
@@ -179,7 +180,8 @@ def test_config_candidates_match_reference(bn, changes, case, monkeypatch):
     """GemmConfig settings that measurements may switch to, forced: the 32-token tiles without
     their producer warp (every MMA warp copying, a CTA barrier per K-tile) or with a 4-deep
     ring; 16-token mainloop bodies; producer warps at the other widths, two or three of them,
-    copying by cp.async or (where K has no tail) by bulk copies;
+    copying by cp.async or by bulk copies (the 32-token tiles' bulk producer also where K has a
+    tail, zeroing it itself: case 2's H = 2880);
     twice the weight rows per CTA (each token row read from L2 once per 256 or 128 rows). A
     switch then needs only its A/B. Where a candidate's rows per CTA do not divide the GEMM's
     rows, the default runs."""
@@ -193,8 +195,8 @@ def test_config_candidates_match_reference(bn, changes, case, monkeypatch):
     def config(phase, weight_format, activation, width, rows=0, k_tiles=0, k_tail=False):
         cfg = default_config(phase, weight_format, activation, width, rows, k_tiles, k_tail)
         candidate = dataclasses.replace(cfg, **changes)
-        if candidate.producer_bulk and k_tail:  # bulk copies do not zero-fill (config's rule)
-            return cfg
+        if candidate.producer_bulk and k_tail and not candidate.k_tail:
+            return cfg  # bulk copies do not zero-fill: only a producer that zeroes the tail
         return candidate if rows % candidate.cta_rows == 0 else cfg
 
     monkeypatch.setattr(compile_cache, "config", config)

@@ -47,7 +47,7 @@ def config(phase: str, weight_format: str, activation: str, bn: int, rows: int =
                       activation=activation if phase == "fc1" else "none", bn=bn,
                       mw=mw, warps=warps, stages=PRODUCER_STAGES if producer else STAGES,
                       producer_warps=1 if producer else 0,
-                      producer_bulk=producer and not k_tail)
+                      producer_bulk=producer and not k_tail, k_tail=producer and k_tail)
 
 
 def compile_config(cfg: GemmConfig):
@@ -74,7 +74,7 @@ def all_configs():
     for fmt in ("nvfp4", "mxfp4"):
         for bn in BN_CHOICES:
             for act in ("silu", "gelu_tanh", "swigluoai", "relu2"):
-                for k_tail in (False, True):  # the same config where k_tail changes nothing
+                for k_tail in (False, True):  # one config where the tail changes nothing
                     out.append(config("fc1", fmt, act, bn, k_tail=k_tail))
             out.append(config("fc2", fmt, "none", bn))
         # the 256-row tiles of long K loops

@@ -87,6 +87,10 @@ class GemmConfig:
     # so only where the real K is whole K-tiles (compile_cache.config); rows past the tile keep
     # stale bytes, which reach only MMA columns that are never stored.
     producer_bulk: bool = False
+    # the real K stops inside the last K-tile (FC1 of a hidden size not a multiple of 128). Read
+    # only by the bulk producer: it copies the real bytes of the last K-tile's rows and zeroes
+    # the rest itself (the cp.async copies check every chunk against k_real anyway).
+    k_tail: bool = False
 
     @property
     def gated(self) -> bool:
@@ -339,10 +343,12 @@ class GroupedGemm:
         """The producer warp with cfg.producer_bulk: per K-tile, wait until the stage is free;
         one elected lane arrives on its full barrier expecting the stage's bytes and bulk copies
         every MMA warp's weight groups (codes and scales, two copies per group); lane n copies
-        live token row n (one 256-byte copy). The barrier completes when the bytes have landed."""
+        live token row n (one 256-byte copy; with cfg.k_tail the last K-tile's real bytes, and
+        zeros past them). The barrier completes when the bytes have landed."""
         cfg = self.cfg
         scale_bytes = 16 * cfg.scale_bytes_per_row
         live = cutlass.min(p1 - p0, cfg.bn)
+        row_bytes = TILE_K * 2
         rows = []  # per pass over the tile's rows: (row n, its source row's address)
         for i in cutlass.range_constexpr(-(-cfg.bn // 32)):
             n = i * 32 + lane
@@ -356,24 +362,36 @@ class GroupedGemm:
         # weight tile index (expert, group, K-tile 0) of each group, in stage order
         groups = [(Int64(e) * Int64(ops.row_groups) + Int64(bidx * cfg.warps * cfg.mw + j))
                   * Int64(ops.k_tiles) for j in range(cfg.warps * cfg.mw)]
-        tx_bytes = len(groups) * (1024 + scale_bytes) + live * (TILE_K * 2)
+        tx_bytes = len(groups) * (1024 + scale_bytes) + live * row_bytes
         for kt in cutlass.range(ops.k_tiles, unroll=1):
             st = kt % cfg.stages
             ptx.mbarrier_wait(empty + st * 8, ((kt // cfg.stages) % 2) ^ 1)
             stage = s_base + st * self.stage_bytes
             bar = full + st * 8
+            kt_row_bytes, kt_tx_bytes = row_bytes, tx_bytes
+            if cutlass.const_expr(cfg.k_tail):
+                # the last K-tile: its real columns by bulk copy, zeros past them by this lane's
+                # stores, ordered before the elected arrival by the warp barrier
+                kt_row_bytes = cutlass.min(ops.k_real - kt * TILE_K, TILE_K) * 2
+                kt_tx_bytes = len(groups) * (1024 + scale_bytes) + live * kt_row_bytes
+                for i in cutlass.range_constexpr(len(rows)):
+                    n = rows[i][0]
+                    if n < live:
+                        for off in cutlass.range(kt_row_bytes, TILE_K * 2, 16):
+                            ptx.st_shared_v4(stage + n * SMEM_ROW_BYTES + off, 0, 0, 0, 0)
+                ptx.sync_warp()
             copies = []
             for j in cutlass.range_constexpr(len(groups)):
                 dst = stage + self.b_bytes + j * self.a_group_bytes
                 t = groups[j] + Int64(kt)
                 copies.append((dst, ops.wblob + t * 1024, 1024))
                 copies.append((dst + 1024, ops.sblob + t * scale_bytes, scale_bytes))
-            ptx.bulk_copies_g2s_elected(bar, tx_bytes, copies)
+            ptx.bulk_copies_g2s_elected(bar, kt_tx_bytes, copies)
             for i in cutlass.range_constexpr(len(rows)):
                 n, src_row = rows[i]
                 if n < live:
                     ptx.bulk_copy_g2s(stage + n * SMEM_ROW_BYTES,
-                                      src_row + Int64(kt) * (TILE_K * 2), TILE_K * 2, bar)
+                                      src_row + Int64(kt) * (TILE_K * 2), kt_row_bytes, bar)
 
     @cute.jit
     def _consume(self, live_nb: int, acc, ops, s_base, lane, b_lane, a_warp_off, full, empty, e,
