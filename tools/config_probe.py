@@ -50,17 +50,12 @@ def rows_with_config(kernel: str, p, tokens, label: str, change, seed: int) -> l
     def config(*a, **kw):
         cfg = default_config(*a, **kw)
         candidate = change(cfg)
-        if kernel == "moe-generic":  # its grid needs the CTA's rows to divide the GEMM's
+        if kernel == "moe-generic":  # a replacement that cannot run this GEMM right
             rows = kw.get("rows", a[4] if len(a) > 4 else 0)
-            if rows % candidate.cta_rows:
-                print(f"# {kernel} {label}: its own config for {rows} rows (not a multiple of "
-                      f"{candidate.cta_rows})", flush=True)
-                return cfg
-            # bulk copies do not zero-fill: where the real K stops inside a K-tile only a
-            # producer that zeroes the tail itself (GemmConfig.k_tail)
             tail = kw.get("k_tail", a[6] if len(a) > 6 else False)
-            if candidate.producer_bulk and tail and not candidate.k_tail:
-                print(f"# {kernel} {label}: its own config where K has a tail", flush=True)
+            reason = cache.unfit_reason(candidate, rows, tail)
+            if reason is not None:
+                print(f"# {kernel} {label}: its own config ({reason})", flush=True)
                 return cfg
         return candidate
 

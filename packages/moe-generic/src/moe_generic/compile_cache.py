@@ -57,14 +57,24 @@ def compile_config(cfg: GemmConfig):
                               jit.example_stream())
 
 
+def unfit_reason(cfg: GemmConfig, rows: int, k_tail: bool = False):
+    """Why `cfg` (config's own, or a probe's or test's replacement) would compute a GEMM of
+    `rows` weight rows, with or without a K tail, wrongly; None when it fits."""
+    # the grid has rows // cta_rows CTAs along the rows: the rest would stay unwritten
+    if rows % cfg.cta_rows:
+        return f"{rows} weight rows are not a multiple of the tile's {cfg.cta_rows}"
+    # bulk copies do not zero-fill: past a K tail only a producer that zeroes it itself
+    if k_tail and cfg.producer_bulk and not cfg.k_tail:
+        return "its bulk copies would read columns past the real K (k_tail not set)"
+    return None
+
+
 def get(phase: str, weight_format: str, activation: str, bn: int, rows: int, k_tiles: int,
         k_tail: bool = False):
     cfg = config(phase, weight_format, activation, bn, rows, k_tiles, k_tail)
-    # the grid has rows // cta_rows CTAs along the rows: a config (or a probe's replacement)
-    # that does not divide them would leave rows unwritten
-    if rows % cfg.cta_rows:
-        raise ValueError(f"moe-generic: {rows} weight rows are not a multiple of the tile's "
-                         f"{cfg.cta_rows} ({cfg})")
+    reason = unfit_reason(cfg, rows, k_tail)
+    if reason is not None:
+        raise ValueError(f"moe-generic: {reason} ({cfg})")
     return cfg, jit.compiled(("moe-generic", cfg), lambda: compile_config(cfg))
 
 

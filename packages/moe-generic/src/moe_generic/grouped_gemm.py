@@ -348,7 +348,6 @@ class GroupedGemm:
         cfg = self.cfg
         scale_bytes = 16 * cfg.scale_bytes_per_row
         live = cutlass.min(p1 - p0, cfg.bn)
-        row_bytes = TILE_K * 2
         rows = []  # per pass over the tile's rows: (row n, its source row's address)
         for i in cutlass.range_constexpr(-(-cfg.bn // 32)):
             n = i * 32 + lane
@@ -362,18 +361,19 @@ class GroupedGemm:
         # weight tile index (expert, group, K-tile 0) of each group, in stage order
         groups = [(Int64(e) * Int64(ops.row_groups) + Int64(bidx * cfg.warps * cfg.mw + j))
                   * Int64(ops.k_tiles) for j in range(cfg.warps * cfg.mw)]
-        tx_bytes = len(groups) * (1024 + scale_bytes) + live * row_bytes
+        weight_bytes = len(groups) * (1024 + scale_bytes)
+        tx_bytes = weight_bytes + live * (TILE_K * 2)
         for kt in cutlass.range(ops.k_tiles, unroll=1):
             st = kt % cfg.stages
             ptx.mbarrier_wait(empty + st * 8, ((kt // cfg.stages) % 2) ^ 1)
             stage = s_base + st * self.stage_bytes
             bar = full + st * 8
-            kt_row_bytes, kt_tx_bytes = row_bytes, tx_bytes
+            kt_row_bytes, kt_tx_bytes = TILE_K * 2, tx_bytes
             if cutlass.const_expr(cfg.k_tail):
                 # the last K-tile: its real columns by bulk copy, zeros past them by this lane's
                 # stores, ordered before the elected arrival by the warp barrier
                 kt_row_bytes = cutlass.min(ops.k_real - kt * TILE_K, TILE_K) * 2
-                kt_tx_bytes = len(groups) * (1024 + scale_bytes) + live * kt_row_bytes
+                kt_tx_bytes = weight_bytes + live * kt_row_bytes
                 for i in cutlass.range_constexpr(len(rows)):
                     n = rows[i][0]
                     if n < live:
