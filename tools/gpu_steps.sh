@@ -5,7 +5,7 @@
 #   source .device/bin/gpu.sh && bash tools/gpu_steps.sh STEP [STEP ...]
 # Steps: gated-quick gated-tests sanitize-gated bench-gated bench-gated-q bench-gated-all
 #        static-quick static-tests generic-tests sanitize-static sanitize-generic
-#        bench-static bench-generic-large profile ncu-band routing-shape band candidates bulk-band relu2;
+#        bench-static bench-generic-large profile ncu-band routing-shape band candidates bulk-band bulk-wide relu2;
 #        verify (GPU tests + sanitizers), serving (soak + hf bench); A/B in one run against older
 #        trees (AB_DIRS): static-ab, kernel-ab (AB_KERNEL), ncu-static-ab (PROFILE_ARGS)
 set -u
@@ -136,17 +136,18 @@ for s in "$@"; do
                  # the reference, then timed against the defaults in the band
       step candidates-tests 300 python3 -m pytest packages/moe-generic -m gpu -q -k config_candidates
       step candidates-band 400 python3 tools/band_probe.py --preset ${BAND_PRESETS:-deepseek-v3 qwen3-30b-a3b qwen3.5-35b gpt-oss-120b nemotron-relu2} --tokens ${BAND_TOKENS:-64 128 256 512 1024} --bn --kernels auto --config 32:producer_warps=0,stages=4 32:stages=4 '*:producer_warps=1' 32:mw=1,warps=8 --seed ${AB_SEED:-1} --json "$OUT/candidates-band.json" ;;
-    bulk-band)  # after 268912f (32-token tiles by bulk copy, 8-12% faster): what it moves.
-                # 1. the bulk-copy producer at the 8- and 16-token tiles against the reference;
-                # 2. moe-generic's widths forced (runner.TILE_COST) and those candidates timed
-                #    at 4-16 routed rows per expert; the bulk producer where K has a tail;
-                #    3. the moe-gated cutover
-                #    (limits.cutover_rows) with both kernels forced at 32 and 64 rows
-      step bulk-tests 300 python3 -m pytest packages/moe-generic -m gpu -q -k "config_candidates and producer_bulk"
+    bulk-band)  # after 268912f (32-token tiles by bulk copy, 8-12% faster): what it moves at
+                # 4-16 routed rows per expert. 1. the bulk-copy producer at every width against
+                # the reference; 2. moe-generic's widths forced (runner.TILE_COST) and the bulk
+                # producer at the 8- and 16-token tiles timed; 3. the bulk producer where K has
+                # a tail (gpt-oss-120b FC1, H = 2880: it zeroes the tail itself)
+      step bulk-tests 300 python3 -m pytest packages/moe-generic -m gpu -q -k "(config_candidates or tall_tile) and producer_bulk"
       step bulk-band 500 python3 tools/band_probe.py --preset ${BAND_PRESETS:-deepseek-v3 qwen3-30b-a3b qwen3.5-35b gpt-oss-120b nemotron-relu2} --tokens ${BAND_TOKENS:-64 128 256} --bn 8 16 32 --kernels auto --config '8:producer_warps=1,stages=3,producer_bulk=True' '16:producer_warps=1,stages=3,producer_bulk=True' --seed ${AB_SEED:-1} --json "$OUT/bulk-band.json"
-      # the bulk producer where K has a tail (gpt-oss-120b FC1, H = 2880: it zeroes the tail)
-      step bulk-tail 200 python3 tools/band_probe.py --preset gpt-oss-120b --tokens 256 512 1024 --bn --config '32/fc1:producer_bulk=True' --seed ${AB_SEED:-1} --json "$OUT/bulk-tail.json"
-      step bulk-cutover 400 "${BENCH[@]}" --preset qwen3-30b-a3b qwen3.5-35b deepseek-v3 gpt-oss-120b nemotron-relu2 --tokens 512 1024 2048 --kernels moe-generic moe-gated --no-check --seed ${AB_SEED:-1} --json "$OUT/bulk-cutover.json" ;;
+      step bulk-tail 200 python3 tools/band_probe.py --preset gpt-oss-120b --tokens 256 512 1024 --bn --config '32/fc1:producer_bulk=True' --seed ${AB_SEED:-1} --json "$OUT/bulk-tail.json" ;;
+    bulk-wide)  # 32-64 routed rows per expert: moe-generic (its own widths; the 32-token tiles
+                # forced; the bulk producer at the 64-token tiles) against moe-gated, for the
+                # cutover (moe_gated.limits.cutover_rows) and the 64-token producer
+      step bulk-wide 550 python3 tools/band_probe.py --preset ${BAND_PRESETS:-deepseek-v3 qwen3-30b-a3b qwen3.5-35b gpt-oss-120b nemotron-relu2} --tokens ${BAND_TOKENS:-512 1024 2048} --bn 32 --kernels moe-generic moe-gated --config '64:producer_warps=1,producer_bulk=True' --seed ${AB_SEED:-1} --json "$OUT/bulk-wide.json" ;;
     relu2)  # moe-gated's relu2 path: its GPU tests, then nemotron-relu2 with each kernel forced
       step relu2-tests 300 python3 -m pytest packages/moe-gated -m gpu -q -k "relu2 or geometry"
       step relu2-bench 400 "${BENCH[@]}" --preset nemotron-relu2 --tokens 256 512 1024 2048 8192 --kernels auto moe-gated moe-generic --no-check --json "$OUT/relu2-bench.json" ;;

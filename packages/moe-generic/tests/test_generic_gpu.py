@@ -172,7 +172,8 @@ def test_every_tile_width_matches_reference(bn, case, monkeypatch):
                                         (8, {"producer_warps": 1, "stages": 3,
                                              "producer_bulk": True}),
                                         (16, {"producer_warps": 1, "stages": 3,
-                                              "producer_bulk": True})],
+                                              "producer_bulk": True}),
+                                        (64, {"producer_warps": 1, "producer_bulk": True})],
                          ids=lambda v: ",".join(f"{k}={x}" for k, x in v.items())
                          if isinstance(v, dict) else str(v))
 @pytest.mark.parametrize("case", SKEWED_CASES)
@@ -185,6 +186,30 @@ def test_config_candidates_match_reference(bn, changes, case, monkeypatch):
     twice the weight rows per CTA (each token row read from L2 once per 256 or 128 rows). A
     switch then needs only its A/B. Where a candidate's rows per CTA do not divide the GEMM's
     rows, the default runs."""
+    _force_candidate(monkeypatch, bn, changes)
+    _check_skewed(case, f"bn={bn} {changes}")
+
+
+# 150 routed rows per expert (64-token tiles); FC1 of 18 K-tiles and 1024 rows: the 256-row tiles
+TALL_CASE = ((300, 16, 2304, 512, 8), "silu", "nvfp4", "w4a16", True, 1.5)
+
+
+@pytest.mark.parametrize("changes", [{"producer_warps": 1, "producer_bulk": True}],
+                         ids=lambda v: ",".join(f"{k}={x}" for k, x in v.items()))
+def test_tall_tile_candidates_match_reference(changes, monkeypatch):
+    """The 64-token candidates on the 256-row tiles of a long K loop (16 MMA warps), which
+    SKEWED_CASES' short K loops never pick."""
+    from moe_generic import compile_cache
+
+    (T, E, H, I, k) = TALL_CASE[0]
+    assert compile_cache.config("fc1", "nvfp4", "silu", 64, 2 * I, H // 128).warps == 16
+    _force_candidate(monkeypatch, 64, changes)
+    _check_skewed(TALL_CASE, f"tall {changes}")
+
+
+def _force_candidate(monkeypatch, bn, changes):
+    """runner.pick_bn forced to `bn`, and compile_cache.config replacing `changes` in its
+    configs where the result fits the GEMM (compile_cache.unfit_reason), else the default."""
     import dataclasses
 
     from moe_generic import compile_cache, runner
@@ -198,4 +223,3 @@ def test_config_candidates_match_reference(bn, changes, case, monkeypatch):
         return cfg if compile_cache.unfit_reason(candidate, rows, k_tail) else candidate
 
     monkeypatch.setattr(compile_cache, "config", config)
-    _check_skewed(case, f"bn={bn} {changes}")
