@@ -108,7 +108,7 @@ def test_the_warmup_finds_variants_the_largest_t_does_not_use(stand_in_device):
 
     E, k = layer.weights.num_experts, layer.top_k
     needed = {pick_bn(t * k, E) for t in range(1, layer.max_tokens + 1)}
-    assert len(needed) >= 3  # the layer's T range spans several tile widths
+    assert len(needed) >= 2  # the layer's T range spans both dispatched tile widths
     assert {k[1].bn for k in every if k[0] == "moe-generic"} == needed
     assert not stand_in_device  # probing compiles nothing
 

@@ -62,6 +62,7 @@ def main():
                 r["kernel"] = f"moe-generic bn={bn}"
                 print(format_row(r), flush=True)
                 rows.append(r)
+        generic_runner.pick_bn = default_pick  # the variants run at the dispatcher's widths
         for variant in args.config:
             rows += config_rows(p, args.tokens, variant, args.seed)
     if args.json:

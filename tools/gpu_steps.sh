@@ -6,6 +6,7 @@
 # Steps: gated-quick gated-tests sanitize-gated bench-gated bench-gated-q bench-gated-all
 #        static-quick static-tests generic-tests sanitize-static sanitize-generic
 #        bench-static bench-generic-large profile ncu-band routing-shape band candidates bulk-band bulk-wide relu2;
+#        land-generic, auto-ab (AB_DIRS, AB_TOKENS), dispatch-points;
 #        verify (GPU tests + sanitizers), serving (soak + hf bench); A/B in one run against older
 #        trees (AB_DIRS): static-ab, kernel-ab (AB_KERNEL), ncu-static-ab (PROFILE_ARGS)
 set -u
@@ -17,6 +18,7 @@ mkdir -p "$OUT"
 # the moe-static A/B step's layer presets and token counts
 STATIC_PRESETS=${STATIC_PRESETS:-qwen3-30b-a3b deepseek-v3}
 STATIC_TOKENS=${STATIC_TOKENS:-1 8 64}
+FIVE="deepseek-v3 qwen3-30b-a3b qwen3.5-35b gpt-oss-120b nemotron-relu2"
 BENCH=(python3 -c "import sys; from dispatcher.cli import main; sys.exit(main())" bench)
 step() {  # name, limit_s, command...
   local name=$1 limit=$2; shift 2
@@ -148,6 +150,23 @@ for s in "$@"; do
                 # forced; the bulk producer at the 64-token tiles) against moe-gated, for the
                 # cutover (moe_gated.limits.cutover_rows) and the 64-token producer
       step bulk-wide 550 python3 tools/band_probe.py --preset ${BAND_PRESETS:-deepseek-v3 qwen3-30b-a3b qwen3.5-35b gpt-oss-120b nemotron-relu2} --tokens ${BAND_TOKENS:-512 1024 2048} --bn 32 --kernels moe-generic moe-gated --config '64:producer_warps=1,producer_bulk=True' --seed ${AB_SEED:-1} --json "$OUT/bulk-wide.json" ;;
+    land-generic)  # a moe-generic change's GPU checks: its and the dispatcher's GPU tests (the
+                   # config candidates apart: bulk-band, candidates), memcheck and racecheck
+      step land-tests 330 python3 -m pytest packages/moe-generic tests dispatcher/tests -m gpu -q -k "not config_candidates"
+      for tool in memcheck racecheck; do
+        step "land-$tool" 150 compute-sanitizer --tool $tool --report-api-errors no --error-exitcode 9 python3 tools/gpu_check.py --kernel generic --sanitize
+      done ;;
+    auto-ab)  # the five presets at the dispatcher's choice: this tree at all 10 T (JSON
+              # auto-all.json), then each tree in $AB_DIRS at AB_TOKENS (the points it changes)
+      step auto-all 330 "${BENCH[@]}" --preset $FIVE --tokens 1 8 32 64 128 256 512 1024 2048 8192 --kernels auto --no-check --seed 1 --json "$OUT/auto-all.json"
+      for d in $AB_DIRS; do
+        step "auto-ab-$(basename $d)" 250 env PYTHONPATH="$(tree_path $d $(cd packages && echo *))" "${BENCH[@]}" --preset $FIVE --tokens ${AB_TOKENS:-64 128 256 512 1024 2048} --kernels auto --no-check --seed 1 --json "$OUT/auto-ab-$(basename $d).json"
+      done ;;
+    dispatch-points)  # each kernel forced where the dispatcher's cutovers lie (JSON for
+                      # tests/test_dispatch_measured.py): moe-static against moe-generic at
+                      # T = 32-128, moe-generic against moe-gated at T = 512-2048
+      step static-points 200 "${BENCH[@]}" --preset $FIVE --tokens 32 64 128 --kernels moe-static moe-generic --no-check --seed 1 --json "$OUT/static-points.json"
+      step cutover-points 300 "${BENCH[@]}" --preset $FIVE --tokens 512 1024 2048 --kernels moe-generic moe-gated --no-check --seed 1 --json "$OUT/cutover-points.json" ;;
     relu2)  # moe-gated's relu2 path: its GPU tests, then nemotron-relu2 with each kernel forced
       step relu2-tests 300 python3 -m pytest packages/moe-gated -m gpu -q -k "relu2 or geometry"
       step relu2-bench 400 "${BENCH[@]}" --preset nemotron-relu2 --tokens 256 512 1024 2048 8192 --kernels auto moe-gated moe-generic --no-check --json "$OUT/relu2-bench.json" ;;

@@ -25,7 +25,7 @@ def test_every_dispatchable_config_compiles_for_sm90a():
 
     configs = all_configs()
     # 2 formats x 4 tile widths x (4 FC1 activations + FC2), + the 256-row tiles, + the 32-token
-    # FC1 tiles of a K tail (their producer copies by cp.async: bulk copies do not zero-fill)
+    # FC1 tiles of a K tail (their bulk producer zeroes the tail itself: GemmConfig.k_tail)
     assert len(configs) == 58
     for cfg in configs:
         assert compile_config(cfg) is not None, cfg
@@ -72,24 +72,20 @@ def test_producer_warp_configs_hand_stages_over_by_mbarrier(bn, tmp_path):
 
 
 _BULK_PROBE = """
-import dataclasses
 from moe_generic.compile_cache import compile_config, config
 for fmt in ("nvfp4", "mxfp4"):
     for phase, act, tail in (("fc1", "silu", False), ("fc2", "none", False), ("fc1", "silu", True)):
         cfg = config(phase, fmt, act, 32, k_tail=tail)
         name = f"{fmt}-{phase}-{'tail' if tail else 'whole'}-{'bulk' if cfg.producer_bulk else 'cp'}"
         open(name + ".txt", "w").write(compile_config(cfg).__ptx__)
-    cfg = dataclasses.replace(config("fc1", fmt, "silu", 32, k_tail=True), producer_bulk=True)
-    open(f"{fmt}-fc1-tail-bulk.txt", "w").write(compile_config(cfg).__ptx__)
 """
 
 
 def test_bulk_producer_copies_by_bulk_copies_only(tmp_path):
-    """The 32-token tiles' producer (GemmConfig.producer_bulk, where K has no tail): per K-tile
-    one elected lane arrives expecting the bytes and starts the 16 weight copies, and each lane
-    its token row's copy, all completing on the full barrier (17 bulk copies in the PTX); no
-    16-byte cp.async, commit group or wait_group is left. With a K tail the dispatched producer
-    keeps its zero-filling cp.async copies; the bulk one (a candidate) zeroes the tail itself."""
+    """The 32-token tiles' producer (GemmConfig.producer_bulk): per K-tile one elected lane
+    arrives expecting the bytes and starts the 16 weight copies, and each lane its token row's
+    copy, all completing on the full barrier (17 bulk copies in the PTX); no 16-byte cp.async,
+    commit group or wait_group is left. With a K tail it zeroes the tail itself (k_tail)."""
     import os
     import subprocess
     import sys
@@ -99,20 +95,16 @@ def test_bulk_producer_copies_by_bulk_copies_only(tmp_path):
     subprocess.run([sys.executable, "-c", _BULK_PROBE], env=env, check=True, cwd=tmp_path)
     ptx = {p.stem: p.read_text() for p in Path(tmp_path).glob("*-fc*.txt")}
     assert sorted(ptx) == sorted(f"{f}-{ph}" for f in ("nvfp4", "mxfp4")
-                                 for ph in ("fc1-whole-bulk", "fc2-whole-bulk", "fc1-tail-cp",
-                                            "fc1-tail-bulk"))
+                                 for ph in ("fc1-whole-bulk", "fc2-whole-bulk", "fc1-tail-bulk"))
     for name, text in ptx.items():
-        if name.endswith("bulk"):
-            assert text.count("cp.async.bulk.shared::cluster.global.mbarrier") == 17, name
-            assert "elect.sync" in text and "mbarrier.arrive.expect_tx" in text, name
-            assert "cp.async.cg" not in text and "cp.async.wait_group" not in text, name
-            assert text.count("bar.sync") == 1, name
-            # a tail: the producer zeroes the last K-tile's columns past K, then the warp
-            # barrier orders those stores before the elected arrival
-            tail = "tail" in name
-            assert ("st.shared.v4.u32" in text) == tail and ("bar.warp.sync" in text) == tail, name
-        else:
-            assert "cp.async.bulk" not in text and "cp.async.cg" in text, name
+        assert text.count("cp.async.bulk.shared::cluster.global.mbarrier") == 17, name
+        assert "elect.sync" in text and "mbarrier.arrive.expect_tx" in text, name
+        assert "cp.async.cg" not in text and "cp.async.wait_group" not in text, name
+        assert text.count("bar.sync") == 1, name
+        # a tail: the producer zeroes the last K-tile's columns past K, then the warp barrier
+        # orders those stores before the elected arrival
+        tail = "tail" in name
+        assert ("st.shared.v4.u32" in text) == tail and ("bar.warp.sync" in text) == tail, name
 
 
 def test_operands_reach_the_kernel_in_field_order():
@@ -217,25 +209,21 @@ def test_workspace_sizes_never_shrink_with_more_tokens():
 
 
 def test_tile_width_rule():
-    """The width with the least expected cost: one tile per expert wherever a wider tile is
-    cheaper than the second tiles it saves (measured costs in runner.TILE_COST)."""
-    from moe_generic.runner import expected_tiles, pick_bn
+    """32-token tiles (bulk copies) below WIDE_MIN_ROWS mean routed rows per expert, else 64."""
+    from moe_generic.runner import WIDE_MIN_ROWS, pick_bn
 
-    assert abs(expected_tiles(4.0, 8) - 1.0) < 0.01  # Poisson(4) rarely exceeds 8
-    assert 1.4 < expected_tiles(16.0, 16) < 1.5  # ~40% of experts need a second tile
-    assert abs(expected_tiles(0.0, 8)) < 1e-12
     # (T x top_k pairs, experts) -> width, the five presets' band points
-    assert pick_bn(128 * 8, 256) == 8  # DeepSeek-V3 T=128: 4 rows per expert
-    assert pick_bn(512 * 8, 256) == 32  # DeepSeek-V3 T=512: 16 rows
-    assert pick_bn(1024 * 8, 256) == 64  # DeepSeek-V3 T=1024: 32 rows
-    assert pick_bn(256 * 8, 128) == 32  # Qwen3-30B-A3B T=256: 16 rows
-    assert pick_bn(1, 256) == 8 and pick_bn(65536 * 8, 8) == 64
-    # an expert-parallel slice: the width follows the rows its experts get, pairs / all experts
-    # (DeepSeek-V3 T=512 on 2 ranks: 16 rows per local expert, not 32)
-    assert pick_bn(512 * 8, 256) == 32
+    assert pick_bn(128 * 8, 256) == 32  # DeepSeek-V3 T=128: 4 rows per expert
+    assert pick_bn(1024 * 8, 256) == 32  # DeepSeek-V3 T=1024: 32 rows
+    assert pick_bn(2048 * 8, 256) == 64  # DeepSeek-V3 T=2048: 64 rows
+    assert pick_bn(1, 256) == 32 and pick_bn(65536 * 8, 8) == 64
+    assert pick_bn(WIDE_MIN_ROWS * 128 - 1, 128) == 32 and pick_bn(WIDE_MIN_ROWS * 128, 128) == 64
+    # an expert-parallel slice passes all experts: the width follows the rows its experts get
+    # (DeepSeek-V3 T=1024 on 2 ranks: 32 rows per local expert, not 64)
+    assert pick_bn(1024 * 8, 256) == 32 and pick_bn(1024 * 8, 128) == 64
     for pairs in (1, 7, 100, 1000, 5000, 40000):
         for experts in (1, 8, 128, 256, 1024):
-            assert pick_bn(pairs, experts) in (8, 16, 32, 64)
+            assert pick_bn(pairs, experts) in (32, 64)
 
 
 def test_tile_width_is_monotone_in_tokens():

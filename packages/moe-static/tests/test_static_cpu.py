@@ -132,18 +132,20 @@ def test_measured_cutover_is_thirty_two_tokens():
         assert 0 < priority(_shape(tokens=33, top_k=k)) < PRIORITY_GENERIC
 
 
-@pytest.mark.parametrize("experts,top_k,tokens,highest", [
-    (256, 8, 64, True),  # DeepSeek-V3, Qwen3.5-35B: 2 routed rows per expert
-    (128, 4, 64, True),  # gpt-oss-120b: 2
-    (128, 6, 64, True),  # nemotron-relu2: 3
-    (128, 8, 64, False),  # Qwen3-30B-A3B: 4
-    (256, 8, 128, False),  # 4
-    (128, 4, 97, False),  # 3.03
-    (8, 2, 32, True),  # up to 32 tokens whatever the rows (8 here)
+@pytest.mark.parametrize("experts,top_k,hidden,inter,tokens,highest", [
+    (256, 8, 2048, 512, 64, True),  # Qwen3.5-35B: 2 routed rows per expert, 1.0M weights
+    (256, 8, 7168, 2048, 64, False),  # DeepSeek-V3: 2 rows, but 14.7M
+    (128, 4, 2880, 2880, 64, False),  # gpt-oss-120b: 2 rows, 8.3M
+    (128, 6, 2688, 1856, 64, False),  # nemotron-relu2: 3 rows, 5.0M
+    (128, 8, 2048, 768, 64, False),  # Qwen3-30B-A3B: 4 rows
+    (256, 8, 2048, 512, 128, False),  # 4 rows
+    (128, 4, 2048, 512, 97, False),  # 3.03 rows
+    (8, 2, 7168, 2048, 32, True),  # up to 32 tokens whatever the rows (8 here) and size
 ])
-def test_bids_highest_up_to_32_tokens_or_3_routed_rows_per_expert(experts, top_k, tokens,
-                                                                   highest):
-    shape = _shape(tokens=tokens, top_k=top_k, num_experts=experts, num_local_experts=experts)
+def test_bids_highest_up_to_32_tokens_or_3_rows_per_small_expert(experts, top_k, hidden, inter,
+                                                                 tokens, highest):
+    shape = _shape(tokens=tokens, top_k=top_k, num_experts=experts, num_local_experts=experts,
+                   hidden=hidden, intermediate=inter)
     assert (priority(shape) == PRIORITY_STATIC) == highest
 
 

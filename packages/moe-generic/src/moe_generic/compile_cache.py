@@ -5,6 +5,8 @@ from moe_common.cute import jit
 
 from .grouped_gemm import GemmConfig, GemmOperands, GroupedGemm
 
+# the widths the kernel is built and tested at (the CPU CI compiles each, the GPU tests force
+# each): runner.pick_bn dispatches 32 and 64; 8 and 16 stay for probes and forced runs
 BN_CHOICES = (8, 16, 32, 64)
 
 
@@ -25,8 +27,10 @@ STAGES = 4  # cp.async ring depth of every tile
 # landed hand-over (256bc33) in a five-preset same-run A/B: -2.5% to -4.8% at T = 256-512. A
 # producer warp at every width with 4 stages: level at 32 tokens, up to 6% slower at the 8- and
 # 16-token tiles (DeepSeek-V3 T=128 1858.6 -> 1976.3 us). Its copies are bulk copies
-# (GemmConfig.producer_bulk) unless K has a tail: five presets x 10 T against 52d4e0e, same run,
-# -8% to -12% at the 32-token points (DeepSeek-V3 T=256 2185.7 -> 1913.7 us; 268912f).
+# (GemmConfig.producer_bulk): five presets x 10 T against 52d4e0e, same run, -8% to -12% at the
+# 32-token points (DeepSeek-V3 T=256 2185.7 -> 1913.7 us; 268912f). Where K has a tail the
+# producer zeroes it itself (GemmConfig.k_tail): gpt-oss-120b T=256 / 512 563.3 / 683.2 ->
+# 523.1 / 649.7 us (2d9a234, `tools/band_probe.py --config '32/fc1:producer_bulk=True'`).
 PRODUCER_BN = 32
 PRODUCER_STAGES = 3
 
@@ -47,7 +51,7 @@ def config(phase: str, weight_format: str, activation: str, bn: int, rows: int =
                       activation=activation if phase == "fc1" else "none", bn=bn,
                       mw=mw, warps=warps, stages=PRODUCER_STAGES if producer else STAGES,
                       producer_warps=1 if producer else 0,
-                      producer_bulk=producer and not k_tail, k_tail=producer and k_tail)
+                      producer_bulk=producer, k_tail=producer and k_tail)
 
 
 def compile_config(cfg: GemmConfig):
@@ -79,7 +83,8 @@ def get(phase: str, weight_format: str, activation: str, bn: int, rows: int, k_t
 
 
 def all_configs():
-    """Every configuration the dispatcher can pick (CPU CI compiles each for sm_90a)."""
+    """Every configuration the dispatcher or a forced width (BN_CHOICES) can run (CPU CI
+    compiles each for sm_90a)."""
     out = []
     for fmt in ("nvfp4", "mxfp4"):
         for bn in BN_CHOICES:

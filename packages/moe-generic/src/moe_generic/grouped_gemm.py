@@ -24,8 +24,8 @@ and feeds the tensor cores: mma.sync.m16n8k16 with B fragments by ldmatrix from 
 [bn][128 + 8] rows.
 With GemmConfig.producer_warps (compile_cache.config picks one for the 32-token tiles) extra warps
 issue every copy and hand the stages over by mbarriers instead of a CTA barrier per K-tile; with
-GemmConfig.producer_bulk (where K has no tail) that warp's copies are bulk copies whose bytes
-complete the stage's full barrier (_produce_bulk).
+GemmConfig.producer_bulk that warp's copies are bulk copies whose bytes complete the stage's full
+barrier (_produce_bulk; with GemmConfig.k_tail it zeroes the last K-tile past the real K itself).
 Epilogues apply the fp32 global scale (x the activation global scale in w4a4) and bias; FC1
 applies the activation with gate (row r) and up (row r + 8) of the same j in the same lane
 (weights repacked so), FC2 the router weight and writes each (pair, h) exactly once, so the
@@ -83,9 +83,9 @@ class GemmConfig:
     producer_warps: int = 0
     # with one producer warp: every copy a bulk copy (cp.async.bulk) completing its bytes on the
     # stage's full barrier (weights from one elected lane, each live token row from its lane) in
-    # place of 16-byte cp.async copies, commit groups and arrivals. Bulk copies do not zero-fill,
-    # so only where the real K is whole K-tiles (compile_cache.config); rows past the tile keep
-    # stale bytes, which reach only MMA columns that are never stored.
+    # place of 16-byte cp.async copies, commit groups and arrivals. Bulk copies do not zero-fill:
+    # past a K tail the producer needs k_tail (compile_cache.unfit_reason); rows past the tile
+    # keep stale bytes, which reach only MMA columns that are never stored.
     producer_bulk: bool = False
     # the real K stops inside the last K-tile (FC1 of a hidden size not a multiple of 128). Read
     # only by the bulk producer: it copies the real bytes of the last K-tile's rows and zeroes

@@ -26,42 +26,29 @@ from .compile_cache import BN_CHOICES
 from .grouped_gemm import GemmOperands
 from .limits import KERNEL_NAME
 
-# Cost of one tile of each width, relative to width 8, when every expert fits in one tile: a
-# wider tile copies (zero-fills) more token rows and, below 32, runs its MMAs over its whole
-# width. Measured on the H200 at T=128 of deepseek-v3, qwen3.5-35b and gpt-oss-120b (4 routed
-# rows per expert; `tools/band_probe.py --bn 8 16 32 64`, BENCHMARKS.md "moe-generic's tile
-# width"): 1.10-1.14 at 16, 1.10-1.14 at 32, 1.29-1.36 at 64.
-TILE_COST = {8: 1.0, 16: 1.12, 32: 1.12, 64: 1.31}
-
-
-def expected_tiles(mean: float, bn: int) -> float:
-    """E[ceil(X / bn)] for X ~ Poisson(mean): the tiles of one expert under uniform routing."""
-    p, total, x = math.exp(-mean), 0.0, 0
-    while x <= mean + 12 * math.sqrt(mean) + 16:
-        total += p * -(-x // bn)
-        x += 1
-        p *= mean / x
-    return total
+# Mean routed rows per expert from which the tiles are 64 tokens wide; below it they are 32
+# wide, whatever the rows. The 32-token tiles stream by bulk copies (compile_cache: the producer
+# warp), which the narrower and wider tiles do not, and they ran fastest of every width at 2 to
+# 48 rows per expert on the five presets. Measured on the H200 at 2d9a234, each width forced
+# (`tools/band_probe.py --bn 8 16 32`, BENCHMARKS.md "moe-generic's tile width"):
+# DeepSeek-V3 T=128 (4 rows) 1638.3 us at 32 against 1893.2 at 8, T=64 (2 rows) 1408.3 against
+# 1595.1; nemotron-relu2 T=128 (6 rows) 229.7 against 268.2; DeepSeek-V3 T=1024 (32 rows) 3520.2
+# against 3687.9 at 64. A narrower tile skips the MMAs and copies of its empty columns anyway
+# (GemmConfig.live_widths), so a 32-token tile with 4 live rows costs about an 8-token one.
+WIDE_MIN_ROWS = 64
 
 
 @functools.lru_cache(maxsize=4096)
 def pick_bn(pairs: int, experts: int) -> int:
-    """Tokens per tile: the width with the least expected cost, tiles x cost per tile.
+    """Tokens per tile: 32, or 64 from WIDE_MIN_ROWS mean routed rows per expert.
 
     `experts` is the layer's expert count over all ranks: under uniform routing each expert gets
     pairs / experts routed rows, and on an expert-parallel slice the routes to other ranks'
     experts are dropped, so counting only the local experts would double a 2-rank slice's
     mean and pick too wide a tile.
-
-    Every tile streams its expert's whole weights, so a width at the mean rows per expert leaves
-    about 40% of the experts with a second tile (DeepSeek-V3 T=512, 16 rows per expert: 1.42
-    tiles per expert at width 16); the wider tile costs 12% more once. Measured: DeepSeek-V3
-    T=512 3295 -> 2685 us (16 -> 32), Qwen3-30B-A3B T=256 201 -> 172 us (16 -> 32).
     """
     mean = pairs / max(1, min(experts, pairs))
-    if mean >= BN_CHOICES[-1]:
-        return BN_CHOICES[-1]
-    return min(BN_CHOICES, key=lambda bn: expected_tiles(mean, bn) * TILE_COST[bn])
+    return 64 if mean >= WIDE_MIN_ROWS else 32
 
 
 def max_tiles_bound(pairs: int, local_experts: int, bn: int) -> int:

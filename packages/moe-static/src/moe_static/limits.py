@@ -21,9 +21,16 @@ DIM_MULTIPLE = 32
 # Qwen3.5-35B 132.6 against 135.4), at 3 level (nemotron-relu2 232.9 both), from 4 behind
 # (Qwen3-30B-A3B T=64 124.7 against 123.2; every preset at T=128, 1.6-14%). Tokens alone left
 # gpt-oss-120b T=64 6% slow; routed pairs alone would not separate it (k=4) from Qwen3-30B-A3B
-# (k=8) at T=32 and 64.
+# (k=8) at T=32 and 64. Since moe-generic's 32-token tiles stream by bulk copies, that holds
+# only for small experts: at 2d9a234, T=64 (`tools/gpu_steps.sh bulk-band`: moe-generic's
+# 32-token tiles forced, moe-static as the dispatcher's choice, one run), moe-generic was ahead
+# on DeepSeek-V3 (H x I = 14.7M; 2 rows, 1408.3 against 1515.5 us) and nemotron-relu2 (5.0M; 3
+# rows, 211.2 against 221.2), level on gpt-oss-120b (8.3M; 437.8 against 437.0), behind on
+# Qwen3.5-35B (1.0M; 2 rows, 135.9 against 128.9): a long weight stream per expert fills the
+# bulk-copy ring, a short one is latency, which moe-static's fixed grid hides.
 CUTOVER_TOKENS = 32
 CUTOVER_ROWS_PER_EXPERT = 3
+SMALL_EXPERT_ELEMENTS = 4 * 2**20  # H x I below which CUTOVER_ROWS_PER_EXPERT applies
 
 
 def unsupported_reason(shape, activation):
@@ -45,9 +52,10 @@ def unsupported_reason(shape, activation):
 
 
 def priority(shape) -> int:
-    """Above every kernel up to the cutover's tokens or routed rows per expert, else below
-    moe-generic."""
+    """Above every kernel up to the cutover's tokens, or for small experts its routed rows per
+    expert, else below moe-generic."""
     rows_per_expert = shape.tokens * shape.top_k / max(1, shape.num_experts)
-    if shape.tokens <= CUTOVER_TOKENS or rows_per_expert <= CUTOVER_ROWS_PER_EXPERT:
+    small = shape.hidden * shape.intermediate < SMALL_EXPERT_ELEMENTS
+    if shape.tokens <= CUTOVER_TOKENS or (small and rows_per_expert <= CUTOVER_ROWS_PER_EXPERT):
         return PRIORITY_STATIC
     return PRIORITY_GENERIC - 5  # still above the reference, below moe-generic
