@@ -140,10 +140,13 @@ def test_measured_cutover_is_thirty_two_tokens():
     (128, 8, 2048, 768, 64, False),  # Qwen3-30B-A3B: 4 rows
     (256, 8, 2048, 512, 128, False),  # 4 rows
     (128, 4, 2048, 512, 97, False),  # 3.03 rows
-    (8, 2, 7168, 2048, 32, True),  # up to 32 tokens whatever the rows (8 here) and size
+    (8, 2, 2048, 512, 32, True),  # small experts: up to 32 tokens whatever the rows (8 here)
+    (256, 8, 7168, 2048, 31, True),  # large experts: below 1 row per expert (0.97)
+    (256, 8, 7168, 2048, 32, False),  # 1 row
+    (8, 2, 7168, 2048, 4, False),  # 1 row at 4 tokens
 ])
-def test_bids_highest_up_to_32_tokens_or_3_rows_per_small_expert(experts, top_k, hidden, inter,
-                                                                 tokens, highest):
+def test_bids_highest_for_small_batches_by_expert_size(experts, top_k, hidden, inter,
+                                                       tokens, highest):
     shape = _shape(tokens=tokens, top_k=top_k, num_experts=experts, num_local_experts=experts,
                    hidden=hidden, intermediate=inter)
     assert (priority(shape) == PRIORITY_STATIC) == highest
