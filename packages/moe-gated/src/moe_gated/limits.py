@@ -16,14 +16,13 @@ MAX_TOKENS = 65536
 DIM_MULTIPLE = 32
 # Mean routed rows per local expert (T * top_k / E) from which moe-gated bids above moe-generic.
 # Below 256 rows per expert its tiles are 128 tokens wide (MMA 32..128 wide, the tall geometry);
-# below a tile or so per expert moe-generic's narrow tiles win. Measured on the H200 at 2d9a234
-# (`tools/gpu_steps.sh bulk-wide`: moe-generic at its own widths and with its 32-token tiles
-# forced, moe-gated, five presets, T = 512-2048), moe-gated against moe-generic's 32-token
-# bulk-copy tiles: at 32 rows 6-10% slower on all four presets there (DeepSeek-V3 3865.9 against
-# 3520.2 us, gpt-oss-120b 1161.6 / 1085.3, Qwen3-30B-A3B 253.0 / 231.2, Qwen3.5-35B 348.0 /
-# 327.4); at 48 rows 11% faster (nemotron-relu2 543.2 / 607.6); at 64 rows and more 27-41%
-# faster on all five (Qwen3-30B-A3B T=1024 288.3 / 396.5, DeepSeek-V3 T=2048 4494.7 / 6074.2).
-# relu2 layers take the same cutover (nemotron-relu2 is the 48-row point).
+# below a tile or so per expert moe-generic's narrow tiles win. Measured on the H200, each
+# kernel forced in one run of b7f4ca8 (`tools/gpu_steps.sh dispatch-points`,
+# benchmarks/2026-12-02-h200-b7f4ca8-cutover.json), moe-gated's time over moe-generic's (whose
+# 32-token tiles stream by bulk copies): at 32 rows 1.05-1.10 on all four presets there
+# (DeepSeek-V3 3886.2 against 3663.6 us, gpt-oss-120b 1163.9 / 1055.4, Qwen3-30B-A3B 252.6 /
+# 235.7, Qwen3.5-35B 349.0 / 333.0); at 48 rows 0.89 (nemotron-relu2 548.5 / 619.5); at 64 rows
+# and more 0.59-0.72 on all five. relu2 layers take the same cutover (nemotron-relu2).
 CUTOVER_ROWS_PER_EXPERT = 48
 
 

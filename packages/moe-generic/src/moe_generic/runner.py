@@ -28,12 +28,13 @@ from .limits import KERNEL_NAME
 
 # Mean routed rows per expert from which the tiles are 64 tokens wide; below it they are 32
 # wide, whatever the rows. The 32-token tiles stream by bulk copies (compile_cache: the producer
-# warp), which the narrower and wider tiles do not, and they ran fastest of every width at 2 to
-# 48 rows per expert on the five presets. Measured on the H200 at 2d9a234, each width forced
-# (`tools/band_probe.py --bn 8 16 32`, BENCHMARKS.md "moe-generic's tile width"):
+# warp), which the narrower and wider tiles do not; at 2 to 48 rows per expert on the five
+# presets they ran fastest of every width at all points but one (Qwen3.5-35B T=64, 2 rows,
+# which moe-static takes: 135.9 against 130.5 us at 8). Measured on the H200 at 2d9a234, each
+# width forced (`tools/band_probe.py --bn 8 16 32`, BENCHMARKS.md "Measured decisions"):
 # DeepSeek-V3 T=128 (4 rows) 1638.3 us at 32 against 1893.2 at 8, T=64 (2 rows) 1408.3 against
 # 1595.1; nemotron-relu2 T=128 (6 rows) 229.7 against 268.2; DeepSeek-V3 T=1024 (32 rows) 3520.2
-# against 3687.9 at 64. A narrower tile skips the MMAs and copies of its empty columns anyway
+# against 3687.9 at 64. A tile skips the MMAs and copies of its empty columns
 # (GemmConfig.live_widths), so a 32-token tile with 4 live rows costs about an 8-token one.
 WIDE_MIN_ROWS = 64
 
