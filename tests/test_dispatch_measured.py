@@ -30,6 +30,8 @@ MEASURED = [
     # after moe-generic's bulk copies at every 32-token tile: moe-static against moe-generic at
     # T = 32-128, moe-generic against moe-gated at T = 512-2048
     "2026-12-02-h200-b7f4ca8-static-points.json", "2026-12-02-h200-b7f4ca8-cutover.json",
+    # moe-static against moe-generic below one routed row per large expert (T = 8, 16)
+    "2026-12-02-h200-dbc99f5-static-small.json",
 ]
 TOLERANCE = 1.03
 

@@ -20,8 +20,9 @@ DIM_MULTIPLE = 32
 # - large, at 1-1.5 rows (T=32): DeepSeek-V3 (14.7M) 1135.8 / 1060.1, gpt-oss-120b (8.3M)
 #   322.0 / 311.1, nemotron-relu2 (5.0M) 180.8 / 178.8; at 2-3 rows (T=64) 4-8% behind;
 # - T=128 (4-6 rows): behind on all five, 10-48%.
-# Below one row per expert (T <= 16 on the five) moe-static was ahead by 2-56% at b122685
-# (BENCHMARKS.md), before moe-generic's bulk copies; not measured since.
+# - large, below one row (T = 8, 16; a run of dbc99f5,
+#   benchmarks/2026-12-02-h200-dbc99f5-static-small.json): ahead by 4-20% on gpt-oss-120b and
+#   nemotron-relu2, level on DeepSeek-V3 (T=8 391.8 / 396.4; T=16, half a row, 696.8 / 679.5).
 CUTOVER_TOKENS = 32
 CUTOVER_ROWS_PER_EXPERT = 3
 SMALL_EXPERT_ELEMENTS = 4 * 2**20
