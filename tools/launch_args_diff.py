@@ -16,7 +16,10 @@ Steps:
    factory of recorders, jit.current_stream by a "stream" marker and the device's SM count by
    132 (an H200's); nothing is compiled and nothing launched, and the runners get CPU tensors.
 3. Run each case (CASES: package, tokens, format, activation, bias, quant mode, expert slice)
-   through its package's runner.run with a fresh Workspace and fixed-seed inputs.
+   through its package's runner.run with a fresh Workspace and fixed-seed inputs; moe-generic's
+   cases pin its tile width (`generic_bn`, runner.pick_bn replaced): the width rule is a policy
+   that changes with measurements (b7f4ca8), the values passed at a given width are what this
+   tool compares.
 4. Write each launch as its kernel (the compile-cache key; a config dataclass without the
    removed development fields at their defaults) and one line per kernel parameter: operand
    bundles (NamedTuples, or jit.operands' ctypes structures) flattened in field order, DSL
@@ -51,10 +54,11 @@ STREAM = object()  # what the patched jit.current_stream returns
 
 def _case(name, package, tokens, fmt="nvfp4", activation="silu", *, bias=False, mode="w4a16",
           offset=0, num_experts=None, ids64=False, experts=16, hidden=256, intermediate=128,
-          top_k=4):
+          top_k=4, generic_bn=None):
     return dict(name=name, package=package, tokens=tokens, fmt=fmt, activation=activation,
                 bias=bias, mode=mode, offset=offset, num_experts=num_experts, ids64=ids64,
-                experts=experts, hidden=hidden, intermediate=intermediate, top_k=top_k)
+                experts=experts, hidden=hidden, intermediate=intermediate, top_k=top_k,
+                generic_bn=generic_bn)
 
 
 # x is a view of rows X_PAD elements wider than H, so that its row stride differs from H and a
@@ -71,15 +75,17 @@ CASES = {c["name"]: c for c in (
     _case("static-T5-nvfp4-swigluoai-ep", "moe-static", 5, "nvfp4", "swigluoai", **EP),
     _case("static-T1-mxfp4-gelu-ids64-wide", "moe-static", 1, "mxfp4", "gelu_tanh", ids64=True,
           **WIDE),
-    _case("generic-T1-nvfp4-silu-w4a16", "moe-generic", 1),
+    _case("generic-T1-nvfp4-silu-w4a16", "moe-generic", 1, generic_bn=8),
     _case("generic-T40-nvfp4-swigluoai-w4a4-bias", "moe-generic", 40, "nvfp4", "swigluoai",
-          bias=True, mode="w4a4"),
-    _case("generic-T300-mxfp4-relu2-w4a16-bias", "moe-generic", 300, "mxfp4", "relu2", bias=True),
+          bias=True, mode="w4a4", generic_bn=32),
+    _case("generic-T300-mxfp4-relu2-w4a16-bias", "moe-generic", 300, "mxfp4", "relu2", bias=True,
+          generic_bn=64),
     _case("generic-T300-mxfp4-gelu-w4a4-wide", "moe-generic", 300, "mxfp4", "gelu_tanh",
-          mode="w4a4", **WIDE),
+          mode="w4a4", generic_bn=64, **WIDE),
     _case("generic-T40-nvfp4-relu2-w4a4-ep", "moe-generic", 40, "nvfp4", "relu2", mode="w4a4",
-          **EP),
-    _case("generic-T1-mxfp4-silu-w4a16-ids64-ep", "moe-generic", 1, "mxfp4", ids64=True, **EP),
+          generic_bn=32, **EP),
+    _case("generic-T1-mxfp4-silu-w4a16-ids64-ep", "moe-generic", 1, "mxfp4", ids64=True,
+          generic_bn=8, **EP),
     _case("gated-T300-nvfp4-silu-w4a16", "moe-gated", 300),
     _case("gated-T300-mxfp4-swigluoai-w4a4-bias-wide", "moe-gated", 300, "mxfp4", "swigluoai",
           bias=True, mode="w4a4", **WIDE),
@@ -214,6 +220,8 @@ def _run_case(case: dict, launches: list) -> list:
     out = torch.empty(case["tokens"], case["hidden"], dtype=torch.bfloat16)
     ws = Workspace()
     runner = __import__(KERNEL_PACKAGES[case["package"]] + ".runner", fromlist=["run"])
+    if case["generic_bn"]:
+        runner.pick_bn = lambda pairs, experts, bn=case["generic_bn"]: bn
     del launches[:]
     runner.run(x, weights, topk_weights, topk_ids, activation=Activation(case["activation"]),
                quant_mode=case["mode"], out=out, workspace=ws)
