@@ -7,8 +7,9 @@
 For each forced tile width (runner.pick_bn replaced in this process), times the layer with the
 bench's protocol (dispatcher.bench.bench_preset: CUDA-graph replay, data rotated past the L2)
 with moe-generic forced; `--kernels` adds other kernels' rows (once, at their own choices).
-`--config BN[/PHASE]:FIELD=VALUE,...` times moe-generic at its own widths with those GemmConfig
-fields replaced in the BN-token tiles (`*`: every width) of both GEMMs or of PHASE (fc1, fc2).
+`--config BN[/PHASE]:FIELD=VALUE,...` times moe-generic with its tiles BN tokens wide (forced)
+and those GemmConfig fields replaced in both GEMMs or in PHASE (fc1, fc2); `*` in place of BN:
+at the dispatcher's widths, every one of them changed.
 A tile is (expert, at most bn routed rows), and each tile streams its expert's weights, so a
 width below an expert's routed rows reads that expert's weights once per tile.
 """
@@ -25,10 +26,13 @@ from dispatcher.presets import PRESETS
 
 
 def config_rows(p, tokens, variant: str, seed: int) -> list:
-    """moe-generic rows with GemmConfig fields replaced (--config)."""
+    """moe-generic rows with GemmConfig fields replaced (--config), its width forced to BN
+    unless BN is `*`."""
     which, fields = variant.split(":")
     bn, _, phase = which.partition("/")
     changes = parse_fields(fields)
+    if bn != "*":
+        generic_runner.pick_bn = lambda pairs, experts: int(bn)
 
     def change(cfg):
         if bn in ("*", str(cfg.bn)) and phase in ("", cfg.phase):
@@ -62,8 +66,8 @@ def main():
                 r["kernel"] = f"moe-generic bn={bn}"
                 print(format_row(r), flush=True)
                 rows.append(r)
-        generic_runner.pick_bn = default_pick  # the variants run at the dispatcher's widths
         for variant in args.config:
+            generic_runner.pick_bn = default_pick  # config_rows forces a width, `*` keeps it
             rows += config_rows(p, args.tokens, variant, args.seed)
     if args.json:
         with open(args.json, "w") as f:

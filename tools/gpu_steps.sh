@@ -6,7 +6,7 @@
 # Steps: gated-quick gated-tests sanitize-gated bench-gated bench-gated-q bench-gated-all
 #        static-quick static-tests generic-tests sanitize-static sanitize-generic
 #        bench-static bench-generic-large profile ncu-band routing-shape band candidates bulk-band bulk-wide relu2;
-#        land-generic, auto-ab (AB_DIRS, AB_TOKENS), dispatch-points;
+#        bulk-widths, land-generic, auto-ab (AB_DIRS, AB_TOKENS), dispatch-points;
 #        verify (GPU tests + sanitizers), serving (soak + hf bench); A/B in one run against older
 #        trees (AB_DIRS): static-ab, kernel-ab (AB_KERNEL), ncu-static-ab (PROFILE_ARGS)
 set -u
@@ -150,6 +150,9 @@ for s in "$@"; do
                 # forced; the bulk producer at the 64-token tiles) against moe-gated, for the
                 # cutover (moe_gated.limits.cutover_rows) and the 64-token producer
       step bulk-wide 550 python3 tools/band_probe.py --preset ${BAND_PRESETS:-deepseek-v3 qwen3-30b-a3b qwen3.5-35b gpt-oss-120b nemotron-relu2} --tokens ${BAND_TOKENS:-512 1024 2048} --bn 32 --kernels moe-generic moe-gated --config '64:producer_warps=1,producer_bulk=True' --seed ${AB_SEED:-1} --json "$OUT/bulk-wide.json" ;;
+    bulk-widths)  # the bulk producer at the 8-, 16- and 64-token tiles (GPU-tested at 2d9a234,
+                  # not timed), each width forced, against the dispatcher's 32-token tiles
+      step bulk-widths 560 python3 tools/band_probe.py --preset $FIVE --tokens ${BAND_TOKENS:-64 128 256 1024 2048} --bn --kernels auto --config '8:producer_warps=1,stages=3,producer_bulk=True' '16:producer_warps=1,stages=3,producer_bulk=True' '64:producer_warps=1,producer_bulk=True' --seed ${AB_SEED:-1} --json "$OUT/bulk-widths.json" ;;
     land-generic)  # a moe-generic change's GPU checks: its and the dispatcher's GPU tests (the
                    # config candidates apart: bulk-band, candidates), memcheck and racecheck
       step land-tests 330 python3 -m pytest packages/moe-generic tests dispatcher/tests -m gpu -q -k "not config_candidates"
