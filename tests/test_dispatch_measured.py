@@ -23,7 +23,7 @@ MEASURED = [
     # moe-static against moe-generic at T = 1..128 (moe_static.limits.CUTOVER_TOKENS)
     "2026-12-01-h200-b122685-static.json", "2026-12-01-h200-b122685-static-all.json",
     # moe-generic (with its producer-warp tiles) against moe-gated at 16-48 routed rows per
-    # expert (moe_gated.limits.cutover_rows)
+    # expert (moe_gated.limits.CUTOVER_ROWS_PER_EXPERT)
     "2026-12-02-h200-256bc33-cutover.json",
     # moe-gated against moe-generic, relu2 and gated presets, T = 128..16384
     "2026-12-02-h200-ded395c-relu2.json", "2026-12-01-h200-47afd6b-gated-all.json",

@@ -140,7 +140,7 @@ for s in "$@"; do
       step candidates-band 400 python3 tools/band_probe.py --preset ${BAND_PRESETS:-deepseek-v3 qwen3-30b-a3b qwen3.5-35b gpt-oss-120b nemotron-relu2} --tokens ${BAND_TOKENS:-64 128 256 512 1024} --bn --kernels auto --config 32:producer_warps=0,stages=4 32:stages=4 '*:producer_warps=1' 32:mw=1,warps=8 --seed ${AB_SEED:-1} --json "$OUT/candidates-band.json" ;;
     bulk-band)  # after 268912f (32-token tiles by bulk copy, 8-12% faster): what it moves at
                 # 4-16 routed rows per expert. 1. the bulk-copy producer at every width against
-                # the reference; 2. moe-generic's widths forced (runner.TILE_COST) and the bulk
+                # the reference; 2. moe-generic's widths forced (runner.pick_bn) and the bulk
                 # producer at the 8- and 16-token tiles timed; 3. the bulk producer where K has
                 # a tail (gpt-oss-120b FC1, H = 2880: it zeroes the tail itself)
       step bulk-tests 300 python3 -m pytest packages/moe-generic -m gpu -q -k "(config_candidates or tall_tile) and producer_bulk"
@@ -148,7 +148,7 @@ for s in "$@"; do
       step bulk-tail 200 python3 tools/band_probe.py --preset gpt-oss-120b --tokens 256 512 1024 --bn --config '32/fc1:producer_bulk=True' --seed ${AB_SEED:-1} --json "$OUT/bulk-tail.json" ;;
     bulk-wide)  # 32-64 routed rows per expert: moe-generic (its own widths; the 32-token tiles
                 # forced; the bulk producer at the 64-token tiles) against moe-gated, for the
-                # cutover (moe_gated.limits.cutover_rows) and the 64-token producer
+                # cutover (moe_gated.limits.CUTOVER_ROWS_PER_EXPERT) and the 64-token producer
       step bulk-wide 550 python3 tools/band_probe.py --preset ${BAND_PRESETS:-deepseek-v3 qwen3-30b-a3b qwen3.5-35b gpt-oss-120b nemotron-relu2} --tokens ${BAND_TOKENS:-512 1024 2048} --bn 32 --kernels moe-generic moe-gated --config '64:producer_warps=1,producer_bulk=True' --seed ${AB_SEED:-1} --json "$OUT/bulk-wide.json" ;;
     bulk-widths)  # the bulk producer at the 8-, 16- and 64-token tiles (GPU-tested at 2d9a234,
                   # not timed), each width forced, against the dispatcher's 32-token tiles
