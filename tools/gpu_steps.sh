@@ -6,7 +6,7 @@
 # Steps: gated-quick gated-tests sanitize-gated bench-gated bench-gated-q bench-gated-all
 #        static-quick static-tests generic-tests sanitize-static sanitize-generic
 #        bench-static bench-generic-large profile ncu-band routing-shape band candidates bulk-band bulk-wide relu2;
-#        bulk-widths, land-generic, auto-ab (AB_DIRS, AB_TOKENS), dispatch-points;
+#        bulk-widths, split-small, land-generic, auto-ab (AB_DIRS, AB_TOKENS), dispatch-points;
 #        verify (GPU tests + sanitizers), serving (soak + hf bench); A/B in one run against older
 #        trees (AB_DIRS): static-ab, kernel-ab (AB_KERNEL), ncu-static-ab (PROFILE_ARGS)
 set -u
@@ -153,6 +153,14 @@ for s in "$@"; do
     bulk-widths)  # the bulk producer at the 8-, 16- and 64-token tiles (GPU-tested at 2d9a234,
                   # not timed), each width forced, against the dispatcher's 32-token tiles
       step bulk-widths 560 python3 tools/band_probe.py --preset $FIVE --tokens ${BAND_TOKENS:-64 128 256 1024 2048} --bn --kernels auto --config '8:producer_warps=1,stages=3,producer_bulk=True' '16:producer_warps=1,stages=3,producer_bulk=True' '64:producer_warps=1,producer_bulk=True' --seed ${AB_SEED:-1} --json "$OUT/bulk-widths.json" ;;
+    split-small)  # where the time goes for the small-expert presets in the band (issue 29's
+                  # widest gaps): per-kernel time under the bench's conditions (graph replay),
+                  # moe-generic at 16-32 routed rows per expert; the fp32 y round trip is
+                  # P x H x 8 bytes (Qwen3.5-35B T=1024: 134 MB against 453 MB of weights)
+      for t in 256 512 1024; do
+        step "split-qwen3-$t" 120 python3 tools/profile_split.py --kernel generic --preset qwen3-30b-a3b --tokens $t --graph
+        step "split-qwen35-$t" 120 python3 tools/profile_split.py --kernel generic --preset qwen3.5-35b --tokens $t --graph
+      done ;;
     land-generic)  # a moe-generic change's GPU checks: its and the dispatcher's GPU tests (the
                    # config candidates apart: bulk-band, candidates), memcheck and racecheck
       step land-tests 330 python3 -m pytest packages/moe-generic tests dispatcher/tests -m gpu -q -k "not config_candidates"
