@@ -16,6 +16,7 @@ width below an expert's routed rows reads that expert's weights once per tile.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 
@@ -25,21 +26,33 @@ from dispatcher.bench import bench_preset, format_row
 from dispatcher.presets import PRESETS
 
 
+@contextlib.contextmanager
+def forced_width(bn):
+    """moe-generic's tiles `bn` tokens wide (runner.pick_bn replaced) inside the block; None
+    leaves the dispatcher's width rule."""
+    default_pick = generic_runner.pick_bn
+    if bn is not None:
+        generic_runner.pick_bn = lambda pairs, experts: bn
+    try:
+        yield
+    finally:
+        generic_runner.pick_bn = default_pick
+
+
 def config_rows(p, tokens, variant: str, seed: int) -> list:
     """moe-generic rows with GemmConfig fields replaced (--config), its width forced to BN
     unless BN is `*`."""
     which, fields = variant.split(":")
     bn, _, phase = which.partition("/")
     changes = parse_fields(fields)
-    if bn != "*":
-        generic_runner.pick_bn = lambda pairs, experts: int(bn)
 
     def change(cfg):
         if bn in ("*", str(cfg.bn)) and phase in ("", cfg.phase):
             return dataclasses.replace(cfg, **changes)
         return cfg
 
-    return rows_with_config("moe-generic", p, tokens, variant, change, seed)
+    with forced_width(None if bn == "*" else int(bn)):
+        return rows_with_config("moe-generic", p, tokens, variant, change, seed)
 
 
 def main():
@@ -53,21 +66,19 @@ def main():
     ap.add_argument("--json")
     args = ap.parse_args()
     rows = []
-    default_pick = generic_runner.pick_bn
     for name in args.preset:
         p = PRESETS[name]
         if args.kernels:
-            generic_runner.pick_bn = default_pick
             rows += bench_preset(p, args.tokens, kernels=args.kernels, seed=args.seed, check=False)
         for bn in args.bn:
-            generic_runner.pick_bn = lambda pairs, experts, bn=bn: bn
-            for r in bench_preset(p, args.tokens, kernels=["moe-generic"], seed=args.seed,
-                                  check=False, log=lambda s: None):
+            with forced_width(bn):
+                widths = bench_preset(p, args.tokens, kernels=["moe-generic"], seed=args.seed,
+                                      check=False, log=lambda s: None)
+            for r in widths:
                 r["kernel"] = f"moe-generic bn={bn}"
                 print(format_row(r), flush=True)
                 rows.append(r)
         for variant in args.config:
-            generic_runner.pick_bn = default_pick  # config_rows forces a width, `*` keeps it
             rows += config_rows(p, args.tokens, variant, args.seed)
     if args.json:
         with open(args.json, "w") as f:

@@ -9,7 +9,6 @@ be captured in a CUDA graph once its kernels are compiled and its workspace allo
 """
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -39,7 +38,6 @@ from .limits import KERNEL_NAME
 WIDE_MIN_ROWS = 64
 
 
-@functools.lru_cache(maxsize=4096)
 def pick_bn(pairs: int, experts: int) -> int:
     """Tokens per tile: 32, or 64 from WIDE_MIN_ROWS mean routed rows per expert.
 
