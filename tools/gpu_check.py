@@ -113,7 +113,8 @@ def main():
         mode = "w4a4" if args.kernel == "generic" else "w4a16"
         rows = check_generic([(5, 4, 256, 128, 2, "nvfp4", "silu", mode, True, True),
                               (9, 4, 320, 96, 3, "mxfp4", "relu2", "w4a16", True, False),
-                              (40, 4, 256, 128, 1, "nvfp4", "gelu_tanh", "w4a16", False, False)],
+                              (40, 4, 256, 128, 1, "nvfp4", "gelu_tanh", "w4a16", False, False),
+                              (120, 4, 320, 96, 1, "mxfp4", "swigluoai", "w4a16", True, False)],
                              args.kernel)
         sys.exit(0 if all(r["ok"] for r in rows) else 1)
     rows = []

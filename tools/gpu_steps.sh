@@ -6,7 +6,7 @@
 # Steps: gated-quick gated-tests sanitize-gated bench-gated bench-gated-q bench-gated-all
 #        static-quick static-tests generic-tests sanitize-static sanitize-generic
 #        bench-static bench-generic-large profile ncu-band routing-shape band candidates bulk-band bulk-wide relu2;
-#        bulk-widths, split-small, land-generic, auto-ab (AB_DIRS, AB_TOKENS), dispatch-points;
+#        bulk-widths, split-small, mid-widths, land-generic, auto-ab (AB_DIRS, AB_TOKENS), dispatch-points;
 #        verify (GPU tests + sanitizers), serving (soak + hf bench); A/B in one run against older
 #        trees (AB_DIRS): static-ab, kernel-ab (AB_KERNEL), ncu-static-ab (PROFILE_ARGS)
 set -u
@@ -161,6 +161,13 @@ for s in "$@"; do
         step "split-qwen3-$t" 120 python3 tools/profile_split.py --kernel generic --preset qwen3-30b-a3b --tokens $t --graph
         step "split-qwen35-$t" 120 python3 tools/profile_split.py --kernel generic --preset qwen3.5-35b --tokens $t --graph
       done ;;
+    mid-widths)  # the 48-token tiles (runner.MID_MIN_ROWS) at 16-32 mean routed rows per
+                 # expert, where 32-token tiles cut an expert of ~32 rows in two and decode its
+                 # weights twice: 1. the candidates against the reference; 2. the widths forced
+                 # against the dispatcher's (at ea2bbc3 the step also forced 40 tokens, by bulk
+                 # copies then: between 32 and 48 everywhere)
+      step mid-tests 240 python3 -m pytest packages/moe-generic -m gpu -q -k "config_candidates and 48"
+      step mid-widths 330 python3 tools/band_probe.py --preset $FIVE --tokens ${BAND_TOKENS:-512 1024} --bn 32 48 --kernels auto --config '48:stages=3' '48:mw=1,warps=8' --seed ${AB_SEED:-1} --json "$OUT/mid-widths.json" ;;
     land-generic)  # a moe-generic change's GPU checks: its and the dispatcher's GPU tests (the
                    # config candidates apart: bulk-band, candidates), memcheck and racecheck
       step land-tests 330 python3 -m pytest packages/moe-generic tests dispatcher/tests -m gpu -q -k "not config_candidates"

@@ -24,9 +24,10 @@ def test_every_dispatchable_config_compiles_for_sm90a():
     from moe_generic.compile_cache import all_configs, compile_config
 
     configs = all_configs()
-    # 2 formats x 4 tile widths x (4 FC1 activations + FC2), + the 256-row tiles, + the 32-token
-    # FC1 tiles of a K tail (their bulk producer zeroes the tail itself: GemmConfig.k_tail)
-    assert len(configs) == 58
+    # 2 formats x 5 tile widths x (4 FC1 activations + FC2), + the 256-row tiles, + the 32- and
+    # 48-token FC1 tiles of a K tail (their bulk producer zeroes the tail itself:
+    # GemmConfig.k_tail)
+    assert len(configs) == 76
     for cfg in configs:
         assert compile_config(cfg) is not None, cfg
 
@@ -209,21 +210,25 @@ def test_workspace_sizes_never_shrink_with_more_tokens():
 
 
 def test_tile_width_rule():
-    """32-token tiles (bulk copies) below WIDE_MIN_ROWS mean routed rows per expert, else 64."""
-    from moe_generic.runner import WIDE_MIN_ROWS, pick_bn
+    """32-token tiles (bulk copies) below MID_MIN_ROWS mean routed rows per expert, 48 below
+    WIDE_MIN_ROWS, else 64."""
+    from moe_generic.runner import MID_MIN_ROWS, WIDE_MIN_ROWS, pick_bn
 
     # (T x top_k pairs, experts) -> width, the five presets' band points
     assert pick_bn(128 * 8, 256) == 32  # DeepSeek-V3 T=128: 4 rows per expert
-    assert pick_bn(1024 * 8, 256) == 32  # DeepSeek-V3 T=1024: 32 rows
+    assert pick_bn(512 * 8, 256) == 32  # DeepSeek-V3 T=512: 16 rows
+    assert pick_bn(1024 * 8, 256) == 48  # DeepSeek-V3 T=1024: 32 rows
+    assert pick_bn(512 * 6, 128) == 32  # nemotron-relu2 T=512: 24 rows
     assert pick_bn(2048 * 8, 256) == 64  # DeepSeek-V3 T=2048: 64 rows
     assert pick_bn(1, 256) == 32 and pick_bn(65536 * 8, 8) == 64
-    assert pick_bn(WIDE_MIN_ROWS * 128 - 1, 128) == 32 and pick_bn(WIDE_MIN_ROWS * 128, 128) == 64
+    assert pick_bn(MID_MIN_ROWS * 128 - 1, 128) == 32 and pick_bn(MID_MIN_ROWS * 128, 128) == 48
+    assert pick_bn(WIDE_MIN_ROWS * 128 - 1, 128) == 48 and pick_bn(WIDE_MIN_ROWS * 128, 128) == 64
     # an expert-parallel slice passes all experts: the width follows the rows its experts get
     # (DeepSeek-V3 T=1024 on 2 ranks: 32 rows per local expert, not 64)
-    assert pick_bn(1024 * 8, 256) == 32 and pick_bn(1024 * 8, 128) == 64
+    assert pick_bn(1024 * 8, 256) == 48 and pick_bn(1024 * 8, 128) == 64
     for pairs in (1, 7, 100, 1000, 5000, 40000):
         for experts in (1, 8, 128, 256, 1024):
-            assert pick_bn(pairs, experts) in (32, 64)
+            assert pick_bn(pairs, experts) in (32, 48, 64)
 
 
 def test_tile_width_is_monotone_in_tokens():

@@ -143,7 +143,7 @@ def _check_skewed(case, label):
     assert_close(out, ref, f"{label} {case}")
 
 
-@pytest.mark.parametrize("bn", [8, 16, 32, 64])
+@pytest.mark.parametrize("bn", [8, 16, 32, 48, 64])
 @pytest.mark.parametrize("case", SKEWED_CASES)
 def test_every_tile_width_matches_reference(bn, case, monkeypatch):
     """Each tile width the width rule can pick, forced on shapes it would not pick it for (every
@@ -173,7 +173,8 @@ def test_every_tile_width_matches_reference(bn, case, monkeypatch):
                                              "producer_bulk": True}),
                                         (16, {"producer_warps": 1, "stages": 3,
                                               "producer_bulk": True}),
-                                        (64, {"producer_warps": 1, "producer_bulk": True})],
+                                        (64, {"producer_warps": 1, "producer_bulk": True}),
+                                        (48, {"stages": 3}), (48, {"mw": 1, "warps": 8})],
                          ids=lambda v: ",".join(f"{k}={x}" for k, x in v.items())
                          if isinstance(v, dict) else str(v))
 @pytest.mark.parametrize("case", SKEWED_CASES)

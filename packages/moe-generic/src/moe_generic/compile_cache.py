@@ -6,8 +6,8 @@ from moe_common.cute import jit
 from .grouped_gemm import GemmConfig, GemmOperands, GroupedGemm
 
 # the widths the kernel is built and tested at (the CPU CI compiles each, the GPU tests force
-# each): runner.pick_bn dispatches 32 and 64; 8 and 16 stay for probes and forced runs
-BN_CHOICES = (8, 16, 32, 64)
+# each): runner.pick_bn dispatches 32, 48 and 64; 8 and 16 stay for probes and forced runs
+BN_CHOICES = (8, 16, 32, 48, 64)
 
 
 # Warps per CTA for the 64-token (prefill) tiles: 8 warps x 1 group holds the same 128 x 64 tile
@@ -31,8 +31,15 @@ STAGES = 4  # cp.async ring depth of every tile
 # 32-token points (DeepSeek-V3 T=256 2185.7 -> 1913.7 us; 268912f). Where K has a tail the
 # producer zeroes it itself (GemmConfig.k_tail): gpt-oss-120b T=256 / 512 563.3 / 683.2 ->
 # 523.1 / 649.7 us (2d9a234, `tools/band_probe.py --config '32/fc1:producer_bulk=True'`).
+# The 48-token tiles (runner.MID_MIN_ROWS) take the same producer with a 2-deep ring: at 112-116
+# registers they run 3 CTAs per SM either way, and 2 stages were as fast or faster than 3 at all
+# four 32-row points (DeepSeek-V3 T=1024 3274.4 against 3283.7 us, Qwen3.5-35B T=1024 321.5 /
+# 332.9; `tools/gpu_steps.sh mid-widths`); 8 warps x 1 group: faster on the small experts
+# (Qwen3.5-35B 310.4), slower on the large (gpt-oss-120b T=1024 996.9 against 968.8).
 PRODUCER_BN = 32
 PRODUCER_STAGES = 3
+MID_BN = 48
+MID_STAGES = 2
 
 
 def config(phase: str, weight_format: str, activation: str, bn: int, rows: int = 0,
@@ -46,10 +53,11 @@ def config(phase: str, weight_format: str, activation: str, bn: int, rows: int =
     if warps * 16 > 128 and rows % (warps * 16) != 0:
         warps = 8
     mw = 1 if bn <= 16 else max(1, 8 // warps)
-    producer = bn == PRODUCER_BN
+    producer = bn in (PRODUCER_BN, MID_BN)
+    stages = {PRODUCER_BN: PRODUCER_STAGES, MID_BN: MID_STAGES}.get(bn, STAGES)
     return GemmConfig(phase=phase, weight_format=weight_format,
                       activation=activation if phase == "fc1" else "none", bn=bn,
-                      mw=mw, warps=warps, stages=PRODUCER_STAGES if producer else STAGES,
+                      mw=mw, warps=warps, stages=stages,
                       producer_warps=1 if producer else 0,
                       producer_bulk=producer, k_tail=producer and k_tail)
 

@@ -25,21 +25,30 @@ from .compile_cache import BN_CHOICES
 from .grouped_gemm import GemmOperands
 from .limits import KERNEL_NAME
 
-# Mean routed rows per expert from which the tiles are 64 tokens wide; below it they are 32
-# wide, whatever the rows. The 32-token tiles stream by bulk copies (compile_cache: the producer
-# warp), which the narrower and wider tiles do not; at 2 to 48 rows per expert on the five
-# presets they ran fastest of every width at all points but one (Qwen3.5-35B T=64, 2 rows,
-# which moe-static takes: 135.9 against 130.5 us at 8). Measured on the H200 at 2d9a234, each
-# width forced (`tools/band_probe.py --bn 8 16 32`, BENCHMARKS.md "Measured decisions"):
-# DeepSeek-V3 T=128 (4 rows) 1638.3 us at 32 against 1893.2 at 8, T=64 (2 rows) 1408.3 against
-# 1595.1; nemotron-relu2 T=128 (6 rows) 229.7 against 268.2; DeepSeek-V3 T=1024 (32 rows) 3520.2
-# against 3687.9 at 64. A tile skips the MMAs and copies of its empty columns
-# (GemmConfig.live_widths), so a 32-token tile with 4 live rows costs about an 8-token one.
+# Mean routed rows per expert from which the tiles are 64 tokens wide; from MID_MIN_ROWS they
+# are 48 wide, below it 32, whatever the rows. The 32- and 48-token tiles stream by bulk copies
+# (compile_cache: the producer warp), which the narrower and wider tiles do not; at 2 to 24 rows
+# per expert on the five presets the 32-token tiles ran fastest of every width at all points but
+# one (Qwen3.5-35B T=64, 2 rows, which moe-static takes: 135.9 against 130.5 us at 8). Measured
+# on the H200 at 2d9a234, each width forced (`tools/band_probe.py --bn 8 16 32`, BENCHMARKS.md
+# "Measured decisions"): DeepSeek-V3 T=128 (4 rows) 1638.3 us at 32 against 1893.2 at 8, T=64
+# (2 rows) 1408.3 against 1595.1; nemotron-relu2 T=128 (6 rows) 229.7 against 268.2. A tile
+# skips the MMAs and copies of its empty columns (GemmConfig.live_widths), so a 32-token tile
+# with 4 live rows costs about an 8-token one.
+# At ~32 rows half the experts overflow a 32-token tile, and the second tile decodes the
+# expert's weights again; one 48-token tile decodes them once. Each width forced at 32 rows
+# (`tools/gpu_steps.sh mid-widths`, ea2bbc3 + the 48-token producer): 48 against 32, us,
+# DeepSeek-V3 T=1024 3274.4 / 3574.8, Qwen3-30B-A3B T=512 222.3 / 232.2, Qwen3.5-35B T=1024
+# 321.5 / 330.3, gpt-oss-120b T=1024 968.8 / 1035.6; at 24 rows (nemotron-relu2 T=512) 363.2
+# against 346.2 and at 16 rows 5-13% slower. MID_MIN_ROWS lies between 24 and 32, where the
+# share of experts past 32 rows grows from ~5% to ~50% (unmeasured between).
 WIDE_MIN_ROWS = 64
+MID_MIN_ROWS = 28
 
 
 def pick_bn(pairs: int, experts: int) -> int:
-    """Tokens per tile: 32, or 64 from WIDE_MIN_ROWS mean routed rows per expert.
+    """Tokens per tile: 32, 48 from MID_MIN_ROWS mean routed rows per expert, 64 from
+    WIDE_MIN_ROWS.
 
     `experts` is the layer's expert count over all ranks: under uniform routing each expert gets
     pairs / experts routed rows, and on an expert-parallel slice the routes to other ranks'
@@ -47,7 +56,9 @@ def pick_bn(pairs: int, experts: int) -> int:
     mean and pick too wide a tile.
     """
     mean = pairs / max(1, min(experts, pairs))
-    return 64 if mean >= WIDE_MIN_ROWS else 32
+    if mean >= WIDE_MIN_ROWS:
+        return 64
+    return 48 if mean >= MID_MIN_ROWS else 32
 
 
 def max_tiles_bound(pairs: int, local_experts: int, bn: int) -> int:
