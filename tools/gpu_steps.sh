@@ -6,7 +6,7 @@
 # Steps: gated-quick gated-tests sanitize-gated bench-gated bench-gated-q bench-gated-all
 #        static-quick static-tests generic-tests sanitize-static sanitize-generic
 #        bench-static bench-generic-large profile ncu-band routing-shape band candidates bulk-band bulk-wide relu2;
-#        bulk-widths, split-small, mid-widths, land-generic, auto-ab (AB_DIRS, AB_TOKENS), dispatch-points;
+#        bulk-widths, split-small, mid-widths, land-generic (land-tests, land-sanitize), auto-ab (AB_DIRS, AB_TOKENS), dispatch-points;
 #        verify (GPU tests + sanitizers), serving (soak + hf bench); A/B in one run against older
 #        trees (AB_DIRS): static-ab, kernel-ab (AB_KERNEL), ncu-static-ab (PROFILE_ARGS)
 set -u
@@ -168,12 +168,14 @@ for s in "$@"; do
                  # copies then: between 32 and 48 everywhere)
       step mid-tests 240 python3 -m pytest packages/moe-generic -m gpu -q -k "config_candidates and 48"
       step mid-widths 330 python3 tools/band_probe.py --preset $FIVE --tokens ${BAND_TOKENS:-512 1024} --bn 32 48 --kernels auto --config '48:stages=3' '48:mw=1,warps=8' --seed ${AB_SEED:-1} --json "$OUT/mid-widths.json" ;;
-    land-generic)  # a moe-generic change's GPU checks: its and the dispatcher's GPU tests (the
-                   # config candidates apart: bulk-band, candidates), memcheck and racecheck
-      step land-tests 330 python3 -m pytest packages/moe-generic tests dispatcher/tests -m gpu -q -k "not config_candidates"
+    land-tests)  # a moe-generic change's GPU tests and the dispatcher's (the config candidates
+                 # apart: bulk-band, candidates, mid-widths); with land-sanitize: land-generic
+      step land-tests 330 python3 -m pytest packages/moe-generic tests dispatcher/tests -m gpu -q -k "not config_candidates" ;;
+    land-sanitize)  # memcheck and racecheck on moe-generic's small cases (every producer path)
       for tool in memcheck racecheck; do
         step "land-$tool" 150 compute-sanitizer --tool $tool --report-api-errors no --error-exitcode 9 python3 tools/gpu_check.py --kernel generic --sanitize
       done ;;
+    land-generic) bash "$0" land-tests land-sanitize ;;
     auto-ab)  # the five presets at the dispatcher's choice: this tree at all 10 T (JSON
               # auto-all.json), then each tree in $AB_DIRS at AB_TOKENS (the points it changes)
       step auto-all 330 "${BENCH[@]}" --preset $FIVE --tokens 1 8 32 64 128 256 512 1024 2048 8192 --kernels auto --no-check --seed 1 --json "$OUT/auto-all.json"
