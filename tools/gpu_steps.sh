@@ -6,7 +6,8 @@
 # Steps: gated-quick gated-tests sanitize-gated bench-gated bench-gated-q bench-gated-all
 #        static-quick static-tests generic-tests sanitize-static sanitize-generic
 #        bench-static bench-generic-large profile ncu-band routing-shape band candidates bulk-band bulk-wide relu2;
-#        bulk-widths, split-small, mid-widths, land-generic (land-tests, land-sanitize), auto-ab (AB_DIRS, AB_TOKENS), dispatch-points;
+#        bulk-widths, split-small, mid-widths, mid-small, land-generic (land-tests, land-sanitize),
+#        auto-ab (auto-all, band-ab: AB_DIRS, AB_TOKENS), dispatch-points;
 #        verify (GPU tests + sanitizers), serving (soak + hf bench); A/B in one run against older
 #        trees (AB_DIRS): static-ab, kernel-ab (AB_KERNEL), ncu-static-ab (PROFILE_ARGS)
 set -u
@@ -176,12 +177,19 @@ for s in "$@"; do
         step "land-$tool" 150 compute-sanitizer --tool $tool --report-api-errors no --error-exitcode 9 python3 tools/gpu_check.py --kernel generic --sanitize
       done ;;
     land-generic) bash "$0" land-tests land-sanitize ;;
-    auto-ab)  # the five presets at the dispatcher's choice: this tree at all 10 T (JSON
-              # auto-all.json), then each tree in $AB_DIRS at AB_TOKENS (the points it changes)
-      step auto-all 330 "${BENCH[@]}" --preset $FIVE --tokens 1 8 32 64 128 256 512 1024 2048 8192 --kernels auto --no-check --seed 1 --json "$OUT/auto-all.json"
-      for d in $AB_DIRS; do
-        step "auto-ab-$(basename $d)" 250 env PYTHONPATH="$(tree_path $d $(cd packages && echo *))" "${BENCH[@]}" --preset $FIVE --tokens ${AB_TOKENS:-64 128 256 512 1024 2048} --kernels auto --no-check --seed 1 --json "$OUT/auto-ab-$(basename $d).json"
+    auto-ab) bash "$0" auto-all band-ab ;;  # the current table, then its same-run A/B
+    auto-all)  # the five presets at the dispatcher's choice at all 10 T (the current table)
+      step auto-all 330 "${BENCH[@]}" --preset $FIVE --tokens 1 8 32 64 128 256 512 1024 2048 8192 --kernels auto --no-check --seed 1 --json "$OUT/auto-all.json" ;;
+    band-ab)  # each tree in $AB_DIRS at AB_TOKENS (the points a change moves), then this tree
+              # at the same tokens: both halves run the same token list (a point's time depends
+              # on the work before it: at e68442e unchanged points read up to 5% apart between
+              # a full sweep and a short one)
+      for d in $AB_DIRS new; do
+        step "band-ab-$(basename $d)" 250 env PYTHONPATH="$(tree_path $d $(cd packages && echo *))" "${BENCH[@]}" --preset $FIVE --tokens ${AB_TOKENS:-64 128 256 512 1024 2048} --kernels auto --no-check --seed 1 --json "$OUT/band-ab-$(basename $d).json"
       done ;;
+    mid-small)  # the 48-token tiles as 8 warps x 1 group on the small-expert presets (faster
+                # there at 3 stages in mid-widths), against the dispatcher's 4 x 2
+      step mid-small 200 python3 tools/band_probe.py --preset qwen3-30b-a3b qwen3.5-35b --tokens 512 1024 --bn --kernels auto --config '48:mw=1,warps=8' --seed ${AB_SEED:-1} --json "$OUT/mid-small.json" ;;
     dispatch-points)  # each kernel forced where the dispatcher's cutovers lie (JSON for
                       # tests/test_dispatch_measured.py): moe-static against moe-generic at
                       # T = 32-128, moe-generic against moe-gated at T = 512-2048
