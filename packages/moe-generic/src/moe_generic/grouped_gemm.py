@@ -22,7 +22,7 @@ Per K-tile each lane reads its codes and scales from shared memory, decodes e2m1
 registers (decode_fragment_word: shifts and masks), multiplies by the block scale (bf16x2, exact),
 and feeds the tensor cores: mma.sync.m16n8k16 with B fragments by ldmatrix from padded
 [bn][128 + 8] rows.
-With GemmConfig.producer_warps (compile_cache.config picks one for the 32-token tiles) extra warps
+With GemmConfig.producer_warps (compile_cache.config: the 32- and 48-token tiles) extra warps
 issue every copy and hand the stages over by mbarriers instead of a CTA barrier per K-tile; with
 GemmConfig.producer_bulk that warp's copies are bulk copies whose bytes complete the stage's full
 barrier (_produce_bulk; with GemmConfig.k_tail it zeroes the last K-tile past the real K itself).
