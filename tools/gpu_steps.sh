@@ -6,8 +6,9 @@
 # Steps: gated-quick gated-tests sanitize-gated bench-gated bench-gated-q bench-gated-all
 #        static-quick static-tests generic-tests sanitize-static sanitize-generic
 #        bench-static bench-generic-large profile ncu-band routing-shape band candidates bulk-band bulk-wide relu2;
-#        bulk-widths, split-small, mid-widths, mid-small, land-generic (land-tests, land-sanitize),
-#        auto-ab (auto-all, band-ab: AB_DIRS, AB_TOKENS), dispatch-points;
+#        bulk-widths, split-small, mid-widths, mid-small, mid-occupancy,
+#        land-generic (land-tests, land-sanitize), auto-ab (auto-all, band-ab: AB_DIRS, AB_TOKENS),
+#        dispatch-points;
 #        verify (GPU tests + sanitizers), serving (soak + hf bench); A/B in one run against older
 #        trees (AB_DIRS): static-ab, kernel-ab (AB_KERNEL), ncu-static-ab (PROFILE_ARGS)
 set -u
@@ -169,6 +170,11 @@ for s in "$@"; do
                  # copies then: between 32 and 48 everywhere)
       step mid-tests 240 python3 -m pytest packages/moe-generic -m gpu -q -k "config_candidates and 48"
       step mid-widths 330 python3 tools/band_probe.py --preset $FIVE --tokens ${BAND_TOKENS:-512 1024} --bn 32 48 --kernels auto --config '48:stages=3' '48:mw=1,warps=8' --seed ${AB_SEED:-1} --json "$OUT/mid-widths.json" ;;
+    mid-occupancy)  # the 48-token tiles compiled for 4 CTAs per SM (GemmConfig.min_ctas: 96
+                    # registers, a few bytes spilled in FC1; 3 CTAs at 112-116 registers without):
+                    # 1. against the reference; 2. at the 32-row points against the dispatcher's
+      step occ-tests 200 python3 -m pytest packages/moe-generic -m gpu -q -k "config_candidates and min_ctas"
+      step mid-occupancy 200 python3 tools/band_probe.py --preset $FIVE --tokens ${BAND_TOKENS:-512 1024} --bn --kernels auto --config '48:min_ctas=4' --seed ${AB_SEED:-1} --json "$OUT/mid-occupancy.json" ;;
     land-tests)  # a moe-generic change's GPU tests and the dispatcher's (the config candidates
                  # apart: bulk-band, candidates, mid-widths); with land-sanitize: land-generic
       step land-tests 330 python3 -m pytest packages/moe-generic tests dispatcher/tests -m gpu -q -k "not config_candidates" ;;

@@ -108,6 +108,32 @@ def test_bulk_producer_copies_by_bulk_copies_only(tmp_path):
         assert ("st.shared.v4.u32" in text) == tail and ("bar.warp.sync" in text) == tail, name
 
 
+_BOUNDS_PROBE = """
+import dataclasses
+from moe_generic.compile_cache import compile_config, config
+base = config("fc2", "nvfp4", "none", 48)
+open("free.txt", "w").write(compile_config(base).__ptx__)
+open("bound.txt", "w").write(compile_config(dataclasses.replace(base, min_ctas=4)).__ptx__)
+"""
+
+
+def test_min_ctas_bounds_the_kernel_for_ptxas(tmp_path):
+    """GemmConfig.min_ctas compiles the kernel with .maxntid (the block's 160 threads: 4 MMA
+    warps and the producer) and .minnctapersm, which ptxas turns into a register cap; without it
+    neither directive is emitted (the dispatched configs' PTX is unchanged by the field)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = dict(os.environ, CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=str(tmp_path))
+    subprocess.run([sys.executable, "-c", _BOUNDS_PROBE], env=env, check=True, cwd=tmp_path)
+    free = Path(tmp_path, "free.txt").read_text()
+    bound = Path(tmp_path, "bound.txt").read_text()
+    assert ".minnctapersm" not in free and ".maxntid" not in free
+    assert re.search(r"\.maxntid 160, 1, 1", bound) and re.search(r"\.minnctapersm 4\b", bound)
+
+
 def test_operands_reach_the_kernel_in_field_order():
     """The runner's GemmOperands arrive as the kernel's parameters, one per field, in order and
     with their values (the launcher's marshalling, checked without a GPU)."""

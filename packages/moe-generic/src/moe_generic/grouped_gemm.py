@@ -91,6 +91,9 @@ class GemmConfig:
     # only by the bulk producer: it copies the real bytes of the last K-tile's rows and zeroes
     # the rest itself (the cp.async copies check every chunk against k_real anyway).
     k_tail: bool = False
+    # n > 0: compiled for n CTAs per SM (.maxntid and .minnctapersm: ptxas caps the registers
+    # at what n CTAs of this block leave, spilling if it must); 0: no bound
+    min_ctas: int = 0
 
     @property
     def gated(self) -> bool:
@@ -139,7 +142,16 @@ class GroupedGemm:
         """grid: grid_m row tiles x max_tiles token tiles (a bound: CTAs past the device-side
         tile count return at once)."""
         self.kernel(ops).launch(grid=[grid_m, max_tiles, 1], block=[self.block_threads, 1, 1],
-                                smem=self.smem_bytes, stream=stream, use_pdl=jit.PDL)
+                                smem=self.smem_bytes, stream=stream, use_pdl=jit.PDL,
+                                **self._launch_bounds())
+
+    def _launch_bounds(self) -> dict:
+        """Launch fields for GemmConfig.min_ctas (none without it). The carveout is given so
+        that the DSL does not ask the device for its shared memory at compile time."""
+        if not self.cfg.min_ctas:
+            return {}
+        return dict(min_blocks_per_mp=self.cfg.min_ctas, preferred_smem_carveout=100,
+                    max_number_threads=[self.block_threads, 1, 1])
 
     # ------------------------------------------------------------------ device
     @cute.kernel
