@@ -34,8 +34,9 @@ STAGES = 4  # cp.async ring depth of every tile
 # The 48-token tiles (runner.MID_MIN_ROWS) take the same producer with a 2-deep ring: at 112-116
 # registers they run 3 CTAs per SM either way, and 2 stages were as fast or faster than 3 at all
 # four 32-row points (DeepSeek-V3 T=1024 3274.4 against 3283.7 us, Qwen3.5-35B T=1024 321.5 /
-# 332.9; `tools/gpu_steps.sh mid-widths`); 8 warps x 1 group: faster on the small experts
-# (Qwen3.5-35B 310.4), slower on the large (gpt-oss-120b T=1024 996.9 against 968.8).
+# 332.9; `tools/gpu_steps.sh mid-widths`). 8 warps x 1 group: slower on the large experts
+# (gpt-oss-120b T=1024 996.9 against 968.8), level on the small ones at 2 stages (Qwen3-30B-A3B
+# T=512 224.8 against 223.1; `mid-small`).
 PRODUCER_BN = 32
 PRODUCER_STAGES = 3
 MID_BN = 48

@@ -40,7 +40,7 @@ from .limits import KERNEL_NAME
 # (`tools/gpu_steps.sh mid-widths`, ea2bbc3 + the 48-token producer): 48 against 32, us,
 # DeepSeek-V3 T=1024 3274.4 / 3574.8, Qwen3-30B-A3B T=512 222.3 / 232.2, Qwen3.5-35B T=1024
 # 321.5 / 330.3, gpt-oss-120b T=1024 968.8 / 1035.6; at 24 rows (nemotron-relu2 T=512) 363.2
-# against 346.2 and at 16 rows 5-13% slower. MID_MIN_ROWS lies between 24 and 32, where the
+# against 346.2 and at 16 rows 7-11% slower. MID_MIN_ROWS lies between 24 and 32, where the
 # share of experts past 32 rows grows from ~5% to ~50% (unmeasured between).
 WIDE_MIN_ROWS = 64
 MID_MIN_ROWS = 28
