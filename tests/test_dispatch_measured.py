@@ -5,7 +5,8 @@ Each JSON below forced every kernel at the same points in one run of the tree it
 two measured the same point, the later one in MEASURED stands. At every point the kernel the
 dispatcher picks must be within 3% of the fastest one (issue 29's bar), so a change of
 priorities or cutovers that contradicts a recorded measurement fails here until the
-measurement is redone.
+measurement is redone. The same holds moe-generic's tile-width rule (`runner.pick_bn`) to the
+times of its widths forced (WIDTHS).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pytest
 
 from dispatcher import explain
 from dispatcher.presets import PRESETS
+from moe_generic.runner import pick_bn
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 MEASURED = [
@@ -33,6 +35,13 @@ MEASURED = [
     # moe-static against moe-generic below one routed row per large expert (T = 8, 16)
     "2026-12-02-h200-dbc99f5-static-small.json",
 ]
+# file -> {row kernel label: tile width}: moe-generic with its width forced, one run of the tree
+# named; at ea2bbc3 the dispatcher ran 32-token tiles below 64 routed rows per expert, and
+# '48:stages=2' is today's 48-token config
+WIDTHS = {
+    "2026-12-02-h200-ea2bbc3-mid-widths.json": {"auto(moe-generic)": 32,
+                                                 "moe-generic 48:stages=2": 48},
+}
 TOLERANCE = 1.03
 
 
@@ -47,18 +56,48 @@ def _points():
     return [(name, preset, T, t) for (preset, T), (name, t) in sorted(latest.items())]
 
 
+def _width_points():
+    points = []
+    for name, labels in WIDTHS.items():
+        times = defaultdict(dict)  # (preset, T) -> {width: us}
+        for row in json.loads((BENCHMARKS / name).read_text()):
+            if row["kernel"] in labels:
+                times[(row["shape"], row["T"])][labels[row["kernel"]]] = row["median_us"]
+        points += [(name, preset, T, t) for (preset, T), t in sorted(times.items()) if len(t) > 1]
+    return points
+
+
+def _assert_near_fastest(chosen, times, what: str, source: str):
+    fastest = min(times, key=times.get)
+    assert chosen in times, (chosen, times)
+    assert times[chosen] <= TOLERANCE * times[fastest], (
+        f"{what} {chosen} ({times[chosen]:.1f} us), {fastest} ran {times[fastest]:.1f} us "
+        f"({source})")
+
+
 @pytest.mark.parametrize("source,preset,tokens,times", _points(),
                          ids=lambda v: v if isinstance(v, (str, int)) else "")
 def test_the_choice_is_within_3_percent_of_the_fastest(source, preset, tokens, times):
     p = PRESETS[preset]
     ex = explain(p.shape(tokens, device_capability=(9, 0)), activation=p.activation)
-    chosen = ex.choice.kernel
-    fastest = min(times, key=times.get)
-    assert chosen in times, (chosen, times)
-    assert times[chosen] <= TOLERANCE * times[fastest], (
-        f"{preset} T={tokens}: the dispatcher picks {chosen} ({times[chosen]:.1f} us), "
-        f"{fastest} ran {times[fastest]:.1f} us ({source})")
+    _assert_near_fastest(ex.choice.kernel, times, f"{preset} T={tokens}: the dispatcher picks",
+                         source)
 
 
 def test_the_measurements_cover_every_preset():
     assert {preset for _, preset, _, _ in _points()} == set(PRESETS)
+
+
+@pytest.mark.parametrize("source,preset,tokens,times", _width_points(),
+                         ids=lambda v: v if isinstance(v, (str, int)) else "")
+def test_the_width_is_within_3_percent_of_the_fastest(source, preset, tokens, times):
+    p = PRESETS[preset]
+    _assert_near_fastest(pick_bn(tokens * p.top_k, p.experts), times,
+                         f"{preset} T={tokens}: pick_bn gives width", source)
+
+
+def test_the_width_measurements_reach_both_sides_of_the_mid_cutover():
+    """Points on each side of runner.MID_MIN_ROWS (a rule moved past all of them would
+    otherwise pass unchecked)."""
+    chosen = {pick_bn(T * PRESETS[p].top_k, PRESETS[p].experts) for _, p, T, _ in _width_points()}
+    assert chosen == {32, 48}

@@ -37,10 +37,7 @@ STAGES = 4  # cp.async ring depth of every tile
 # 332.9; `tools/gpu_steps.sh mid-widths`). 8 warps x 1 group: slower on the large experts
 # (gpt-oss-120b T=1024 996.9 against 968.8), level on the small ones at 2 stages (Qwen3-30B-A3B
 # T=512 224.8 against 223.1; `mid-small`).
-PRODUCER_BN = 32
-PRODUCER_STAGES = 3
-MID_BN = 48
-MID_STAGES = 2
+PRODUCER_STAGES = {32: 3, 48: 2}  # the widths with the bulk producer warp: their ring depths
 
 
 def config(phase: str, weight_format: str, activation: str, bn: int, rows: int = 0,
@@ -54,11 +51,10 @@ def config(phase: str, weight_format: str, activation: str, bn: int, rows: int =
     if warps * 16 > 128 and rows % (warps * 16) != 0:
         warps = 8
     mw = 1 if bn <= 16 else max(1, 8 // warps)
-    producer = bn in (PRODUCER_BN, MID_BN)
-    stages = {PRODUCER_BN: PRODUCER_STAGES, MID_BN: MID_STAGES}.get(bn, STAGES)
+    producer = bn in PRODUCER_STAGES
     return GemmConfig(phase=phase, weight_format=weight_format,
                       activation=activation if phase == "fc1" else "none", bn=bn,
-                      mw=mw, warps=warps, stages=stages,
+                      mw=mw, warps=warps, stages=PRODUCER_STAGES.get(bn, STAGES),
                       producer_warps=1 if producer else 0,
                       producer_bulk=producer, k_tail=producer and k_tail)
 
