@@ -6,7 +6,7 @@
 # Steps: gated-quick gated-tests sanitize-gated bench-gated bench-gated-q bench-gated-all
 #        static-quick static-tests generic-tests sanitize-static sanitize-generic
 #        bench-static bench-generic-large profile ncu-band routing-shape band candidates bulk-band bulk-wide relu2;
-#        bulk-widths, split-small, mid-widths, mid-small, mid-occupancy,
+#        bulk-widths, split-small, mid-widths, mid-small, mid-occupancy, rows-256,
 #        land-generic (land-tests, land-sanitize), auto-ab (auto-all, band-ab: AB_DIRS, AB_TOKENS),
 #        dispatch-points;
 #        verify (GPU tests + sanitizers), serving (soak + hf bench); A/B in one run against older
@@ -175,6 +175,20 @@ for s in "$@"; do
                     # 1. against the reference; 2. at the 32-row points against the dispatcher's
       step occ-tests 200 python3 -m pytest packages/moe-generic -m gpu -q -k "config_candidates and min_ctas"
       step mid-occupancy 200 python3 tools/band_probe.py --preset $FIVE --tokens ${BAND_TOKENS:-512 1024} --bn --kernels auto --config '48:min_ctas=4' --seed ${AB_SEED:-1} --json "$OUT/mid-occupancy.json" ;;
+    rows-256)  # more MMA warps per SM at the 16- and 32-row points: the 48-token tiles compiled
+               # for 4 CTAs (min_ctas=4, 96 registers), and 256-row tiles of 8 warps x 2 groups
+               # (each token row read from L2 once per 256 weight rows, not 128; 2 CTAs per SM at
+               # 96 registers) at 32 and 48 tokens. 1. against the reference; 2. timed against the
+               # dispatcher's on the presets whose GEMM rows divide by 256, gpt-oss-120b for the
+               # first (ROWS_PART: small = tests + Qwen3-30B-A3B + gpt-oss-120b, large = the rest)
+      v256='*:warps=8,mw=2,min_ctas=2'
+      if [ "${ROWS_PART:-small}" = small ]; then
+        step rows-tests 300 python3 -m pytest packages/moe-generic -m gpu -q -k "config_candidates and (min_ctas or 32-warps) and not producer"
+        step rows-small 240 python3 tools/band_probe.py --preset qwen3-30b-a3b --tokens 256 512 --bn --kernels auto --config '*:min_ctas=4' "$v256" "$v256,stages=3" --seed 1 --json "$OUT/rows-small.json"
+        step rows-oss 150 python3 tools/band_probe.py --preset gpt-oss-120b --tokens 1024 --bn --config '*:min_ctas=4' --seed 1 --json "$OUT/rows-oss.json"
+      else
+        step rows-large 500 python3 tools/band_probe.py --preset qwen3.5-35b deepseek-v3 --tokens 512 1024 --bn --kernels auto --config '*:min_ctas=4' "$v256" "$v256,stages=3" --seed 1 --json "$OUT/rows-large.json"
+      fi ;;
     land-tests)  # a moe-generic change's GPU tests and the dispatcher's (the config candidates
                  # apart: bulk-band, candidates, mid-widths); with land-sanitize: land-generic
       step land-tests 330 python3 -m pytest packages/moe-generic tests dispatcher/tests -m gpu -q -k "not config_candidates" ;;
