@@ -6,7 +6,7 @@
 # Steps: gated-quick gated-tests sanitize-gated bench-gated bench-gated-q bench-gated-all
 #        static-quick static-tests generic-tests sanitize-static sanitize-generic
 #        bench-static bench-generic-large profile ncu-band routing-shape band candidates bulk-band bulk-wide relu2;
-#        bulk-widths, split-small, mid-widths, mid-small, mid-occupancy, rows-256,
+#        bulk-widths, split-small, mid-widths, mid-small, mid-occupancy, rows-256, mw4,
 #        land-generic (land-tests, land-sanitize), auto-ab (auto-all, band-ab: AB_DIRS, AB_TOKENS),
 #        dispatch-points;
 #        verify (GPU tests + sanitizers), serving (soak + hf bench); A/B in one run against older
@@ -189,6 +189,11 @@ for s in "$@"; do
       else
         step rows-large 500 python3 tools/band_probe.py --preset qwen3.5-35b deepseek-v3 --tokens 512 1024 --bn --kernels auto --config '*:min_ctas=4' "$v256" "$v256,stages=3" --seed 1 --json "$OUT/rows-large.json"
       fi ;;
+    mw4)  # the 32-token tiles as 2 MMA warps x 4 groups (the same 128 x 32 tile; each ldmatrix'd
+          # B fragment feeds 4 MMAs instead of 2; 168 registers, 4 CTAs per SM: 8 MMA warps
+          # against 16): 1. against the reference; 2. at the 8- to 24-row points
+      step mw4-tests 200 python3 -m pytest packages/moe-generic -m gpu -q -k "config_candidates and 32-warps=2"
+      step mw4-band 400 python3 tools/band_probe.py --preset $FIVE --tokens 256 512 --bn --kernels auto --config '32:warps=2,mw=4' --seed 1 --json "$OUT/mw4-band.json" ;;
     land-tests)  # a moe-generic change's GPU tests and the dispatcher's (the config candidates
                  # apart: bulk-band, candidates, mid-widths); with land-sanitize: land-generic
       step land-tests 330 python3 -m pytest packages/moe-generic tests dispatcher/tests -m gpu -q -k "not config_candidates" ;;

@@ -178,7 +178,8 @@ def test_every_tile_width_matches_reference(bn, case, monkeypatch):
                                         (48, {"min_ctas": 4}),
                                         (48, {"warps": 8, "mw": 2, "min_ctas": 2}),
                                         (48, {"warps": 8, "mw": 2, "min_ctas": 2,
-                                              "stages": 3})],
+                                              "stages": 3}),
+                                        (32, {"warps": 2, "mw": 4})],
                          ids=lambda v: ",".join(f"{k}={x}" for k, x in v.items())
                          if isinstance(v, dict) else str(v))
 @pytest.mark.parametrize("case", SKEWED_CASES)
@@ -191,7 +192,8 @@ def test_config_candidates_match_reference(bn, changes, case, monkeypatch):
     twice the weight rows per CTA (each token row read from L2 once per 256 or 128 rows); the
     48-token tiles with 3 stages, as 8 warps x 1 group, compiled for 4 CTAs per SM
     (GemmConfig.min_ctas: 96 registers, spilling a few bytes in FC1), or as 256-row tiles of 8
-    warps x 2 groups compiled for 2 CTAs per SM (96 registers). A switch then needs only
+    warps x 2 groups compiled for 2 CTAs per SM (96 registers); the 32-token tiles as 2 warps x
+    4 groups (each B fragment feeds 4 MMAs, not 2). A switch then needs only
     its A/B. Where a candidate's rows per CTA do not divide the GEMM's
     rows, the default runs."""
     _force_candidate(monkeypatch, bn, changes)
