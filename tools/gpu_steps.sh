@@ -192,7 +192,7 @@ for s in "$@"; do
     mw4)  # the 32-token tiles as 2 MMA warps x 4 groups (the same 128 x 32 tile; each ldmatrix'd
           # B fragment feeds 4 MMAs instead of 2; 168 registers, 4 CTAs per SM: 8 MMA warps
           # against 16): 1. against the reference; 2. at the 8- to 24-row points
-      step mw4-tests 200 python3 -m pytest packages/moe-generic -m gpu -q -k "config_candidates and 32-warps=2"
+      step mw4-tests 200 python3 -m pytest -m gpu -q $(for c in 0 1 2 3; do echo "packages/moe-generic/tests/test_generic_gpu.py::test_config_candidates_match_reference[case$c-32-warps=2,mw=4]"; done)
       step mw4-band 400 python3 tools/band_probe.py --preset $FIVE --tokens 256 512 --bn --kernels auto --config '32:warps=2,mw=4' --seed 1 --json "$OUT/mw4-band.json" ;;
     land-tests)  # a moe-generic change's GPU tests and the dispatcher's (the config candidates
                  # apart: bulk-band, candidates, mid-widths); with land-sanitize: land-generic
