@@ -6,7 +6,7 @@
 # Steps: gated-quick gated-tests sanitize-gated bench-gated bench-gated-q bench-gated-all
 #        static-quick static-tests generic-tests sanitize-static sanitize-generic
 #        bench-static bench-generic-large profile ncu-band routing-shape band candidates bulk-band bulk-wide relu2;
-#        bulk-widths, split-small, mid-widths, mid-small, mid-occupancy, rows-256, mw4,
+#        bulk-widths, split-small, mid-widths, mid-small, mid-occupancy, rows-256, mw4, ncu-routing,
 #        land-generic (land-tests, land-sanitize), auto-ab (auto-all, band-ab: AB_DIRS, AB_TOKENS),
 #        dispatch-points;
 #        verify (GPU tests + sanitizers), serving (soak + hf bench); A/B in one run against older
@@ -194,6 +194,10 @@ for s in "$@"; do
           # against 16): 1. against the reference; 2. at the 8- to 24-row points
       step mw4-tests 200 python3 -m pytest -m gpu -q $(for c in 0 1 2 3; do echo "packages/moe-generic/tests/test_generic_gpu.py::test_config_candidates_match_reference[case$c-32-warps=2,mw=4]"; done)
       step mw4-band 400 python3 tools/band_probe.py --preset $FIVE --tokens 256 512 --bn --kernels auto --config '32:warps=2,mw=4' --seed 1 --json "$OUT/mw4-band.json" ;;
+    ncu-routing)  # the single-CTA routing kernel (moe_common.cute.routing.RoutingKernel) at
+                  # ROUTING_LAYER (preset:T), where split-small timed it at 8-13 us
+      IFS=: read -r pre tok <<< "${ROUTING_LAYER:-qwen3-30b-a3b:1024}"
+      step ncu-routing 200 ncu --clock-control none --kernel-name regex:RoutingKernel --launch-skip 1 -c 1 --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section LaunchStats --section MemoryWorkloadAnalysis --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" python3 tools/profile_split.py --kernel generic --preset $pre --tokens $tok --calls 2 --no-profiler ;;
     land-tests)  # a moe-generic change's GPU tests and the dispatcher's (the config candidates
                  # apart: bulk-band, candidates, mid-widths); with land-sanitize: land-generic
       step land-tests 330 python3 -m pytest packages/moe-generic tests dispatcher/tests -m gpu -q -k "not config_candidates" ;;
