@@ -218,6 +218,13 @@ class GroupedGemm:
         into y (each (pair, row) written once)."""
         cfg = self.cfg
         gscale = ptx.ld_nc_f32(ops.gscale + Int64(e) * 4)
+        if cutlass.const_expr(cfg.phase == "fc2"):
+            # each column's pair (clamped into the tile) and router weight, all loaded before
+            # the first store: loads after a store wait for it, 2 round trips, not 2 per column
+            cols = [ptx.ld_u32(ops.pair_orig + Int64(cutlass.min(p0 + i // 2 * 8 + 2 * q + i % 2,
+                                                                 p1 - 1)) * 4)
+                    for i in range(2 * self.nb)]
+            cols = [(pair, ptx.ld_nc_f32(ops.route_w + Int64(pair) * 4)) for pair in cols]
         for g in cutlass.range_constexpr(cfg.mw):
             row0 = (group0 + g) * 16 + r  # blob row of acc[..., 0/1]; +8 for acc[..., 2/3]
             # bias is always read (zeros when the layer has none): one less compile variant
@@ -234,8 +241,7 @@ class GroupedGemm:
                             self._fc1_store(ops.out, ops.out_stride, p, group0 + g, r, v_lo, v_hi,
                                            ops.act_alpha, ops.act_beta, ops.act_limit)
                         else:
-                            pair = ptx.ld_u32(ops.pair_orig + Int64(p) * 4)
-                            wgt = ptx.ld_nc_f32(ops.route_w + Int64(pair) * 4)
+                            pair, wgt = cols[2 * nb + c]
                             dst = ops.out + (Int64(pair) * Int64(ops.out_stride)) * 4
                             if row0 < ops.out_rows:
                                 ptx.st_f32(dst + Int64(row0) * 4, v_lo * wgt)
