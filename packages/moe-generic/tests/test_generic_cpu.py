@@ -134,6 +134,37 @@ def test_min_ctas_bounds_the_kernel_for_ptxas(tmp_path):
     assert re.search(r"\.maxntid 160, 1, 1", bound) and re.search(r"\.minnctapersm 4\b", bound)
 
 
+_FC2_EPILOGUE_PROBE = """
+from moe_generic.compile_cache import BN_CHOICES, compile_config, config
+for bn in BN_CHOICES:
+    cfg = config("fc2", "nvfp4", "none", bn)
+    open(f"fc2-{bn}-{len(cfg.live_widths)}.txt", "w").write(compile_config(cfg).__ptx__)
+"""
+
+
+def test_fc2_epilogue_loads_before_its_stores(tmp_path):
+    """FC2's epilogue loads every column's pair index (and from it the router weight) before
+    its first store to y. The pair index is a coherent load, kept in program order with the
+    stores, and the weight's load needs it: one per column between the stores made 2 serial
+    round trips per column and group (48 per 48-token tile), now 2 in all. In the PTX: the
+    coherent loads (ld.global.u32) in one run before each epilogue's stores (one epilogue per
+    mainloop body with the producer warp); ptxas schedules the read-only (.nc) loads itself."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = dict(os.environ, CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=str(tmp_path))
+    subprocess.run([sys.executable, "-c", _FC2_EPILOGUE_PROBE], env=env, check=True,
+                   cwd=tmp_path)
+    ptx = {p.stem: p.read_text() for p in Path(tmp_path).glob("fc2-*.txt")}
+    assert len(ptx) == 5, list(ptx)
+    for name, text in ptx.items():
+        ops = "".join("s" if m.startswith("st") else "l"
+                      for m in re.findall(r"\b(ld\.global\.u32|st\.global)", text))
+        bodies = int(name.split("-")[2])
+        assert ops.count("sl") < bodies and ops.count("s") >= 2, (name, ops)
+
 def test_operands_reach_the_kernel_in_field_order():
     """The runner's GemmOperands arrive as the kernel's parameters, one per field, in order and
     with their values (the launcher's marshalling, checked without a GPU)."""

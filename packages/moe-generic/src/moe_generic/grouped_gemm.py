@@ -219,8 +219,8 @@ class GroupedGemm:
         cfg = self.cfg
         gscale = ptx.ld_nc_f32(ops.gscale + Int64(e) * 4)
         if cutlass.const_expr(cfg.phase == "fc2"):
-            # each column's pair (clamped into the tile) and router weight, all loaded before
-            # the first store: loads after a store wait for it, 2 round trips, not 2 per column
+            # every column's pair (clamped into the tile) and router weight before the first
+            # store, not 2 serial round trips per column after it (Qwen3-30B-A3B T=512 -4.5%)
             cols = [ptx.ld_u32(ops.pair_orig + Int64(cutlass.min(p0 + i // 2 * 8 + 2 * q + i % 2,
                                                                  p1 - 1)) * 4)
                     for i in range(2 * self.nb)]
