@@ -180,7 +180,8 @@ for s in "$@"; do
                # (each token row read from L2 once per 256 weight rows, not 128; 2 CTAs per SM at
                # 96 registers) at 32 and 48 tokens. 1. against the reference; 2. timed against the
                # dispatcher's on the presets whose GEMM rows divide by 256, gpt-oss-120b for the
-               # first (ROWS_PART: small = tests + Qwen3-30B-A3B + gpt-oss-120b, large = the rest)
+               # first (ROWS_PART: small = tests + Qwen3-30B-A3B + gpt-oss-120b, large = the rest).
+               # At b57a004: min_ctas=4 level, the 256-row tiles slower at every point (dropped)
       v256='*:warps=8,mw=2,min_ctas=2'
       if [ "${ROWS_PART:-small}" = small ]; then
         step rows-tests 300 python3 -m pytest packages/moe-generic -m gpu -q -k "config_candidates and (min_ctas or 32-warps) and not producer"
@@ -191,7 +192,8 @@ for s in "$@"; do
       fi ;;
     mw4)  # the 32-token tiles as 2 MMA warps x 4 groups (the same 128 x 32 tile; each ldmatrix'd
           # B fragment feeds 4 MMAs instead of 2; 168 registers, 4 CTAs per SM: 8 MMA warps
-          # against 16): 1. against the reference; 2. at the 8- to 24-row points
+          # against 16): 1. against the reference; 2. at the 8- to 24-row points. At ac598e3:
+          # slower at all 10 points, 2-21% (dropped)
       step mw4-tests 200 python3 -m pytest -m gpu -q $(for c in 0 1 2 3; do echo "packages/moe-generic/tests/test_generic_gpu.py::test_config_candidates_match_reference[case$c-32-warps=2,mw=4]"; done)
       step mw4-band 400 python3 tools/band_probe.py --preset $FIVE --tokens 256 512 --bn --kernels auto --config '32:warps=2,mw=4' --seed 1 --json "$OUT/mw4-band.json" ;;
     ncu-routing)  # the single-CTA routing kernel (moe_common.cute.routing.RoutingKernel) at
