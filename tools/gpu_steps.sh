@@ -36,6 +36,9 @@ tree_path() {  # tree dir (or "new"), packages: PYTHONPATH with those packages' 
   fi
   echo "$pp"
 }
+tree_label() {  # the commit label of a tree's bench JSON: ab_<sha> -> <sha>, "new" -> this run's
+  if [ $1 = new ]; then echo "${FUSED_MOE_COMMIT:-}"; else basename $1 | sed 's/^ab_//'; fi
+}
 ab() {  # log prefix, limit_s, kernel, presets, tokens, packages: one bench per tree in $AB_DIRS
         # (those packages' sources first on PYTHONPATH; log <prefix>-<dir name>), then this tree's;
         # AB_SEED fixes the bench's seed (the same routing and data in every tree's run)
@@ -216,7 +219,7 @@ for s in "$@"; do
               # on the work before it: at e68442e unchanged points read up to 5% apart between
               # a full sweep and a short one)
       for d in $AB_DIRS new; do
-        step "band-ab-$(basename $d)" 250 env PYTHONPATH="$(tree_path $d $(cd packages && echo *))" "${BENCH[@]}" --preset $FIVE --tokens ${AB_TOKENS:-64 128 256 512 1024 2048} --kernels auto --no-check --seed 1 --json "$OUT/band-ab-$(basename $d).json"
+        step "band-ab-$(basename $d)" 250 env FUSED_MOE_COMMIT="$(tree_label $d)" PYTHONPATH="$(tree_path $d $(cd packages && echo *))" "${BENCH[@]}" --preset $FIVE --tokens ${AB_TOKENS:-64 128 256 512 1024 2048} --kernels auto --no-check --seed 1 --json "$OUT/band-ab-$(basename $d).json"
       done ;;
     mid-small)  # the 48-token tiles as 8 warps x 1 group on the small-expert presets (faster
                 # there at 3 stages in mid-widths), against the dispatcher's 4 x 2
