@@ -6,7 +6,7 @@
 # Steps: gated-quick gated-tests sanitize-gated bench-gated bench-gated-q bench-gated-all
 #        static-quick static-tests generic-tests sanitize-static sanitize-generic
 #        bench-static bench-generic-large profile ncu-band routing-shape band candidates bulk-band bulk-wide relu2;
-#        bulk-widths, split-small, mid-widths, mid-small, mid-occupancy, rows-256, mw4, ncu-routing,
+#        bulk-widths, split-small, mid-widths, mid-small, rows-256, mw4, ncu-routing,
 #        land-generic (land-tests, land-sanitize), auto-ab (auto-all, band-ab: AB_DIRS, AB_TOKENS),
 #        dispatch-points;
 #        verify (GPU tests + sanitizers), serving (soak + hf bench); A/B in one run against older
@@ -173,11 +173,6 @@ for s in "$@"; do
                  # copies then: between 32 and 48 everywhere)
       step mid-tests 240 python3 -m pytest packages/moe-generic -m gpu -q -k "config_candidates and 48"
       step mid-widths 330 python3 tools/band_probe.py --preset $FIVE --tokens ${BAND_TOKENS:-512 1024} --bn 32 48 --kernels auto --config '48:stages=3' '48:mw=1,warps=8' --seed ${AB_SEED:-1} --json "$OUT/mid-widths.json" ;;
-    mid-occupancy)  # the 48-token tiles compiled for 4 CTAs per SM (GemmConfig.min_ctas: 96
-                    # registers, a few bytes spilled in FC1; 3 CTAs at 112-116 registers without):
-                    # 1. against the reference; 2. at the 32-row points against the dispatcher's
-      step occ-tests 200 python3 -m pytest packages/moe-generic -m gpu -q -k "config_candidates and min_ctas"
-      step mid-occupancy 200 python3 tools/band_probe.py --preset $FIVE --tokens ${BAND_TOKENS:-512 1024} --bn --kernels auto --config '48:min_ctas=4' --seed ${AB_SEED:-1} --json "$OUT/mid-occupancy.json" ;;
     rows-256)  # more MMA warps per SM at the 16- and 32-row points: the 48-token tiles compiled
                # for 4 CTAs (min_ctas=4, 96 registers), and 256-row tiles of 8 warps x 2 groups
                # (each token row read from L2 once per 256 weight rows, not 128; 2 CTAs per SM at

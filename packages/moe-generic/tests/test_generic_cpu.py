@@ -165,6 +165,7 @@ def test_fc2_epilogue_loads_before_its_stores(tmp_path):
         bodies = int(name.split("-")[2])
         assert ops.count("sl") < bodies and ops.count("s") >= 2, (name, ops)
 
+
 def test_operands_reach_the_kernel_in_field_order():
     """The runner's GemmOperands arrive as the kernel's parameters, one per field, in order and
     with their values (the launcher's marshalling, checked without a GPU)."""

@@ -221,10 +221,10 @@ class GroupedGemm:
         if cutlass.const_expr(cfg.phase == "fc2"):
             # every column's pair (clamped into the tile) and router weight before the first
             # store, not 2 serial round trips per column after it (Qwen3-30B-A3B T=512 -4.5%)
-            cols = [ptx.ld_u32(ops.pair_orig + Int64(cutlass.min(p0 + i // 2 * 8 + 2 * q + i % 2,
-                                                                 p1 - 1)) * 4)
-                    for i in range(2 * self.nb)]
-            cols = [(pair, ptx.ld_nc_f32(ops.route_w + Int64(pair) * 4)) for pair in cols]
+            pairs = [ptx.ld_u32(ops.pair_orig + Int64(cutlass.min(p0 + nb * 8 + 2 * q + c,
+                                                                  p1 - 1)) * 4)
+                     for nb in range(self.nb) for c in range(2)]
+            cols = [(pair, ptx.ld_nc_f32(ops.route_w + Int64(pair) * 4)) for pair in pairs]
         for g in cutlass.range_constexpr(cfg.mw):
             row0 = (group0 + g) * 16 + r  # blob row of acc[..., 0/1]; +8 for acc[..., 2/3]
             # bias is always read (zeros when the layer has none): one less compile variant
