@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from moe_common.cute import jit
-from moe_common.cute.routing import MAX_SPLIT_CTAS, PAIRS_PER_SPLIT_CTA
+from moe_common.cute.routing import MAX_SPLIT_CTAS, ONE_CTA_MAX_PAIRS, PAIRS_PER_SPLIT_CTA
 
 
 def _time_us(fn, calls=20, replays=10):
@@ -29,7 +29,7 @@ def _time_us(fn, calls=20, replays=10):
 def main():
     dev = torch.device("cuda")
     for experts in (128, 256):
-        for pairs in (1024, 4096, 8192, 16384, 32768, 65536, 262144):
+        for pairs in (1024, 2048, 4096, 6144, 8192, 16384, 32768, 65536, 262144):
             ids = torch.randint(0, experts, (pairs,), device=dev, dtype=torch.int32)
             order = torch.empty(pairs, dtype=torch.int32, device=dev)
             slots = torch.empty(pairs, dtype=torch.int32, device=dev)
@@ -55,7 +55,9 @@ def main():
                 scatter(ids.data_ptr(), pairs, 0, experts, ctas, hist.data_ptr(), order.data_ptr(),
                         slots.data_ptr(), stream)
 
-            print(f"experts={experts:4d} pairs={pairs:7d}  one CTA {_time_us(single):7.1f} us   "
+            # the one-CTA kernel takes at most ONE_CTA_MAX_PAIRS
+            one_us = f"{_time_us(single):7.1f}" if pairs <= ONE_CTA_MAX_PAIRS else "      -"
+            print(f"experts={experts:4d} pairs={pairs:7d}  one CTA {one_us} us   "
                   f"split over {ctas:2d} CTAs {_time_us(split):7.1f} us", flush=True)
 
 

@@ -35,9 +35,11 @@ def test_paired_order_is_a_permutation_of_each_block():
 
 
 def test_split_routing_thresholds():
-    from moe_common.cute.routing import MAX_SPLIT_CTAS, SPLIT_MIN_PAIRS, split_ctas
+    from moe_common.cute.routing import (MAX_SPLIT_CTAS, ONE_CTA_MAX_PAIRS, SPLIT_MIN_PAIRS,
+                                         split_ctas)
 
     assert split_ctas(SPLIT_MIN_PAIRS - 1) == 0  # one launch for small batches
+    assert split_ctas(ONE_CTA_MAX_PAIRS + 1) > 0  # the one-CTA kernel holds one batch per thread
     assert split_ctas(SPLIT_MIN_PAIRS) > 1
     assert split_ctas(65536 * 32) == MAX_SPLIT_CTAS  # the largest batch the kernels accept
 

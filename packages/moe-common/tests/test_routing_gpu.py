@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from moe_common.cute import jit
-from moe_common.cute.routing import MAX_SPLIT_CTAS, SPLIT_MIN_PAIRS, split_ctas
+from moe_common.cute import routing
+from moe_common.cute.routing import MAX_SPLIT_CTAS, ONE_CTA_MAX_PAIRS, SPLIT_MIN_PAIRS, split_ctas
 
 pytestmark = pytest.mark.gpu
 
@@ -14,14 +15,17 @@ pytestmark = pytest.mark.gpu
 @pytest.mark.parametrize("tokens,top_k,experts,offset,bn,dtype", [
     (3, 2, 8, 0, 8, torch.int32),                       # decode, one CTA
     (1000, 8, 128, 0, 64, torch.int64),                 # one CTA
-    (SPLIT_MIN_PAIRS // 4, 4, 256, 0, 128, torch.int32),  # the split path's smallest batch
+    (ONE_CTA_MAX_PAIRS // 8, 8, 256, 0, 48, torch.int32),  # one CTA's largest batch (forced)
+    (-(-SPLIT_MIN_PAIRS // 4), 4, 256, 0, 128, torch.int32),  # the split path's smallest
     (8192, 8, 128, 64, 128, torch.int64),               # split, expert-parallel slice
     (40000, 6, 1024, 0, 16, torch.int32),               # split, 32 CTAs, E = 1024
 ])
-def test_routing_tables(tokens, top_k, experts, offset, bn, dtype):
+def test_routing_tables(tokens, top_k, experts, offset, bn, dtype, monkeypatch):
     dev = "cuda"
     total = experts + 2 * offset
     P = tokens * top_k
+    if P == ONE_CTA_MAX_PAIRS:  # the one-CTA kernel wherever the split path starts
+        monkeypatch.setattr(routing, "SPLIT_MIN_PAIRS", ONE_CTA_MAX_PAIRS + 1)
     ids = torch.randint(0, total, (tokens, top_k), device=dev, dtype=dtype)
     ids.view(-1)[::97] = -1  # out of any range: dropped
     order = torch.full((P,), -7, dtype=torch.int32, device=dev)
@@ -34,7 +38,7 @@ def test_routing_tables(tokens, top_k, experts, offset, bn, dtype):
     jit.route(ids, P, offset, experts, bn, order, slots, counts, tiles, num_tiles, hist,
               jit.current_stream(torch.device(dev)))
     torch.cuda.synchronize()
-    assert (split_ctas(P) > 0) == (P >= SPLIT_MIN_PAIRS)
+    assert (split_ctas(P) > 0) == (P >= routing.SPLIT_MIN_PAIRS)
 
     local = ids.view(-1).long() - offset
     valid = (local >= 0) & (local < experts)
