@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from moe_common.cute import jit
-from moe_common.cute.routing import MAX_SPLIT_CTAS, ONE_CTA_MAX_PAIRS, PAIRS_PER_SPLIT_CTA
+from moe_common.cute.routing import MAX_SPLIT_CTAS, ONE_CTA_MAX_PAIRS, PAIRS_PER_SPLIT_CTA, RoutingTables
 
 
 def _time_us(fn, calls=20, replays=10):
@@ -37,7 +37,9 @@ def main():
             tiles = torch.empty(3, pairs // 8 + experts, dtype=torch.int32, device=dev)
             num_tiles = torch.empty(1, dtype=torch.int32, device=dev)
             hist = torch.empty(MAX_SPLIT_CTAS + 1, experts, dtype=torch.int32, device=dev)
-            tp = (tiles[0].data_ptr(), tiles[1].data_ptr(), tiles[2].data_ptr())
+            tables = jit.operands(RoutingTables, counts=counts.data_ptr(),
+                                  tile_expert=tiles[0].data_ptr(), tile_start=tiles[1].data_ptr(),
+                                  tile_end=tiles[2].data_ptr(), num_tiles=num_tiles.data_ptr())
             one = jit.routing(4)
             histogram, scan, scatter = jit.routing_split(4)
             ctas = max(1, min(MAX_SPLIT_CTAS, -(-pairs // PAIRS_PER_SPLIT_CTA)))
@@ -46,12 +48,12 @@ def main():
             def single():
                 stream = jit.current_stream(dev)
                 one(ids.data_ptr(), pairs, 0, experts, 128, order.data_ptr(), slots.data_ptr(),
-                    counts.data_ptr(), *tp, num_tiles.data_ptr(), stream)
+                    tables, stream)
 
             def split():
                 stream = jit.current_stream(dev)
                 histogram(ids.data_ptr(), pairs, 0, experts, ctas, hist.data_ptr(), 0, 0, stream)
-                scan(hist.data_ptr(), ctas, experts, 128, counts.data_ptr(), *tp, num_tiles.data_ptr(), stream)
+                scan(hist.data_ptr(), ctas, experts, 128, tables, stream)
                 scatter(ids.data_ptr(), pairs, 0, experts, ctas, hist.data_ptr(), order.data_ptr(),
                         slots.data_ptr(), stream)
 

@@ -161,17 +161,10 @@ class GroupedGemm:
         ptx.grid_dependency_wait()  # first: see jit.PDL
         bidx, bidy, _ = cute.arch.block_idx()
         tile = bidy
-        # the tile's entries are loaded with the tile count, one round trip instead of two: the
-        # table holds an entry for every grid.y index (runner.tiles_capacity), so a CTA past
-        # the count reads stale entries it never uses. The test reads all four (a real tile has
-        # p0 < p1 and e >= 0), so ptxas cannot sink three loads past the exit
-        n_tiles = ptx.ld_u32(ops.num_tiles)
-        e = ptx.ld_u32(ops.tile_expert + Int64(tile) * 4)
-        p0 = ptx.ld_u32(ops.tile_start + Int64(tile) * 4)
-        p1 = ptx.ld_u32(ops.tile_end + Int64(tile) * 4)
-        live = cutlass.select_(tile < n_tiles, Int32(1), Int32(0)) & cutlass.select_(
-            p0 < p1, Int32(1), Int32(0)) & cutlass.select_(e >= 0, Int32(1), Int32(0))
-        if live != 0:
+        if tile < ptx.ld_u32(ops.num_tiles):
+            e = ptx.ld_u32(ops.tile_expert + Int64(tile) * 4)
+            p0 = ptx.ld_u32(ops.tile_start + Int64(tile) * 4)
+            p1 = ptx.ld_u32(ops.tile_end + Int64(tile) * 4)
             warp = tidx // 32
             lane = tidx % 32
             r = lane // 4
@@ -225,11 +218,6 @@ class GroupedGemm:
         into y (each (pair, row) written once)."""
         cfg = self.cfg
         gscale = ptx.ld_nc_f32(ops.gscale + Int64(e) * 4)
-        # every group's bias rows 16g + r, + 8 before the first store (bias is always read, zeros
-        # when the layer has none: one less compile variant)
-        brows = [ops.bias + (Int64(e) * Int64(ops.row_groups * 16) + Int64((group0 + g) * 16 + r))
-                 * 4 for g in range(cfg.mw)]
-        biases = [(ptx.ld_nc_f32(brow), ptx.ld_nc_f32(brow + 32)) for brow in brows]
         if cutlass.const_expr(cfg.phase == "fc2"):
             # every column's pair (clamped into the tile) and router weight before the first
             # store, not 2 serial round trips per column after it (Qwen3-30B-A3B T=512 -4.5%)
@@ -239,7 +227,10 @@ class GroupedGemm:
             cols = [(pair, ptx.ld_nc_f32(ops.route_w + Int64(pair) * 4)) for pair in pairs]
         for g in cutlass.range_constexpr(cfg.mw):
             row0 = (group0 + g) * 16 + r  # blob row of acc[..., 0/1]; +8 for acc[..., 2/3]
-            b_lo, b_hi = biases[g]
+            # bias is always read (zeros when the layer has none): one less compile variant
+            brow = ops.bias + (Int64(e) * Int64(ops.row_groups * 16) + Int64(row0)) * 4
+            b_lo = ptx.ld_nc_f32(brow)
+            b_hi = ptx.ld_nc_f32(brow + 32)
             for nb in cutlass.range_constexpr(self.nb):
                 for c in cutlass.range_constexpr(2):
                     p = p0 + nb * 8 + 2 * q + c
