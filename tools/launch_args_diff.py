@@ -137,7 +137,7 @@ def _named_tensors(inputs: dict, weights, workspace) -> list:
     import torch
 
     named = list(inputs.items())
-    named += [(f"ws.{k}", t) for k, t in workspace._buffers.items()]
+    named += [(f"ws.{k}", t) for k, t in workspace.views.items()]
     for key, entry in weights.kernel_cache.items():
         fields = (dataclasses.asdict(entry).keys() if dataclasses.is_dataclass(entry)
                   else entry.keys() if isinstance(entry, dict) else ())
@@ -154,8 +154,12 @@ def _named_tensors(inputs: dict, weights, workspace) -> list:
 
 
 def _symbolizer(named: list):
-    """value -> text: a tensor's name (+offset) for an address inside it, fp32 for floats."""
-    spans = [(n, t.data_ptr(), t.numel() * t.element_size()) for n, t in named]
+    """value -> text: a tensor's name (+offset) for an address inside it, fp32 for floats. An
+    address inside a tensor of rows reads as its row and the offset in it (name[row]+offset):
+    a buffer's row length (the routing table's tile capacity) is a sizing choice, its rows are
+    what a kernel parameter must point to."""
+    spans = [(n, t.data_ptr(), t.numel() * t.element_size(),
+              t.stride(0) * t.element_size() if t.dim() > 1 else 0) for n, t in named]
     unknown: dict = {}
 
     def symbol(v) -> str:
@@ -167,12 +171,16 @@ def _symbolizer(named: list):
             return repr(struct.unpack("f", struct.pack("f", v))[0])
         if not isinstance(v, int):
             return f"<{type(v).__name__}>"
-        exact = [n for n, p, _ in spans if p == v]
+        exact = [n for n, p, _, _ in spans if p == v]
         if exact:
             return exact[0]
-        inside = [(n, v - p) for n, p, size in spans if p < v < p + size]
+        inside = [(n, v - p, row) for n, p, size, row in spans if p < v < p + size]
         if inside:
-            return f"{inside[0][0]}+{inside[0][1]}"
+            n, off, row = inside[0]
+            if row:
+                r, off = divmod(off, row)
+                n = f"{n}[{r}]"
+            return f"{n}+{off}" if off else n
         if v >= POINTER_MIN:
             return unknown.setdefault(v, f"unknown-pointer-{len(unknown)}")
         return repr(v)
@@ -218,7 +226,19 @@ def _run_case(case: dict, launches: list) -> list:
     if case["ids64"]:
         topk_ids = topk_ids.long()
     out = torch.empty(case["tokens"], case["hidden"], dtype=torch.bfloat16)
-    ws = Workspace()
+
+    class ShapedWorkspace(Workspace):
+        """Keeps each buffer as the runner shaped it (the symbolizer names rows)."""
+
+        def __init__(self):
+            super().__init__()
+            self.views = {}
+
+        def get(self, name, *a, **kw):
+            self.views[name] = super().get(name, *a, **kw)
+            return self.views[name]
+
+    ws = ShapedWorkspace()
     runner = __import__(KERNEL_PACKAGES[case["package"]] + ".runner", fromlist=["run"])
     if case["generic_bn"]:
         runner.pick_bn = lambda pairs, experts, bn=case["generic_bn"]: bn
