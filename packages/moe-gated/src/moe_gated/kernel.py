@@ -76,18 +76,12 @@ from .limits import ACTIVATIONS
 # +- 16 routed pairs per expert (DeepSeek-V3, gpt-oss-120b at T=8192) half the experts then
 # had a leftover tile of a few tokens costing ~40% of a full one; 288 takes them in one pass,
 # 7.8-8.0% faster there (BENCHMARKS.md). 320 makes ptxas serialize the wgmmas (C7512).
-# "narrow" (64 x 2: the tall rows, 64-token tiles) is for experts of a few dozen routed rows:
-# its smaller stages let 6 K-tiles fill at once instead of 4 (NARROW_STAGES).
-GEOMETRIES = {"wide": (288, 1), "tall": (128, 2), "narrow": (64, 2)}
+GEOMETRIES = {"wide": (288, 1), "tall": (128, 2)}
 # MMA widths per tile size: a tile's token count is rounded up to one of these. Widths above
 # 256 issue two wgmmas per slab, 256 + the rest, on one decoded A; beside them, a 192 width
 # made ptxas serialize the wgmmas (C7512) or spill (every width is its own mainloop)
-WIDTHS = {64: (64, 32), 128: (128, 96, 64, 32), 288: (288, 256, 128, 64, 32)}
+WIDTHS = {128: (128, 96, 64, 32), 288: (288, 256, 128, 64, 32)}
 MAX_STAGES = 4  # (2 stages measured 29-32% slower at T=8192: BENCHMARKS.md, 8f0f6f9)
-# at 32 routed rows per expert (DeepSeek-V3 T=1024, tall) the consumer warps spent 38% of their
-# stall samples waiting for a stage's copies (ncu at 778f9f1); the narrow geometry's stages are
-# small enough for 6
-NARROW_STAGES = 8
 # B (tokens) in shared memory and in the tile-blocked buffers: per K-tile two 64-column halves
 # (HALF_BYTES x tokens apart), each 8 tokens x 64 columns = 1024 bytes per 8-token group: FC1's
 # token rows in the 128-byte swizzle (moe_gated.row_scatter), FC2's intermediate as K-major
@@ -201,8 +195,6 @@ class GatedGemm:
         if self.split:
             self.stage_bytes = _align(self.b_bytes // 2 + self.a_bytes)
         max_stages = 2 * MAX_STAGES if self.split else MAX_STAGES
-        if cfg.geometry == "narrow":
-            max_stages = NARROW_STAGES
         self.stages = min(max_stages, (SMEM_PER_CTA - fixed) // (self.stage_bytes + 16))
         # shared memory: the stages, then 8-byte mbarriers (full[stages], empty[stages],
         # item_full[ITEM_SLOTS]), the work-item ring (ITEM_BYTES per slot), then per phase

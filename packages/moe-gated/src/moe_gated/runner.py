@@ -32,14 +32,10 @@ from .limits import KERNEL_NAME
 # gpt-oss-120b T=8192); at 128, 1-3% slower (DeepSeek-V3, gpt-oss-120b T=4096, Qwen3-30B-A3B
 # T=2048); at 64, 24-26% slower (DeepSeek-V3, gpt-oss-120b T=2048).
 WIDE_MIN_PAIRS_PER_EXPERT = 256
-# Below this mean the narrow geometry (64-token tiles, 6 stages in flight instead of 4)
-NARROW_BELOW_PAIRS_PER_EXPERT = 64
 
 
 def geometry_for(pairs: int, local_experts: int) -> str:
-    if pairs >= WIDE_MIN_PAIRS_PER_EXPERT * local_experts:
-        return "wide"
-    return "narrow" if pairs < NARROW_BELOW_PAIRS_PER_EXPERT * local_experts else "tall"
+    return "wide" if pairs >= WIDE_MIN_PAIRS_PER_EXPERT * local_experts else "tall"
 
 
 def tiles_capacity(pairs: int, local_experts: int, bn: int) -> int:
