@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from moe_common.cute import jit
-from moe_common.cute.routing import MAX_SPLIT_CTAS, ONE_CTA_MAX_PAIRS, PAIRS_PER_SPLIT_CTA, RoutingTables
+from moe_common.cute.routing import (MAX_SPLIT_CTAS, ONE_CTA_MAX_PAIRS, PAIRS_PER_SPLIT_CTA,
+                                     RoutingTables)
 
 
 def _time_us(fn, calls=20, replays=10):

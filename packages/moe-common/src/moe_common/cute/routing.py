@@ -159,8 +159,8 @@ class RoutingKernel(_PairIds):
         # 1. one batch of ids per thread (pairs <= ONE_CTA_MAX_PAIRS); the histogram's atomic
         #    returns each pair's rank among its expert's pairs, kept in registers as
         #    (rank << RANK_SHIFT) | expert, NO_EXPERT for a pair not routed here (8 registers,
-        #    not 16: the kernel is held to 64). A second pass of id loads and cursor atomics
-        #    did the placing before: 10.8 us at 8192 pairs at 49e7d0d
+        #    not 16: the kernel is held to 64). As fast as the second pass of id loads and
+        #    cursor atomics it replaced (BENCHMARKS.md), in one pass of code
         es = self._experts(ids, tid, THREADS, pairs, expert_offset, experts)
         held = []
         for u in cutlass.range_constexpr(BATCH):
