@@ -5,8 +5,7 @@ from __future__ import annotations
 import torch
 
 from moe_common.cute import jit
-from moe_common.cute.routing import (MAX_SPLIT_CTAS, ONE_CTA_MAX_PAIRS, PAIRS_PER_SPLIT_CTA,
-                                     RoutingTables)
+from moe_common.cute.routing import MAX_SPLIT_CTAS, ONE_CTA_MAX_PAIRS, PAIRS_PER_SPLIT_CTA
 
 
 def _time_us(fn, calls=20, replays=10):
@@ -38,9 +37,7 @@ def main():
             tiles = torch.empty(3, pairs // 8 + experts, dtype=torch.int32, device=dev)
             num_tiles = torch.empty(1, dtype=torch.int32, device=dev)
             hist = torch.empty(MAX_SPLIT_CTAS + 1, experts, dtype=torch.int32, device=dev)
-            tables = jit.operands(RoutingTables, counts=counts.data_ptr(),
-                                  tile_expert=tiles[0].data_ptr(), tile_start=tiles[1].data_ptr(),
-                                  tile_end=tiles[2].data_ptr(), num_tiles=num_tiles.data_ptr())
+            tables = jit.routing_tables(counts, tiles, num_tiles)
             one = jit.routing(4)
             histogram, scan, scatter = jit.routing_split(4)
             ctas = max(1, min(MAX_SPLIT_CTAS, -(-pairs // PAIRS_PER_SPLIT_CTA)))

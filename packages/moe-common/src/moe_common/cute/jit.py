@@ -255,18 +255,26 @@ def routing_split(ids_nbytes: int):
     return passes[0], scan, passes[1]
 
 
+def routing_tables(counts, tiles, num_tiles):
+    """The routing kernels' RoutingTables bundle over the tables' tensors (counts [E], tiles
+    [3, capacity], num_tiles [1]; int32)."""
+    from .routing import RoutingTables
+
+    return operands(RoutingTables, counts=counts.data_ptr(), tile_expert=tiles[0].data_ptr(),
+                    tile_start=tiles[1].data_ptr(), tile_end=tiles[2].data_ptr(),
+                    num_tiles=num_tiles.data_ptr())
+
+
 def route(ids, pairs: int, expert_offset: int, experts: int, bn: int, order, slots, counts,
           tiles, num_tiles, hist, stream):
     """Routing tables (see routing.py) on `stream`: the one-CTA kernel for small batches, the
     split path over routing.split_ctas(pairs) CTAs otherwise. ids: topk_ids (contiguous);
     order/slots/counts/num_tiles: int32 tensors; tiles: int32 [3, capacity]; hist: int32
     [routing.MAX_SPLIT_CTAS + 1, experts] scratch."""
-    from .routing import RoutingTables, split_ctas
+    from .routing import split_ctas
 
     idb = ids.element_size()
-    tables = operands(RoutingTables, counts=counts.data_ptr(), tile_expert=tiles[0].data_ptr(),
-                      tile_start=tiles[1].data_ptr(), tile_end=tiles[2].data_ptr(),
-                      num_tiles=num_tiles.data_ptr())
+    tables = routing_tables(counts, tiles, num_tiles)
     ctas = split_ctas(pairs)
     if ctas == 0:
         routing(idb)(ids.data_ptr(), pairs, expert_offset, experts, bn, order.data_ptr(),
