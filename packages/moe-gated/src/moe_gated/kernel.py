@@ -207,7 +207,6 @@ class GatedGemm:
         self.ep_off = self.item_off + ITEM_BYTES * ITEM_SLOTS
         self.smem_bytes = self.ep_off + ep_bytes
         assert self.stages >= 3 and self.smem_bytes <= SMEM_PER_CTA, (self.stages, self.smem_bytes)
-        assert 2 * self.groups <= 32  # one producer lane per copy of a K-tile's weights
         assert self.bn % STG_TOKENS == 0 and self.bn <= 512  # FC1's epilogue blocks; wgmma
         assert self.gpw in (1, 2)  # FC2 stores a token's values with one 8- or 16-byte store
 
@@ -294,26 +293,17 @@ class GatedGemm:
             self._post_item(s_base, lane, i, item, e, p0, p1)
             width, per, sub, a_off, half = self._item_layout(p1 - p0)
             b_copy = width * HALF_BYTES  # each half's first (MMA width) tokens
-            # lane l < 2 x groups copies group l // 2 of the row tile: l even its codes, l odd
-            # its scales
-            cgroup = rt * (self.row_tile // 16) + lane // 2
-            ctile = (Int64(e) * Int64(ops.row_groups) + Int64(cgroup)) * Int64(ops.k_tiles)
-            csrc = ops.wblob + ctile * 1024
-            cbytes = Int32(1024)
-            cdst = a_off + (lane // 2) * self.a_group_bytes
-            cstep = Int64(1024)
-            if lane % 2 == 1:
-                csrc = ops.sblob + ctile * self.scale_bytes
-                cbytes = Int32(self.scale_bytes)
-                cdst = cdst + 1024
-                cstep = Int64(self.scale_bytes)
-            copy_ok = lane < 2 * self.groups and cgroup < ops.row_groups
+            # the row tile's weight groups (fewer in a partial row tile): group j's K-tile kt
+            # at (first + j x k_tiles + kt) x (its codes' or scales' bytes)
             groups_here = ops.row_groups - rt * (self.row_tile // 16)
             if groups_here > self.row_tile // 16:
                 groups_here = Int32(self.row_tile // 16)
-            a_tx = groups_here * self.a_group_bytes
+            first = (Int64(e) * Int64(ops.row_groups) + Int64(rt * (self.row_tile // 16))) \
+                * Int64(ops.k_tiles)
+            a_src = (ops.wblob + first * 1024, ops.sblob + first * self.scale_bytes,
+                     Int64(ops.k_tiles), groups_here)
             b_tile = ops.b_blocked + Int64(tile) * Int64(ops.k_tiles) * self.b_bytes
-            src = (b_tile, b_copy, half, sub, csrc, cstep, cdst, cbytes, copy_ok, a_tx)
+            src = (b_tile, b_copy, half, sub, a_off, a_src)
             if per > 0:
                 for kt0 in cutlass.range(0, ops.k_tiles, per, unroll=1):
                     self._produce(s_base, lane, g, kt0, cutlass.min(per, ops.k_tiles - kt0), 0,
@@ -340,10 +330,14 @@ class GatedGemm:
     def _produce(self, s_base, lane, g, kt0, n_kt, halves: cutlass.Constexpr, src):
         """Copy K-tiles kt0 .. kt0 + n_kt - 1 into stage g once its previous use is released:
         both halves of B and A (halves 0), or B's first half and A (1), or its second half (2).
-        src: the item's (B tile, bytes per B half, the second half's offset, K-tile stride, A
-        source, A source stride per K-tile, A destination, A bytes, this lane copies A, A's
-        transaction bytes)."""
-        b_tile, b_copy, half, sub, csrc, cstep, cdst, cbytes, copy_ok, a_tx = src
+        src: the item's (B tile, bytes per B half, the second half's offset, K-tile stride,
+        A's offset in a K-tile, A's sources: codes and scales of the row tile's first group at
+        K-tile 0, K-tiles per group, groups in the row tile).
+
+        One elected lane issues every copy from uniform registers (ptx.bulk_copies_g2s_elected);
+        a copy per lane (lane 2j + 1 group j's scales) made ptxas loop over the active lanes,
+        ~9 SASS instructions per copy with a branch, 32 copies per K-tile in series."""
+        b_tile, b_copy, half, sub, a_off, a_src = src
         hbs = [0, 1] if halves == 0 else [halves - 1]
         s = g % self.stages
         # the stage's previous use released by every consumer warp (the first use of each
@@ -352,19 +346,25 @@ class GatedGemm:
         stage = s_base + s * self.stage_bytes
         bar = s_base + self.full_off + s * 8
         with_a = halves < 2  # A comes with B's first half
-        if lane == 0:
-            ptx.mbarrier_arrive_expect_tx(bar, n_kt * (len(hbs) * b_copy + (a_tx if with_a else 0)))
-        cute.arch.sync_warp()  # the expected bytes before any copy can complete
+        tx = len(hbs) * b_copy + (a_src[3] * self.a_group_bytes if with_a else 0)
+        ptx.bulk_copies_g2s_elected(bar, n_kt * tx, [])  # before any copy can complete on it
         for q in cutlass.range(n_kt, unroll=1):
             kt = kt0 + q
             at = stage + q * sub
-            if lane == 0:
-                for n, hb in enumerate(hbs):
-                    ptx.bulk_copy_g2s(at + n * half, b_tile + Int64(kt) * self.b_bytes
-                                      + hb * (self.b_bytes // 2), b_copy, bar)
+            ptx.bulk_copies_g2s_elected(
+                bar, None, [(at + n * half, b_tile + Int64(kt) * self.b_bytes
+                             + hb * (self.b_bytes // 2), b_copy) for n, hb in enumerate(hbs)])
             if cutlass.const_expr(with_a):
-                if copy_ok:
-                    ptx.bulk_copy_g2s(at + cdst, csrc + Int64(kt) * cstep, cbytes, bar)
+                self._copy_a(at + a_off, kt, a_src, bar)
+
+    @cute.jit
+    def _copy_a(self, dst, kt, a_src, bar):
+        """Copy K-tile kt of the row tile's weight groups to dst, [codes | scales] per group."""
+        codes, scales, k_tiles, groups_here = a_src
+        ptx.bulk_copy_groups_g2s_elected(
+            bar, dst, (codes + Int64(kt) * 1024, scales + Int64(kt) * self.scale_bytes),
+            (k_tiles * 1024, k_tiles * self.scale_bytes), (1024, self.scale_bytes), self.groups,
+            self.a_group_bytes, groups_here)
 
     @cute.jit
     def _item_layout(self, cnt):

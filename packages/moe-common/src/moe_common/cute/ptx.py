@@ -563,18 +563,51 @@ def bulk_copy_g2s(smem_addr, gmem_addr, nbytes, mbar, *, loc=None, ip=None):
 
 
 @dsl_user_op
+def bulk_copy_groups_g2s_elected(mbar, dst, srcs, strides, nbytes, groups: int, dst_step: int,
+                                 live, *, loc=None, ip=None):
+    """One elected lane of a converged warp copies `groups` groups of regions (global ->
+    shared), completing on the mbarrier: group j's region r (of len(srcs)) is nbytes[r] bytes
+    from srcs[r] + j x strides[r] (64-bit) to dst + j x dst_step + sum(nbytes[:r]); groups
+    j >= live (a run-time count) are skipped. The walk over the groups is in the asm block, so
+    the compiler cannot hoist a base address per group and region out of the caller's loop
+    (that spilled moe-gated's 40-register producer: 32 64-bit addresses)."""
+    n = len(srcs)
+    ops = [Int32(mbar).ir_value(loc=loc, ip=ip), Int32(dst).ir_value(loc=loc, ip=ip),
+           _i32(live, loc, ip)]
+    ops += [Int64(a).ir_value(loc=loc, ip=ip) for a in srcs]
+    ops += [Int64(a).ir_value(loc=loc, ip=ip) for a in strides]
+    text = ["{", ".reg .pred p, q;", ".reg .b32 d;",
+            f".reg .b64 a<{n}>;", "elect.sync _|p, 0xffffffff;", "mov.b32 d, $1;"]
+    text += [f"mov.b64 a{r}, ${3 + r};" for r in range(n)]
+    for j in range(groups):
+        if j > 0:
+            text += [f"setp.gt.and.s32 q, $2, {j}, p;", "add.u32 d, d, %d;" % dst_step]
+            text += [f"add.s64 a{r}, a{r}, ${3 + n + r};" for r in range(n)]
+        off = 0
+        for r in range(n):
+            text.append(f"@{'q' if j else 'p'} {_BULK_G2S} [d+{off}], [a{r}], {nbytes[r]}, [$0];")
+            off += nbytes[r]
+    _stmt(ops, "\n".join(text + ["}"]), ",".join(["r", "r", "r"] + ["l"] * (2 * n)))
+
+
+@dsl_user_op
 def bulk_copies_g2s_elected(mbar, tx_bytes, copies, *, loc=None, ip=None):
     """One lane of a converged warp, chosen by elect.sync, arrives on the mbarrier expecting
-    tx_bytes and starts the bulk copies (global -> shared) `copies`, (dst, src, nbytes) each,
-    that complete on it. Every lane passes the same operands. Under elect.sync ptxas issues
-    each copy once from uniform registers; under `if lane == 0` it wraps each in a loop over
-    the active lanes' values (~25 SASS instructions a copy, moe-static's _fill)."""
-    ops = [Int32(mbar).ir_value(loc=loc, ip=ip), _i32(tx_bytes, loc, ip)]
-    text = ["{", ".reg .pred p;", ".reg .b64 st;", "elect.sync _|p, 0xffffffff;",
-            "@p mbarrier.arrive.expect_tx.shared::cta.b64 st, [$0], $1;"]
+    tx_bytes (None: no arrival) and starts the bulk copies (global -> shared) `copies`,
+    (dst, src, nbytes) each, that complete on it. Every lane passes the same operands. Under
+    elect.sync ptxas issues each copy once from uniform registers; under `if lane == 0` it wraps
+    each in a loop over the active lanes' values (~25 SASS instructions a copy, moe-static's
+    _fill)."""
+    ops = [Int32(mbar).ir_value(loc=loc, ip=ip)]
+    text = ["{", ".reg .pred p;", "elect.sync _|p, 0xffffffff;"]
+    if tx_bytes is not None:
+        ops.append(_i32(tx_bytes, loc, ip))
+        text[2:2] = [".reg .b64 st;"]
+        text.append("@p mbarrier.arrive.expect_tx.shared::cta.b64 st, [$0], $1;")
     for dst, src, n in copies:
         k = len(ops)
         ops += [Int32(dst).ir_value(loc=loc, ip=ip), Int64(src).ir_value(loc=loc, ip=ip),
                 _i32(n, loc, ip)]
         text.append(f"@p {_BULK_G2S} [${k}], [${k + 1}], ${k + 2}, [$0];")
-    _stmt(ops, "\n".join(text + ["}"]), ",".join(["r", "r"] + ["r", "l", "r"] * len(copies)))
+    _stmt(ops, "\n".join(text + ["}"]), ",".join(["r"] * (len(ops) - 3 * len(copies))
+                                                  + ["r", "l", "r"] * len(copies)))
