@@ -222,8 +222,9 @@ for s in "$@"; do
     dispatch-points)  # each kernel forced where the dispatcher's cutovers lie (JSON for
                       # tests/test_dispatch_measured.py): moe-static against moe-generic at
                       # T = 32-128, moe-generic against moe-gated at T = 512-2048
-      step static-points 200 "${BENCH[@]}" --preset $FIVE --tokens 32 64 128 --kernels moe-static moe-generic --no-check --seed 1 --json "$OUT/static-points.json"
-      step cutover-points 300 "${BENCH[@]}" --preset $FIVE --tokens 512 1024 2048 --kernels moe-generic moe-gated --no-check --seed 1 --json "$OUT/cutover-points.json" ;;
+      bash "$0" static-points cutover-points ;;
+    static-points) step static-points 200 "${BENCH[@]}" --preset $FIVE --tokens 32 64 128 --kernels moe-static moe-generic --no-check --seed 1 --json "$OUT/static-points.json" ;;
+    cutover-points) step cutover-points 300 "${BENCH[@]}" --preset $FIVE --tokens 512 1024 2048 --kernels moe-generic moe-gated --no-check --seed 1 --json "$OUT/cutover-points.json" ;;
     relu2)  # moe-gated's relu2 path: its GPU tests, then nemotron-relu2 with each kernel forced
       step relu2-tests 300 python3 -m pytest packages/moe-gated -m gpu -q -k "relu2 or geometry"
       step relu2-bench 400 "${BENCH[@]}" --preset nemotron-relu2 --tokens 256 512 1024 2048 8192 --kernels auto moe-gated moe-generic --no-check --json "$OUT/relu2-bench.json" ;;
