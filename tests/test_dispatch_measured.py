@@ -34,6 +34,9 @@ MEASURED = [
     "2026-12-02-h200-b7f4ca8-static-points.json", "2026-12-02-h200-b7f4ca8-cutover.json",
     # moe-static against moe-generic below one routed row per large expert (T = 8, 16)
     "2026-12-02-h200-dbc99f5-static-small.json",
+    # after moe-gated's producer issued its copies from one elected lane: moe-generic against
+    # moe-gated at T = 512-2048
+    "2026-12-03-h200-361f507-cutover.json",
 ]
 # file -> {row kernel label: tile width}: moe-generic with its width forced, one run of the tree
 # named; at ea2bbc3 the dispatcher ran 32-token tiles below 64 routed rows per expert, and

@@ -301,18 +301,18 @@ class GatedGemm:
             first = (Int64(e) * Int64(ops.row_groups) + Int64(rt * (self.row_tile // 16))) \
                 * Int64(ops.k_tiles)
             a_src = (ops.wblob + first * 1024, ops.sblob + first * self.scale_bytes,
-                     Int64(ops.k_tiles), groups_here)
+                     ops.k_tiles, groups_here)
             b_tile = ops.b_blocked + Int64(tile) * Int64(ops.k_tiles) * self.b_bytes
             src = (b_tile, b_copy, half, sub, a_off, a_src)
             if per > 0:
                 for kt0 in cutlass.range(0, ops.k_tiles, per, unroll=1):
-                    self._produce(s_base, lane, g, kt0, cutlass.min(per, ops.k_tiles - kt0), 0,
+                    self._produce(s_base, g, kt0, cutlass.min(per, ops.k_tiles - kt0), 0,
                                   src)
                     g = g + 1
             else:  # a K-tile over two stages: [B's first half | A], [B's second half]
                 for kt in cutlass.range(ops.k_tiles, unroll=1):
                     for h in cutlass.range_constexpr(2):
-                        self._produce(s_base, lane, g, kt, 1, h + 1, src)
+                        self._produce(s_base, g, kt, 1, h + 1, src)
                         g = g + 1
             i = i + 1
             if lane == 0:
@@ -327,16 +327,18 @@ class GatedGemm:
                 ptx.st_u32(ops.queue + 4, 0)
 
     @cute.jit
-    def _produce(self, s_base, lane, g, kt0, n_kt, halves: cutlass.Constexpr, src):
+    def _produce(self, s_base, g, kt0, n_kt, halves: cutlass.Constexpr, src):
         """Copy K-tiles kt0 .. kt0 + n_kt - 1 into stage g once its previous use is released:
         both halves of B and A (halves 0), or B's first half and A (1), or its second half (2).
         src: the item's (B tile, bytes per B half, the second half's offset, K-tile stride,
         A's offset in a K-tile, A's sources: codes and scales of the row tile's first group at
         K-tile 0, K-tiles per group, groups in the row tile).
 
-        One elected lane issues every copy from uniform registers (ptx.bulk_copies_g2s_elected);
-        a copy per lane (lane 2j + 1 group j's scales) made ptxas loop over the active lanes,
-        ~9 SASS instructions per copy with a branch, 32 copies per K-tile in series."""
+        One elected lane issues every copy from uniform registers (ptx.bulk_copies_g2s_elected,
+        ptx.bulk_copy_groups_g2s_elected). A copy per lane (lane 2j: group j's codes, 2j + 1 its
+        scales) made ptxas loop over the active lanes, ~9 SASS instructions and a branch per
+        copy, 32 copies per K-tile in series: the producer could not keep up with narrow items
+        (moe-gated 17-32% slower at 16-64 routed rows per expert, BENCHMARKS.md)."""
         b_tile, b_copy, half, sub, a_off, a_src = src
         hbs = [0, 1] if halves == 0 else [halves - 1]
         s = g % self.stages
@@ -362,9 +364,8 @@ class GatedGemm:
         """Copy K-tile kt of the row tile's weight groups to dst, [codes | scales] per group."""
         codes, scales, k_tiles, groups_here = a_src
         ptx.bulk_copy_groups_g2s_elected(
-            bar, dst, (codes + Int64(kt) * 1024, scales + Int64(kt) * self.scale_bytes),
-            (k_tiles * 1024, k_tiles * self.scale_bytes), (1024, self.scale_bytes), self.groups,
-            self.a_group_bytes, groups_here)
+            bar, dst, (codes + Int64(kt) * 1024, scales + Int64(kt) * self.scale_bytes), k_tiles,
+            (1024, self.scale_bytes), self.groups, self.a_group_bytes, groups_here)
 
     @cute.jit
     def _item_layout(self, cnt):

@@ -16,14 +16,14 @@ MAX_TOKENS = 65536
 DIM_MULTIPLE = 32
 # Mean routed rows per local expert (T * top_k / E) from which moe-gated bids above moe-generic.
 # Below 256 rows per expert its tiles are 128 tokens wide (MMA 32..128 wide, the tall geometry);
-# below a tile or so per expert moe-generic's narrow tiles win. Measured on the H200, each
-# kernel forced in one run of b7f4ca8 (`tools/gpu_steps.sh dispatch-points`,
-# benchmarks/2026-12-02-h200-b7f4ca8-cutover.json), moe-gated's time over moe-generic's (whose
-# 32-token tiles stream by bulk copies): at 32 rows 1.05-1.10 on all four presets there
-# (DeepSeek-V3 3886.2 against 3663.6 us, gpt-oss-120b 1163.9 / 1055.4, Qwen3-30B-A3B 252.6 /
-# 235.7, Qwen3.5-35B 349.0 / 333.0); at 48 rows 0.89 (nemotron-relu2 548.5 / 619.5); at 64 rows
-# and more 0.59-0.72 on all five. relu2 layers take the same cutover (nemotron-relu2).
-CUTOVER_ROWS_PER_EXPERT = 48
+# below about a quarter tile per expert moe-generic's narrow tiles win. Measured on the H200,
+# each kernel forced in one run of 361f507 (`tools/gpu_steps.sh cutover-points`,
+# benchmarks/2026-12-03-h200-361f507-cutover.json), moe-gated's time over moe-generic's: at 16
+# rows 1.14-1.18 (DeepSeek-V3, gpt-oss-120b, Qwen3.5-35B), at 24 rows 1.02 (nemotron-relu2
+# T=512), at 32 rows 0.88-0.93 on all four presets there (DeepSeek-V3 T=1024 3021 against 3286
+# us), at 48 rows and more 0.55-0.76. relu2 layers take the same cutover. It was 48 before
+# moe-gated's producer issued its copies from one elected lane (at 32 rows 1.05-1.10, b7f4ca8).
+CUTOVER_ROWS_PER_EXPERT = 32
 
 
 def unsupported_reason(shape, activation):

@@ -563,31 +563,34 @@ def bulk_copy_g2s(smem_addr, gmem_addr, nbytes, mbar, *, loc=None, ip=None):
 
 
 @dsl_user_op
-def bulk_copy_groups_g2s_elected(mbar, dst, srcs, strides, nbytes, groups: int, dst_step: int,
-                                 live, *, loc=None, ip=None):
-    """One elected lane of a converged warp copies `groups` groups of regions (global ->
-    shared), completing on the mbarrier: group j's region r (of len(srcs)) is nbytes[r] bytes
-    from srcs[r] + j x strides[r] (64-bit) to dst + j x dst_step + sum(nbytes[:r]); groups
-    j >= live (a run-time count) are skipped. The walk over the groups is in the asm block, so
-    the compiler cannot hoist a base address per group and region out of the caller's loop
-    (that spilled moe-gated's 40-register producer: 32 64-bit addresses)."""
+def bulk_copy_groups_g2s_elected(mbar, dst, srcs, group_stride, nbytes, groups: int,
+                                 dst_step: int, live, *, loc=None, ip=None):
+    """One elected lane of a converged warp copies min(live, groups) groups of regions (global
+    -> shared) that complete on the mbarrier: group j's region r (of len(srcs)) is nbytes[r]
+    bytes from srcs[r] + j x group_stride x nbytes[r] to dst + j x dst_step + sum(nbytes[:r])
+    (live, group_stride: run-time Int32). ptxas issues the copies from uniform registers, as
+    under bulk_copies_g2s_elected. The walk over the groups is a loop inside the asm block
+    (its labels are local to the braces): unrolled, the compiler hoisted an address per group
+    and region out of the caller's K-tile loop and moe-gated spilled (its 40-register producer,
+    and 52 bytes in the consumers of the wide FC1, whose own PTX had not changed)."""
     n = len(srcs)
     ops = [Int32(mbar).ir_value(loc=loc, ip=ip), Int32(dst).ir_value(loc=loc, ip=ip),
-           _i32(live, loc, ip)]
+           _i32(live, loc, ip), _i32(group_stride, loc, ip)]
     ops += [Int64(a).ir_value(loc=loc, ip=ip) for a in srcs]
-    ops += [Int64(a).ir_value(loc=loc, ip=ip) for a in strides]
-    text = ["{", ".reg .pred p, q;", ".reg .b32 d;",
-            f".reg .b64 a<{n}>;", "elect.sync _|p, 0xffffffff;", "mov.b32 d, $1;"]
-    text += [f"mov.b64 a{r}, ${3 + r};" for r in range(n)]
-    for j in range(groups):
-        if j > 0:
-            text += [f"setp.gt.and.s32 q, $2, {j}, p;", "add.u32 d, d, %d;" % dst_step]
-            text += [f"add.s64 a{r}, a{r}, ${3 + n + r};" for r in range(n)]
-        off = 0
-        for r in range(n):
-            text.append(f"@{'q' if j else 'p'} {_BULK_G2S} [d+{off}], [a{r}], {nbytes[r]}, [$0];")
-            off += nbytes[r]
-    _stmt(ops, "\n".join(text + ["}"]), ",".join(["r", "r", "r"] + ["l"] * (2 * n)))
+    text = ["{", ".reg .pred p, q;", ".reg .b32 d, j, m;", f".reg .b64 a<{n}>, s<{n}>;",
+            "elect.sync _|p, 0xffffffff;", "mov.b32 d, $1;", "min.s32 m, $2, %d;" % groups,
+            "mov.b32 j, 0;"]
+    text += [f"mov.b64 a{r}, ${4 + r};" for r in range(n)]
+    text += [f"mul.wide.s32 s{r}, $3, {nbytes[r]};" for r in range(n)]
+    text += ["@!p bra DONE;", "LOOP:", "setp.lt.s32 q, j, m;", "@!q bra.uni DONE;"]
+    off = 0
+    for r in range(n):
+        text.append(f"{_BULK_G2S} [d+{off}], [a{r}], {nbytes[r]}, [$0];")
+        off += nbytes[r]
+    text += ["add.u32 d, d, %d;" % dst_step, "add.s32 j, j, 1;"]
+    text += [f"add.s64 a{r}, a{r}, s{r};" for r in range(n)]
+    text += ["bra.uni LOOP;", "DONE:"]
+    _stmt(ops, "\n".join(text + ["}"]), ",".join(["r"] * 4 + ["l"] * n))
 
 
 @dsl_user_op
