@@ -55,7 +55,7 @@ for s in "$@"; do
     gated-tests) step gated-tests 200 python3 -m pytest packages/moe-gated -m gpu -q -x ;;
     all-tests) step all-tests 400 python3 -m pytest packages tests dispatcher/tests -m gpu -q ;;
     sanitize-gated) step sanitize-gated 200 compute-sanitizer --tool memcheck --report-api-errors no python3 tools/gpu_check.py --kernel gated --sanitize ;;
-    racecheck-gated) step racecheck-gated 240 compute-sanitizer --tool racecheck --report-api-errors no --error-exitcode 9 python3 tools/gpu_check.py --kernel gated --sanitize ;;
+    racecheck-gated) step racecheck-gated 240 compute-sanitizer --tool racecheck --report-api-errors no --error-exitcode 9 python3 tools/gpu_check.py --kernel gated --sanitize --first ${RACE_CASES:-2} ;;
     bench-gated) step bench-gated 500 "${BENCH[@]}" --preset deepseek-v3 qwen3-30b-a3b gpt-oss-120b --tokens 2048 8192 --kernels moe-gated moe-generic --no-check --json "$OUT/bench-gated.json" ;;
     bench-gated-all) step bench-gated-all 400 "${BENCH[@]}" --preset qwen3-30b-a3b qwen3.5-35b deepseek-v3 gpt-oss-120b --tokens 128 512 2048 8192 16384 --kernels auto moe-gated moe-generic --no-check --json "$OUT/bench-gated-all.json" --plot "$OUT/bench-gated-all.png" ;;
     bench-gated-q) step bench-gated-q 400 "${BENCH[@]}" --preset deepseek-v3 qwen3-30b-a3b gpt-oss-120b qwen3.5-35b --tokens 2048 8192 --kernels moe-gated --no-check --json "$OUT/bench-gated-q.json" ;;
