@@ -44,11 +44,34 @@ for i in map(int, sys.argv[1:]):
 def test_wgmma_runs_asynchronously(index, tmp_path):
     """ptxas serializes every wgmma (a wait for completion after each, C7512) when the consumer
     warps' live registers do not fit; with pending=2 slabs in flight that happened and the
-    tensor cores idled during each slab's decode. Assemble the kernel and check it does not."""
+    tensor cores idled during each slab's decode. Assemble the kernel and check it does not,
+    that nothing spills (the producer's copies unrolled in the kernel once made ptxas spill in
+    the wide geometry's consumers, T=8192 1-3% slower: benchmarks/HISTORY.md, 2026-12-03), and
+    that the producer issues its copies from one elected lane."""
     report = ptxas_report(_PTX_PROBE, [index], "*GatedGemm*.ptx", tmp_path)
     assert "C7512" not in report, report
+    assert "0 bytes spill stores, 0 bytes spill loads" in report, report
+    ptx = next(tmp_path.rglob("*GatedGemm*.ptx")).read_text()
+    _check_elected_copies(ptx)
     if index == 0:
-        _check_second_wgmma(next(tmp_path.rglob("*GatedGemm*.ptx")).read_text())
+        _check_second_wgmma(ptx)
+
+
+def _check_elected_copies(ptx: str):
+    """Every bulk copy sits in an inline-asm block that elects its lane (elect.sync): a copy
+    from lane-varying operands makes ptxas loop over the active lanes, one copy at a time
+    (32 per K-tile, the producer too slow for narrow items: 17-32% of moe-gated's time at 16-64
+    routed rows per expert, BENCHMARKS.md)."""
+    blocks = ptx.split("// begin inline asm")
+    assert "cp.async.bulk" not in blocks[0]
+    copies = 0
+    for block in blocks[1:]:
+        asm = block.split("// end inline asm")[0]
+        if "cp.async.bulk" in asm:
+            assert "elect.sync" in asm, asm
+            copies += 1
+        assert "cp.async.bulk" not in block.split("// end inline asm")[1]
+    assert copies >= 2, copies  # B's halves and the weight groups
 
 
 def _check_second_wgmma(ptx: str):
