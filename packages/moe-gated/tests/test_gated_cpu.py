@@ -60,7 +60,7 @@ def test_wgmma_runs_asynchronously(index, tmp_path):
 def _check_elected_copies(ptx: str):
     """Every bulk copy sits in an inline-asm block that elects its lane (elect.sync): a copy
     from lane-varying operands makes ptxas loop over the active lanes, one copy at a time
-    (32 per K-tile, the producer too slow for narrow items: 17-32% of moe-gated's time at 16-64
+    (32 per K-tile, the producer too slow for narrow items: 8-32% of moe-gated's time at 16-64
     routed rows per expert, BENCHMARKS.md)."""
     blocks = ptx.split("// begin inline asm")
     assert "cp.async.bulk" not in blocks[0]

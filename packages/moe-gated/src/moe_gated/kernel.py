@@ -34,10 +34,10 @@ K-tile as two 64-column halves, as many tokens as the MMA is wide, from a tile-b
 already in the order the wgmma descriptor reads (FC1: token rows that row_scatter.RowScatter
 placed in the 128-byte swizzle; FC2: the intermediate, which FC1's epilogue writes as
 token-group-major core matrices), and each 16-row weight group's codes and scales are two
-contiguous copies, all issued by one elected lane of the producer warp (_produce). A CTA-wide per-thread cp.async ring measured 21.1 ms at DeepSeek-V3 T=8192
-with its issue stalled on the load/store unit (ncu: 21% of warp samples on one LDGSTS address
-register, long scoreboard); the bulk copies take one instruction per 1-64 KiB instead of one
-per 16 bytes per thread.
+contiguous copies, all issued by one elected lane of the producer warp (_produce). A CTA-wide
+per-thread cp.async ring measured 21.1 ms at DeepSeek-V3 T=8192 with its issue stalled on the
+load/store unit (ncu: 21% of warp samples on one LDGSTS address register, long scoreboard); the
+bulk copies take one instruction per 1-64 KiB instead of one per 16 bytes per thread.
 
 Pipeline: a ring of `stages` stages with a full mbarrier (the producer's transaction bytes) and
 an empty mbarrier (one arrival per consumer warp) per stage; there is no CTA barrier in the
@@ -338,7 +338,7 @@ class GatedGemm:
         ptx.bulk_copy_groups_g2s_elected). A copy per lane (lane 2j: group j's codes, 2j + 1 its
         scales) made ptxas loop over the active lanes, ~9 SASS instructions and a branch per
         copy, 32 copies per K-tile in series: the producer could not keep up with narrow items
-        (moe-gated 17-32% slower at 16-64 routed rows per expert, BENCHMARKS.md)."""
+        (8-32% of moe-gated's time at 16-64 routed rows per expert, BENCHMARKS.md)."""
         b_tile, b_copy, half, sub, a_off, a_src = src
         hbs = [0, 1] if halves == 0 else [halves - 1]
         s = g % self.stages
