@@ -3,12 +3,13 @@
 # time limit and its own log under $OUT, so a hang or failure in one step leaves the others'
 # results.
 #   source .device/bin/gpu.sh && bash tools/gpu_steps.sh STEP [STEP ...]
-# Steps: gated-quick gated-tests sanitize-gated bench-gated bench-gated-q bench-gated-all
+# Steps: gated-quick gated-tests sanitize-gated racecheck-gated (RACE_CASES) bench-gated
+#        bench-gated-q bench-gated-all
 #        static-quick static-tests generic-tests sanitize-static sanitize-generic
 #        bench-static bench-generic-large profile ncu-band routing-shape band candidates bulk-band bulk-wide relu2;
 #        bulk-widths, split-small, mid-widths, mid-small, rows-256, mw4, ncu-routing,
 #        land-generic (land-tests, land-sanitize), auto-ab (auto-all, band-ab: AB_DIRS, AB_TOKENS),
-#        dispatch-points;
+#        dispatch-points (static-points, cutover-points);
 #        verify (GPU tests + sanitizers), serving (soak + hf bench); A/B in one run against older
 #        trees (AB_DIRS): static-ab, kernel-ab (AB_KERNEL), ncu-static-ab (PROFILE_ARGS)
 set -u
