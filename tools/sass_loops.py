@@ -76,7 +76,7 @@ def summary(body: list, top: int = 8) -> str:
     return f"{len(body)} instructions, {mma} MMA: {common}"
 
 
-def _tools(assembler: str):
+def _cuobjdump(assembler: str):
     """cuobjdump beside the assembler (triton ships both), else PATH's."""
     import shutil
 
@@ -89,7 +89,8 @@ def report(ptx: str, workdir: Path) -> str:
     from moe_common.testing import ptxas
 
     assembler = ptxas()
-    if assembler is None or _tools(assembler) is None:
+    disassembler = _cuobjdump(assembler) if assembler else None
+    if disassembler is None:
         raise RuntimeError("needs ptxas and cuobjdump (torch's triton ships both)")
     src, cubin = workdir / "k.ptx", workdir / "k.cubin"
     src.write_text(ptx)
@@ -97,8 +98,8 @@ def report(ptx: str, workdir: Path) -> str:
                          capture_output=True, text=True, check=True)
     lines = [ln.split(":", 1)[-1].strip() for ln in (res.stdout + res.stderr).splitlines()
              if "registers" in ln or "spill" in ln]
-    sass = subprocess.run([_tools(assembler), "-sass", str(cubin)], capture_output=True,
-                          text=True, check=True).stdout
+    sass = subprocess.run([disassembler, "-sass", str(cubin)], capture_output=True, text=True,
+                          check=True).stdout
     for start, end, body in mma_loops(parse_sass(sass)):
         lines.append(f"loop {start:#06x}-{end:#06x}: {summary(body)}")
     return "\n".join(lines)

@@ -66,11 +66,11 @@ def _check_elected_copies(ptx: str):
     assert "cp.async.bulk" not in blocks[0]
     copies = 0
     for block in blocks[1:]:
-        asm = block.split("// end inline asm")[0]
+        asm, after = block.split("// end inline asm", 1)
         if "cp.async.bulk" in asm:
             assert "elect.sync" in asm, asm
             copies += 1
-        assert "cp.async.bulk" not in block.split("// end inline asm")[1]
+        assert "cp.async.bulk" not in after
     assert copies >= 2, copies  # B's halves and the weight groups
 
 

@@ -348,7 +348,8 @@ class GatedGemm:
         stage = s_base + s * self.stage_bytes
         bar = s_base + self.full_off + s * 8
         with_a = halves < 2  # A comes with B's first half
-        tx = len(hbs) * b_copy + (a_src[3] * self.a_group_bytes if with_a else 0)
+        groups_here = a_src[3]  # (_copy_a copies that many groups)
+        tx = len(hbs) * b_copy + (groups_here * self.a_group_bytes if with_a else 0)
         ptx.bulk_copies_g2s_elected(bar, n_kt * tx, [])  # before any copy can complete on it
         for q in cutlass.range(n_kt, unroll=1):
             kt = kt0 + q
