@@ -52,9 +52,27 @@ def test_wgmma_runs_asynchronously(index, tmp_path):
     assert "C7512" not in report, report
     assert "0 bytes spill stores, 0 bytes spill loads" in report, report
     ptx = next(tmp_path.rglob("*GatedGemm*.ptx")).read_text()
+    _check_register_pool(ptx, report)
     _check_elected_copies(ptx)
     if index == 0:
         _check_second_wgmma(ptx)
+
+
+def _check_register_pool(ptx: str, report: str):
+    """setmaxnreg moves registers inside the CTA's launch allocation (threads x the count
+    ptxas reports): the producer warpgroup's decrease must free at least what the consumer
+    warps' increase takes, else the increase waits forever (kernel.py, PRODUCER_REGS)."""
+    import re
+
+    from moe_gated.kernel import CONSUMER_WARPS, THREADS
+
+    entry = int(re.search(r"Used (\d+) registers", report).group(1))
+    dec = [int(n) for n in re.findall(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+(\d+);", ptx)]
+    inc = [int(n) for n in re.findall(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+(\d+);", ptx)]
+    assert len(dec) == 1 and len(inc) == 1, (dec, inc)
+    consumers = 32 * CONSUMER_WARPS
+    assert (THREADS - consumers) * dec[0] + consumers * inc[0] <= THREADS * entry, \
+        (entry, dec, inc)
 
 
 def _check_elected_copies(ptx: str):

@@ -92,13 +92,17 @@ GROUP_BYTES = 8 * HALF_BYTES
 WARPGROUPS = 2  # consumer warpgroups (warps 0-7)
 CONSUMER_WARPS = 4 * WARPGROUPS
 PRODUCER_WARP = CONSUMER_WARPS  # warp 8 fetches work items and issues the bulk copies
-# A third warpgroup holds the producer warp: warps are spread over the 4 schedulers, each with
-# a quarter of the registers, so a lone 9th warp would cap every thread at 168 registers (3
-# warps on one scheduler). With a whole warpgroup the producer side gives its registers to the
-# consumers (setmaxnreg): 4 x 40 + 8 x 232 per thread-slot fits the 64 K register file.
+# A third warpgroup holds the producer warp: setmaxnreg works per warpgroup, so with a whole
+# warpgroup the producer side gives its registers to the consumers. It moves them inside the
+# CTA's own allocation, made at launch (threads x the entry count, the most each of 384
+# threads can have: 168): the consumers take only what the producer's warpgroup gives up, and
+# an increase past that pool waits forever (SASS: USETMAXREG.TRY_ALLOC.CTAPOOL). A build with
+# 4 consumer warpgroups at 112 registers each hung that way (pool 640 x 96; branch gated-slim).
 THREADS = 32 * (CONSUMER_WARPS + 4)
 PRODUCER_REGS = 40
-CONSUMER_REGS = 232
+ENTRY_REGS = 65536 // THREADS // 8 * 8  # 168 (a multiple of 8)
+CONSUMER_REGS = (THREADS * ENTRY_REGS - 128 * PRODUCER_REGS) // (32 * CONSUMER_WARPS) // 8 * 8
+assert CONSUMER_REGS == 232
 STG_TOKENS = 32  # FC1 epilogue: tokens per staged chunk (512 bytes per warp)
 ITEM_SLOTS = 8  # work-item ring from the producer to the consumers (it leads by <= stages items)
 # a ring slot: (item, expert, first pair, end pair), the tile facts the producer has loaded
