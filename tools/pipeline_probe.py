@@ -1,0 +1,110 @@
+"""How much of moe-gated's time each side of its pipeline holds (development tool, GPU).
+
+    python tools/pipeline_probe.py --preset deepseek-v3 qwen3-30b-a3b --tokens 512 1024 2048 \
+        [--modes full consumers producer] [--seed 1] [--json out.json]
+
+moe-gated's consumer warps decode and multiply stages that its producer warp fills by bulk copy
+(moe_gated.kernel). Whether a point is bound by the copies or by the consumers is read off by
+taking one side away:
+1. `full`: the kernel as shipped.
+2. `consumers`: the producer still takes every stage in turn (it waits for the stage's release
+   and completes the stage's full barrier) but copies nothing, neither weights nor token rows,
+   expecting 0 bytes, so the consumers decode and multiply whatever the stage holds: the
+   consumer side alone (the epilogues still write their outputs).
+3. `producer`: the consumers wait for each stage and release it without decoding it or running
+   its wgmmas: the copies alone.
+Each mode runs in a process of its own with moe_gated.kernel.GatedGemm patched before anything
+compiles (compiled kernels are cached per configuration, not per patch); the shipped kernel is
+unchanged. The two probes compute wrong results by design (no check). Rows print as
+`fused-moe bench` prints them, the kernel labelled with the mode.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+MODES = ("full", "consumers", "producer")
+
+
+def patch(mode: str) -> None:
+    """Replace one side of GatedGemm's pipeline for `mode` (before any compile)."""
+    if mode == "full":
+        return
+    import cutlass
+    import cutlass.cute as cute
+
+    from moe_common.cute import ptx
+    from moe_gated.kernel import GatedGemm
+
+    if mode == "consumers":
+        @cute.jit
+        def _produce(self, s_base, g, kt0, n_kt, halves: cutlass.Constexpr, src):
+            s = g % self.stages
+            ptx.mbarrier_wait(s_base + self.empty_off + s * 8, ((g // self.stages) % 2) ^ 1)
+            ptx.bulk_copies_g2s_elected(s_base + self.full_off + s * 8, 0, [])
+
+        GatedGemm._produce = _produce
+    elif mode == "producer":
+        @cute.jit
+        def _mma(self, n_tok: cutlass.Constexpr, acc, words, b_at, half: cutlass.Constexpr,
+                 slabs: cutlass.Constexpr):
+            return
+
+        GatedGemm._mma = _mma
+    else:
+        raise ValueError(f"mode {mode!r}; allowed: {', '.join(MODES)}")
+
+
+def run_mode(mode: str, presets, tokens, seed: int) -> list:
+    """This process: patch, then time moe-gated forced at every (preset, T)."""
+    patch(mode)
+    from dispatcher.bench import bench_preset, format_row
+    from dispatcher.presets import PRESETS
+
+    rows = []
+    for name in presets:
+        for r in bench_preset(PRESETS[name], tokens, kernels=["moe-gated"], seed=seed,
+                              check=False, log=lambda s: None):
+            r["kernel"] = f"moe-gated {mode}"
+            print(format_row(r), flush=True)
+            rows.append(r)
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", nargs="+", default=["deepseek-v3", "qwen3-30b-a3b"])
+    ap.add_argument("--tokens", nargs="+", type=int, default=[512, 1024, 2048])
+    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--json")
+    ap.add_argument("--one", choices=MODES, help=argparse.SUPPRESS)  # a child process's mode
+    args = ap.parse_args(argv)
+    common = ["--preset", *args.preset, "--tokens", *map(str, args.tokens),
+              "--seed", str(args.seed)]
+    if args.one:
+        rows = run_mode(args.one, args.preset, args.tokens, args.seed)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(rows, f, indent=1)
+        return 0
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for mode in args.modes:
+            out = os.path.join(tmp, f"{mode}.json")
+            subprocess.run([sys.executable, __file__, "--one", mode, "--json", out, *common],
+                           check=True)
+            with open(out) as f:
+                rows += json.load(f)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
