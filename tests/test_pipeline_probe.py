@@ -1,5 +1,6 @@
 """tools/pipeline_probe.py on the CPU: each mode's patched moe-gated kernel assembles for
-sm_90a and has taken away what the mode says (the copies, or the decode and wgmmas)."""
+sm_90a and has changed what the mode says (the copies or the decode and wgmmas taken away, the
+weight copies made contiguous, a 48-token MMA width added)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -18,18 +19,30 @@ compile_cache.compile_config(compile_cache.config("fc1", "nvfp4", "silu", "tall"
 """
 
 
+def _copy_blocks(ptx: str) -> list:
+    """The inline-asm blocks that issue bulk copies."""
+    return [b.split("// end inline asm")[0] for b in ptx.split("// begin inline asm")[1:]
+            if "cp.async.bulk" in b.split("// end inline asm")[0]]
+
+
 @pytest.mark.parametrize("mode,copies,wgmmas", [("full", True, True),
                                                  ("consumers", False, True),
-                                                 ("producer", True, False)])
-def test_each_mode_takes_one_side_away(mode, copies, wgmmas, tmp_path):
+                                                 ("producer", True, False),
+                                                 ("contig", True, True),
+                                                 ("width48", True, True)])
+def test_each_mode_changes_what_it_says(mode, copies, wgmmas, tmp_path):
     from moe_common.testing import ptxas_report
 
     report = ptxas_report(_PROBE, [mode], "*GatedGemm*.ptx", tmp_path)
-    assert "error" not in report.lower(), report
+    assert "C7512" not in report, report
     ptx = next(tmp_path.rglob("*GatedGemm*.ptx")).read_text()
     assert ("cp.async.bulk" in ptx) == copies
     assert ("wgmma.mma_async" in ptx) == wgmmas
     assert "mbarrier.arrive.expect_tx" in ptx  # the producer still completes every stage
+    # the weight groups' copies: a loop over the row tile's groups, or (contig) none
+    looped = [b for b in _copy_blocks(ptx) if "bra" in b]
+    assert len(looped) == (0 if mode in ("contig", "consumers") else 1), looped
+    assert ("m64n48k16" in ptx) == (mode == "width48")
 
 
 def test_unknown_mode_is_a_value_error():

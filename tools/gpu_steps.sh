@@ -230,9 +230,10 @@ for s in "$@"; do
     relu2)  # moe-gated's relu2 path: its GPU tests, then nemotron-relu2 with each kernel forced
       step relu2-tests 300 python3 -m pytest packages/moe-gated -m gpu -q -k "relu2 or geometry"
       step relu2-bench 400 "${BENCH[@]}" --preset nemotron-relu2 --tokens 256 512 1024 2048 8192 --kernels auto moe-gated moe-generic --no-check --json "$OUT/relu2-bench.json" ;;
-    pipeline-probe)  # moe-gated with one side of its pipeline taken away: the consumers alone,
-                     # the copies alone, against the kernel as shipped (tools/pipeline_probe.py)
-      step pipeline-probe 400 python3 tools/pipeline_probe.py --preset ${PROBE_PRESETS:-deepseek-v3 qwen3-30b-a3b} --tokens ${PROBE_TOKENS:-512 1024 2048} --seed 1 --json "$OUT/pipeline-probe.json" ;;
+    pipeline-probe)  # moe-gated with one side of its pipeline taken away (the consumers alone,
+                     # the copies alone) and two candidates, against the kernel as shipped
+                     # (tools/pipeline_probe.py: modes full consumers producer contig width48)
+      step pipeline-probe 560 python3 tools/pipeline_probe.py --preset ${PROBE_PRESETS:-deepseek-v3 qwen3-30b-a3b} --tokens ${PROBE_TOKENS:-512 1024 2048} --seed 1 --json "$OUT/pipeline-probe.json" ;;
     profile) step profile 200 python3 tools/profile_split.py --preset deepseek-v3 --tokens 8192 ;;
     ncu-band)  # where the band's time goes, per SASS line: FC1 and FC2 of one call at each of
                # BAND_LAYERS (kernel:preset:T), warp stalls and smem wavefronts by line

@@ -13,6 +13,13 @@ taking one side away:
    consumer side alone (the epilogues still write their outputs).
 3. `producer`: the consumers wait for each stage and release it without decoding it or running
    its wgmmas: the copies alone.
+Two candidates for what the first three find, on the same footing:
+4. `contig`: each K-tile's weights as two contiguous copies (the row tile's codes, then its
+   scales, read K-tile after K-tile from the row tile's region) instead of two per 16-row group:
+   the copies and bytes of a K-tile-major weight layout (wrong results: the bytes are not the
+   ones the consumers expect).
+5. `width48`: a 48-token MMA width in the tall geometry, between 32 and 64 (at 32 routed rows
+   per expert, 1.21 MMA columns per routed pair instead of 1.43); results right, checked.
 Each mode runs in a process of its own with moe_gated.kernel.GatedGemm patched before anything
 compiles (compiled kernels are cached per configuration, not per patch); the shipped kernel is
 unchanged. The two probes compute wrong results by design (no check). Rows print as
@@ -27,17 +34,20 @@ import subprocess
 import sys
 import tempfile
 
-MODES = ("full", "consumers", "producer")
+MODES = ("full", "consumers", "producer", "contig", "width48")
+CHECKED = ("full", "width48")  # the modes whose results are right
 
 
 def patch(mode: str) -> None:
-    """Replace one side of GatedGemm's pipeline for `mode` (before any compile)."""
+    """Patch moe-gated's kernel for `mode` (before anything compiles)."""
     if mode == "full":
         return
     import cutlass
     import cutlass.cute as cute
+    from cutlass import Int64
 
     from moe_common.cute import ptx
+    from moe_gated import kernel
     from moe_gated.kernel import GatedGemm
 
     if mode == "consumers":
@@ -55,6 +65,19 @@ def patch(mode: str) -> None:
             return
 
         GatedGemm._mma = _mma
+    elif mode == "contig":
+        @cute.jit
+        def _copy_a(self, dst, kt, a_src, bar):
+            codes, scales, k_tiles, groups_here = a_src
+            ptx.bulk_copies_g2s_elected(bar, None, [
+                (dst, codes + Int64(kt) * Int64(groups_here * 1024), groups_here * 1024),
+                (dst + self.groups * 1024,
+                 scales + Int64(kt) * Int64(groups_here * self.scale_bytes),
+                 groups_here * self.scale_bytes)])
+
+        GatedGemm._copy_a = _copy_a
+    elif mode == "width48":
+        kernel.WIDTHS[128] = (128, 96, 64, 48, 32)
     else:
         raise ValueError(f"mode {mode!r}; allowed: {', '.join(MODES)}")
 
@@ -68,7 +91,7 @@ def run_mode(mode: str, presets, tokens, seed: int) -> list:
     rows = []
     for name in presets:
         for r in bench_preset(PRESETS[name], tokens, kernels=["moe-gated"], seed=seed,
-                              check=False, log=lambda s: None):
+                              check=mode in CHECKED, log=lambda s: None):
             r["kernel"] = f"moe-gated {mode}"
             print(format_row(r), flush=True)
             rows.append(r)
