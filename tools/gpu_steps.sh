@@ -42,11 +42,11 @@ tree_label() {  # the commit label of a tree's bench JSON: ab_<sha> -> <sha>, "n
 }
 ab() {  # log prefix, limit_s, kernel, presets, tokens, packages: one bench per tree in $AB_DIRS
         # (those packages' sources first on PYTHONPATH; log <prefix>-<dir name>), then this tree's;
-        # AB_SEED fixes the bench's seed (the same routing and data in every tree's run)
+        # every tree runs the same seed, AB_SEED (default 1): the same routing and data
   local prefix=$1 limit=$2 kernel=$3 presets=$4 tokens=$5 pkgs=$6 d pp
   for d in $AB_DIRS new; do
     pp=$(tree_path $d $pkgs)
-    step "$prefix-$(basename $d)" $limit env PYTHONPATH="$pp" "${BENCH[@]}" --preset $presets --tokens $tokens --kernels $kernel --no-check ${AB_SEED:+--seed $AB_SEED}
+    step "$prefix-$(basename $d)" $limit env PYTHONPATH="$pp" "${BENCH[@]}" --preset $presets --tokens $tokens --kernels $kernel --no-check --seed ${AB_SEED:-1}
   done
 }
 for s in "$@"; do
