@@ -1,6 +1,6 @@
 """tools/pipeline_probe.py on the CPU: each mode's patched moe-gated kernel assembles for
 sm_90a and has changed what the mode says (the copies or the decode and wgmmas taken away, the
-weight copies made contiguous, a 48-token MMA width added)."""
+weight copies made contiguous, a 48- or 16-token MMA width added)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -29,7 +29,8 @@ def _copy_blocks(ptx: str) -> list:
                                                  ("consumers", False, True),
                                                  ("producer", True, False),
                                                  ("contig", True, True),
-                                                 ("width48", True, True)])
+                                                 ("width48", True, True),
+                                                 ("width16", True, True)])
 def test_each_mode_changes_what_it_says(mode, copies, wgmmas, tmp_path):
     from moe_common.testing import ptxas_report
 
@@ -43,6 +44,7 @@ def test_each_mode_changes_what_it_says(mode, copies, wgmmas, tmp_path):
     looped = [b for b in _copy_blocks(ptx) if "bra" in b]
     assert len(looped) == (0 if mode in ("contig", "consumers") else 1), looped
     assert ("m64n48k16" in ptx) == (mode == "width48")
+    assert ("m64n16k16" in ptx) == (mode == "width16")
 
 
 def test_unknown_mode_is_a_value_error():

@@ -20,6 +20,9 @@ Two candidates for what the first three find, on the same footing:
    ones the consumers expect).
 5. `width48`: a 48-token MMA width in the tall geometry, between 32 and 64 (at 32 routed rows
    per expert, 1.21 MMA columns per routed pair instead of 1.43); results right, checked.
+6. `width16`: a 16-token MMA width in the tall geometry (at 16 routed rows per expert, 1.46 MMA
+   columns per routed pair instead of 2.00; ptxas spills in the consumers, see BENCHMARKS.md);
+   results right, checked.
 Each mode runs in a process of its own with moe_gated.kernel.GatedGemm patched before anything
 compiles (compiled kernels are cached per configuration, not per patch); the shipped kernel is
 unchanged. The two probes compute wrong results by design (no check). Rows print as
@@ -34,8 +37,8 @@ import subprocess
 import sys
 import tempfile
 
-MODES = ("full", "consumers", "producer", "contig", "width48")
-CHECKED = ("full", "width48")  # the modes whose results are right
+MODES = ("full", "consumers", "producer", "contig", "width48", "width16")
+CHECKED = ("full", "width48", "width16")  # the modes whose results are right
 
 
 def patch(mode: str) -> None:
@@ -78,6 +81,8 @@ def patch(mode: str) -> None:
         GatedGemm._copy_a = _copy_a
     elif mode == "width48":
         kernel.WIDTHS[128] = (128, 96, 64, 48, 32)
+    elif mode == "width16":
+        kernel.WIDTHS[128] = (128, 96, 64, 32, 16)
     else:
         raise ValueError(f"mode {mode!r}; allowed: {', '.join(MODES)}")
 
