@@ -55,3 +55,18 @@ def test_unknown_mode_is_a_value_error():
 
     with pytest.raises(ValueError, match="allowed: full, consumers, producer"):
         pipeline_probe.patch("both")
+
+
+def test_summary_is_each_mode_over_the_shipped_kernel():
+    import sys
+
+    sys.path.insert(0, str(TOOLS))
+    import pipeline_probe
+
+    rows = [{"shape": "qwen3-30b-a3b", "T": 512, "kernel": f"moe-gated {m}", "time_us": us}
+            for m, us in (("full", 200.0), ("consumers", 150.0), ("producer", 190.0))]
+    rows.append({"shape": "qwen3-30b-a3b", "T": 1024, "kernel": "moe-gated full",
+                 "error": "RuntimeError: x"})
+    assert pipeline_probe.summary(rows).splitlines() == [
+        "preset T full_us consumers/full producer/full",
+        "qwen3-30b-a3b 512 200.0 0.75 0.95"]

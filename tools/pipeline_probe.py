@@ -128,10 +128,27 @@ def main(argv=None) -> int:
                            check=True)
             with open(out) as f:
                 rows += json.load(f)
+    print(summary(rows), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
     return 0
+
+
+def summary(rows) -> str:
+    """One line per (preset, T): each mode's time over the shipped kernel's (`full`)."""
+    times = {}
+    for r in rows:
+        if "time_us" in r:
+            times.setdefault((r["shape"], r["T"]), {})[r["kernel"].split()[-1]] = r["time_us"]
+    modes = [m for m in MODES if any(m in t for t in times.values())]
+    lines = ["preset T full_us " + " ".join(f"{m}/full" for m in modes if m != "full")]
+    for (shape, t), by_mode in times.items():
+        full = by_mode.get("full")
+        cells = [f"{by_mode[m] / full:.2f}" if full and m in by_mode else "-"
+                 for m in modes if m != "full"]
+        lines.append(f"{shape} {t} {full if full is None else round(full, 1)} " + " ".join(cells))
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
