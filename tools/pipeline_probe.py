@@ -110,6 +110,7 @@ def main(argv=None) -> int:
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json")
+    ap.add_argument("--mode-timeout", type=float, default=150.0, help="seconds per mode")
     ap.add_argument("--one", choices=MODES, help=argparse.SUPPRESS)  # a child process's mode
     args = ap.parse_args(argv)
     common = ["--preset", *args.preset, "--tokens", *map(str, args.tokens),
@@ -123,9 +124,18 @@ def main(argv=None) -> int:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for mode in args.modes:
+            # a mode that fails or hangs (a patched pipeline can deadlock) costs its own rows
+            # and at most --mode-timeout seconds, not the other modes'
             out = os.path.join(tmp, f"{mode}.json")
-            subprocess.run([sys.executable, __file__, "--one", mode, "--json", out, *common],
-                           check=True)
+            try:
+                res = subprocess.run([sys.executable, __file__, "--one", mode, "--json", out,
+                                      *common], timeout=args.mode_timeout)
+                failed = f"exit status {res.returncode}" if res.returncode else None
+            except subprocess.TimeoutExpired:
+                failed = f"no result within {args.mode_timeout} s"
+            if failed:
+                print(f"# mode {mode}: {failed}", flush=True)
+                continue
             with open(out) as f:
                 rows += json.load(f)
     print(summary(rows), flush=True)
