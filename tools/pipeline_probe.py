@@ -1,7 +1,7 @@
 """How much of moe-gated's time each side of its pipeline holds (development tool, GPU).
 
     python tools/pipeline_probe.py --preset deepseek-v3 qwen3-30b-a3b --tokens 512 1024 2048 \
-        [--modes full consumers producer] [--seed 1] [--json out.json]
+        [--modes MODE ...] [--seed 1] [--json out.json] [--mode-timeout 150]
 
 moe-gated's consumer warps decode and multiply stages that its producer warp fills by bulk copy
 (moe_gated.kernel). Whether a point is bound by the copies or by the consumers is read off by
@@ -13,7 +13,7 @@ taking one side away:
    consumer side alone (the epilogues still write their outputs).
 3. `producer`: the consumers wait for each stage and release it without decoding it or running
    its wgmmas: the copies alone.
-Two candidates for what the first three find, on the same footing:
+Candidates for what the first three find, on the same footing:
 4. `contig`: each K-tile's weights as two contiguous copies (the row tile's codes, then its
    scales, read K-tile after K-tile from the row tile's region) instead of two per 16-row group:
    the copies and bytes of a K-tile-major weight layout (wrong results: the bytes are not the
@@ -25,8 +25,9 @@ Two candidates for what the first three find, on the same footing:
    results right, checked.
 Each mode runs in a process of its own with moe_gated.kernel.GatedGemm patched before anything
 compiles (compiled kernels are cached per configuration, not per patch); the shipped kernel is
-unchanged. The two probes compute wrong results by design (no check). Rows print as
-`fused-moe bench` prints them, the kernel labelled with the mode.
+unchanged. `consumers`, `producer` and `contig` compute wrong results by design (no check).
+Rows print as `fused-moe bench` prints them, the kernel labelled with the mode, then a summary
+of each mode's time over the shipped kernel's.
 """
 from __future__ import annotations
 

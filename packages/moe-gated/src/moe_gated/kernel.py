@@ -97,7 +97,7 @@ PRODUCER_WARP = CONSUMER_WARPS  # warp 8 fetches work items and issues the bulk 
 # CTA's own allocation, made at launch (threads x the entry count, the most each of 384
 # threads can have: 168): the consumers take only what the producer's warpgroup gives up, and
 # an increase past that pool waits forever (SASS: USETMAXREG.TRY_ALLOC.CTAPOOL). A build with
-# 4 consumer warpgroups at 112 registers each hung that way (pool 640 x 96; branch gated-slim).
+# 4 consumer warpgroups at 112 registers each hung that way (pool 640 x 96: benchmarks/HISTORY.md).
 THREADS = 32 * (CONSUMER_WARPS + 4)
 PRODUCER_REGS = 40
 ENTRY_REGS = 65536 // THREADS // 8 * 8  # 168 (a multiple of 8)
