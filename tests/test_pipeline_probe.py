@@ -3,11 +3,15 @@ sm_90a and has changed what the mode says (the copies or the decode and wgmmas t
 weight copies made contiguous, a 48- or 16-token MMA width added)."""
 from __future__ import annotations
 
+import importlib
+import sys
 from pathlib import Path
 
 import pytest
 
 TOOLS = Path(__file__).resolve().parents[1] / "tools"
+sys.path.insert(0, str(TOOLS))
+pipeline_probe = importlib.import_module("pipeline_probe")
 
 _PROBE = f"""
 import sys
@@ -19,12 +23,6 @@ compile_cache.compile_config(compile_cache.config("fc1", "nvfp4", "silu", "tall"
 """
 
 
-def _copy_blocks(ptx: str) -> list:
-    """The inline-asm blocks that issue bulk copies."""
-    return [b.split("// end inline asm")[0] for b in ptx.split("// begin inline asm")[1:]
-            if "cp.async.bulk" in b.split("// end inline asm")[0]]
-
-
 @pytest.mark.parametrize("mode,copies,wgmmas", [("full", True, True),
                                                  ("consumers", False, True),
                                                  ("producer", True, False),
@@ -32,7 +30,7 @@ def _copy_blocks(ptx: str) -> list:
                                                  ("width48", True, True),
                                                  ("width16", True, True)])
 def test_each_mode_changes_what_it_says(mode, copies, wgmmas, tmp_path):
-    from moe_common.testing import ptxas_report
+    from moe_common.testing import inline_asm_blocks, ptxas_report
 
     report = ptxas_report(_PROBE, [mode], "*GatedGemm*.ptx", tmp_path)
     assert "C7512" not in report, report
@@ -41,28 +39,18 @@ def test_each_mode_changes_what_it_says(mode, copies, wgmmas, tmp_path):
     assert ("wgmma.mma_async" in ptx) == wgmmas
     assert "mbarrier.arrive.expect_tx" in ptx  # the producer still completes every stage
     # the weight groups' copies: a loop over the row tile's groups, or (contig) none
-    looped = [b for b in _copy_blocks(ptx) if "bra" in b]
+    looped = [b for b in inline_asm_blocks(ptx)[0] if "cp.async.bulk" in b and "bra" in b]
     assert len(looped) == (0 if mode in ("contig", "consumers") else 1), looped
     assert ("m64n48k16" in ptx) == (mode == "width48")
     assert ("m64n16k16" in ptx) == (mode == "width16")
 
 
 def test_unknown_mode_is_a_value_error():
-    import sys
-
-    sys.path.insert(0, str(TOOLS))
-    import pipeline_probe
-
     with pytest.raises(ValueError, match="allowed: full, consumers, producer"):
         pipeline_probe.patch("both")
 
 
 def test_summary_is_each_mode_over_the_shipped_kernel():
-    import sys
-
-    sys.path.insert(0, str(TOOLS))
-    import pipeline_probe
-
     rows = [{"shape": "qwen3-30b-a3b", "T": 512, "kernel": f"moe-gated {m}", "time_us": us}
             for m, us in (("full", 200.0), ("consumers", 150.0), ("producer", 190.0))]
     rows.append({"shape": "qwen3-30b-a3b", "T": 1024, "kernel": "moe-gated full",

@@ -117,10 +117,7 @@ def main(argv=None) -> int:
     common = ["--preset", *args.preset, "--tokens", *map(str, args.tokens),
               "--seed", str(args.seed)]
     if args.one:
-        rows = run_mode(args.one, args.preset, args.tokens, args.seed)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(rows, f, indent=1)
+        _write_json(args.json, run_mode(args.one, args.preset, args.tokens, args.seed))
         return 0
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -140,10 +137,14 @@ def main(argv=None) -> int:
             with open(out) as f:
                 rows += json.load(f)
     print(summary(rows), flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+    _write_json(args.json, rows)
     return 0
+
+
+def _write_json(path, rows) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump(rows, f, indent=1)
 
 
 def summary(rows) -> str:

@@ -80,16 +80,14 @@ def _check_elected_copies(ptx: str):
     from lane-varying operands makes ptxas loop over the active lanes, one copy at a time
     (32 per K-tile, the producer too slow for narrow items: 8-32% of moe-gated's time at 16-64
     routed rows per expert, BENCHMARKS.md)."""
-    blocks = ptx.split("// begin inline asm")
-    assert "cp.async.bulk" not in blocks[0]
-    copies = 0
-    for block in blocks[1:]:
-        asm, after = block.split("// end inline asm", 1)
-        if "cp.async.bulk" in asm:
-            assert "elect.sync" in asm, asm
-            copies += 1
-        assert "cp.async.bulk" not in after
-    assert copies >= 2, copies  # B's halves and the weight groups
+    from moe_common.testing import inline_asm_blocks
+
+    blocks, outside = inline_asm_blocks(ptx)
+    assert "cp.async.bulk" not in outside
+    copies = [asm for asm in blocks if "cp.async.bulk" in asm]
+    for asm in copies:
+        assert "elect.sync" in asm, asm
+    assert len(copies) >= 2, len(copies)  # B's halves and the weight groups
 
 
 def _check_second_wgmma(ptx: str):

@@ -294,6 +294,17 @@ def ptxas_report(probe: str, args, kernel_glob: str, tmp_path) -> str:
     return res.stdout + res.stderr
 
 
+def inline_asm_blocks(ptx: str) -> tuple:
+    """(the text of each inline-asm block, the PTX outside them) of a kernel's PTX."""
+    pieces = ptx.split("// begin inline asm")
+    blocks, outside = [], [pieces[0]]
+    for piece in pieces[1:]:
+        asm, after = piece.split("// end inline asm", 1)
+        blocks.append(asm)
+        outside.append(after)
+    return blocks, "".join(outside)
+
+
 def numbered_operand_values(bundle: type) -> dict:
     """A value for every field of an operand bundle (moe_common.cute.jit.operands), numbered by
     its place: field i is 0x7f0000000000 + i (Int64: a pointer), i (Int32) or i + 0.5 (Float32)."""
