@@ -14,24 +14,19 @@ taking one side away:
 3. `producer`: the consumers wait for each stage and release it without decoding it or running
    its wgmmas: the copies alone.
 Candidates for what the first three find, on the same footing:
-4. `contig`: each K-tile's weights as two contiguous copies (the row tile's codes, then its
-   scales, read K-tile after K-tile from the row tile's region) instead of two per 16-row group:
-   the copies and bytes of a K-tile-major weight layout (wrong results: the bytes are not the
-   ones the consumers expect).
+4. `tilerec`: each K-tile's weights as one copy, the row tile's group records (moe_common.packed)
+   read K-tile-major from the row tile's region: the copies and bytes of a K-tile-major layout
+   (wrong results: the bytes are not the ones the consumers expect). Measured before the
+   records layout (two blobs, codes and scales): two copies per K-tile 0.88-0.96 of the
+   shipped time, one record per group and K-tile 0.91-0.98, this 0.88-0.96 (BENCHMARKS.md).
 5. `width48`: a 48-token MMA width in the tall geometry, between 32 and 64 (at 32 routed rows
    per expert, 1.21 MMA columns per routed pair instead of 1.43); results right, checked.
 6. `width16`: a 16-token MMA width in the tall geometry (at 16 routed rows per expert, 1.46 MMA
    columns per routed pair instead of 2.00; ptxas spills in the consumers, see BENCHMARKS.md);
    results right, checked.
-7. `records`: each group's K-tile as one record [codes | scales] (the shared-memory group tile),
-   a group's records consecutive: one copy per group and K-tile instead of two, the weights
-   read as that group-major interleaved layout would lay them out.
-8. `tilerec`: the same records K-tile-major within the row tile: one copy per K-tile.
-`records` and `tilerec` read a repack of each layer's blobs made only for the probe, the
-records' size over the codes blob's (wrong results, no check).
 Each mode runs in a process of its own with moe_gated.kernel.GatedGemm patched before anything
 compiles (compiled kernels are cached per configuration, not per patch); the shipped kernel is
-unchanged. `consumers`, `producer` and `contig` compute wrong results by design (no check).
+unchanged. `consumers`, `producer` and `tilerec` compute wrong results by design (no check).
 Rows print as `fused-moe bench` prints them, the kernel labelled with the mode, then a summary
 of each mode's time over the shipped kernel's.
 """
@@ -44,7 +39,7 @@ import subprocess
 import sys
 import tempfile
 
-MODES = ("full", "consumers", "producer", "contig", "width48", "width16", "records", "tilerec")
+MODES = ("full", "consumers", "producer", "tilerec", "width48", "width16")
 CHECKED = ("full", "width48", "width16")  # the modes whose results are right
 
 
@@ -75,78 +70,21 @@ def patch(mode: str) -> None:
             return
 
         GatedGemm._mma = _mma
-    elif mode == "contig":
+    elif mode == "tilerec":
         @cute.jit
         def _copy_a(self, dst, kt, a_src, bar):
-            codes, scales, k_tiles, groups_here = a_src
+            records, first, k_tiles, groups_here = a_src
+            n = groups_here * self.a_group_bytes
             ptx.bulk_copies_g2s_elected(bar, None, [
-                (dst, codes + Int64(kt) * Int64(groups_here * 1024), groups_here * 1024),
-                (dst + self.groups * 1024,
-                 scales + Int64(kt) * Int64(groups_here * self.scale_bytes),
-                 groups_here * self.scale_bytes)])
+                (dst, records + first * self.a_group_bytes + Int64(kt) * Int64(n), n)])
 
         GatedGemm._copy_a = _copy_a
     elif mode == "width48":
         kernel.WIDTHS[128] = (128, 96, 64, 48, 32)
     elif mode == "width16":
         kernel.WIDTHS[128] = (128, 96, 64, 32, 16)
-    elif mode in ("records", "tilerec"):
-        _patch_records(GatedGemm, mode == "tilerec")
     else:
         raise ValueError(f"mode {mode!r}; allowed: {', '.join(MODES)}")
-
-
-def _patch_records(GatedGemm, tile_major: bool) -> None:
-    """Copy whole group tiles (records of codes then scales, fragment_mma.group_tile_bytes)
-    from a blob sized for them. The runner's codes and scales pointers both point at that
-    blob's start, so a row tile's first record index is (codes - scales) / (1024 - scale
-    bytes) and its records start at codes + that x scale bytes."""
-    import dataclasses
-
-    import cutlass
-    import cutlass.cute as cute
-    import torch
-    from cutlass import Int64
-
-    from moe_common.cute import ptx
-    from moe_gated import runner
-
-    @cute.jit
-    def _copy_a(self, dst, kt, a_src, bar):
-        codes, scales, k_tiles, groups_here = a_src
-        rec = self.a_group_bytes
-        first = (codes - scales) // (1024 - self.scale_bytes)
-        base = codes + first * self.scale_bytes
-        if cutlass.const_expr(tile_major):
-            ptx.bulk_copies_g2s_elected(bar, None, [
-                (dst, base + Int64(kt) * Int64(groups_here * rec), groups_here * rec)])
-        else:
-            ptx.bulk_copy_groups_g2s_elected(bar, dst, (base + Int64(kt) * rec,), k_tiles,
-                                             (rec,), self.groups, self.a_group_bytes,
-                                             groups_here)
-
-    GatedGemm._copy_a = _copy_a
-    pack, blobs = runner.pack, {}
-
-    def _blob(codes, scales):
-        """A blob as long as codes and scales together, both views of its start."""
-        key = (codes.data_ptr(), scales.data_ptr())
-        if key not in blobs:
-            n = codes.numel() * codes.element_size() + scales.numel() * scales.element_size()
-            b = torch.randint(0, 255, (n,), dtype=torch.uint8, device=codes.device)
-            blobs[key] = (b[:codes.numel() * codes.element_size()].view(codes.dtype)
-                          .view(codes.shape),
-                          b[:scales.numel() * scales.element_size()].view(scales.dtype)
-                          .view(scales.shape))
-        return blobs[key]
-
-    def probe_pack(weights):
-        p = pack(weights)
-        w13, s13 = _blob(p.w13, p.w13_scale)
-        w2, s2 = _blob(p.w2, p.w2_scale)
-        return dataclasses.replace(p, w13=w13, w13_scale=s13, w2=w2, w2_scale=s2)
-
-    runner.pack = probe_pack
 
 
 def run_mode(mode: str, presets, tokens, seed: int) -> list:

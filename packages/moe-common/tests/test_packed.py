@@ -9,7 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from moe_common.fragments import ALPHA_SHIFT, SCALE_SHIFT, repack_scales, scales_to_bf16
+from moe_common.fragments import (
+    ALPHA_SHIFT, SCALE_SHIFT, repack_codes, repack_scales, scales_to_bf16,
+)
 from moe_common.packed import pack
 from moe_common.testing import random_layer
 
@@ -26,8 +28,11 @@ def test_packed_scales_carry_exact_powers_of_two(fmt):
         want = raw.view(torch.float8_e4m3fn).float()
     else:
         want = torch.exp2(raw.float() - 127.0)
-    got = p.w2_scale.float() * 2.0 ** -SCALE_SHIFT
-    assert torch.equal(got, want)
+    # each group record: the group tile's 1 KiB of codes, then its bf16 scales
+    assert p.w2.shape == (*raw.shape[:3], 1024 + raw[0, 0, 0].numel() * 2)
+    assert torch.equal(p.w2[..., :1024], repack_codes(w.w2, 128).reshape(*raw.shape[:3], 1024))
+    got = p.w2[..., 1024:].contiguous().view(torch.bfloat16).reshape(raw.shape).float()
+    assert torch.equal(got * 2.0 ** -SCALE_SHIFT, want)
     assert torch.equal(p.fc2_alpha["w4a16"], w.w2_scale_2.float() * 2.0 ** ALPHA_SHIFT)
     assert torch.equal(scales_to_bf16(raw, fmt).float(), want * 2.0 ** SCALE_SHIFT)
 

@@ -19,7 +19,9 @@ device decode (moe_common.cute.decode, wgmma_decode) and the tests follow DECODE
 from it: 9 integer instructions per 8 codes.
 
 Block scales follow the same tiling: per tile, [16 rows][128 / block] bytes (NVFP4: 8 per row,
-MXFP4: 4 per row); lane l reads row r's and row r+8's bytes.
+MXFP4: 4 per row); lane l reads row r's and row r+8's bytes. The kernels hold them as bf16
+(scales_to_bf16) right after the tile's codes: a group tile is one record [1 KiB codes | 16 x
+128 / block bf16 scales] (group_records), the unit every kernel copies and decodes.
 
 Rows and K are zero-padded to the tile (16 rows, 128 K): padded codes are 0, so padded values
 are exactly 0 whatever their scale.
@@ -155,6 +157,16 @@ def repack_scales(scales: torch.Tensor, block: int, row_multiple: int = TILE_ROW
     e, n, kb = s.shape
     s = s.view(e, n // TILE_ROWS, TILE_ROWS, kb // per_tile, per_tile).permute(0, 1, 3, 2, 4)
     return s.contiguous()
+
+
+def group_records(code_tiles: torch.Tensor, scale_tiles: torch.Tensor) -> torch.Tensor:
+    """repack_codes' [E, G, Kt, 32, 32] codes and scales_to_bf16's [E, G, Kt, 16, 128 / block]
+    scales -> [E, G, Kt, record] uint8, each group tile's record its codes then its scales, a
+    group's records consecutive (one region per group and run of K-tiles)."""
+    e, g, kt = code_tiles.shape[:3]
+    codes = code_tiles.reshape(e, g, kt, 1024)
+    scales = scale_tiles.contiguous().view(torch.uint8).reshape(e, g, kt, -1)
+    return torch.cat([codes, scales], dim=-1).contiguous()
 
 
 def pad_rows(v: torch.Tensor, row_multiple: int) -> torch.Tensor:

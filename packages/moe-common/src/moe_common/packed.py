@@ -24,7 +24,7 @@ import torch
 from .formats import get_format
 from .fragments import (
     ALPHA_SHIFT, TILE_K, gated_row_order, mxfp4_scale_range_reason, pad_gated, pad_rows,
-    repack_codes, repack_scales, scales_to_bf16,
+    group_records, repack_codes, repack_scales, scales_to_bf16,
 )
 from .weights import MoEWeights
 
@@ -47,8 +47,11 @@ def _round_up(v: int, m: int) -> int:
 class Packed:
     """Weights of one layer in fragment order (see moe_common.fragments), on the device.
 
-    Gated w13 rows are in `gated_row_order` (16-row groups of [8 gate; 8 up]), so group g holds
-    intermediate columns 8g..8g+7; relu2 w13 group g holds columns 16g..16g+15.
+    w13 and w2 are group records [E, groups, K-tiles, record] (fragments.group_records: each
+    16-row x 128-K group tile's 1 KiB of codes, then its bf16 block scales; record bytes
+    moe_common.cute.fragment_mma.group_tile_bytes). Gated w13 rows are in `gated_row_order`
+    (16-row groups of [8 gate; 8 up]), so group g holds intermediate columns 8g..8g+7; relu2
+    w13 group g holds columns 16g..16g+15.
     """
 
     hidden: int
@@ -57,10 +60,8 @@ class Packed:
     intermediate_padded: int
     gated: bool
     w13: torch.Tensor
-    w13_scale: torch.Tensor
     w13_bias: torch.Tensor  # fp32 [E, N1p] (zeros without bias), in blob row order
     w2: torch.Tensor
-    w2_scale: torch.Tensor
     w2_bias: torch.Tensor  # fp32 [E, Hp]
     fc1_alpha: dict  # quant_mode -> fp32 [E]: weight scale_2 (x input_scale in w4a4) x 2^64
     fc2_alpha: dict  # (the block scales carry 2^62 and decoded codes 2^-126: fragments.py)
@@ -128,6 +129,12 @@ def _unpackable_reason(weights: MoEWeights):
     return None
 
 
+def _records(codes, scales, block: int, weight_format: str) -> torch.Tensor:
+    """One matrix's codes and scale bytes -> its group records (see Packed)."""
+    return group_records(repack_codes(codes, ROW_TILE),
+                         scales_to_bf16(repack_scales(scales, block, ROW_TILE), weight_format))
+
+
 def _pack(weights: MoEWeights) -> Packed:
     fmt = get_format(weights.weight_format)
     reason = unpackable_reason(weights)
@@ -155,12 +162,10 @@ def _pack(weights: MoEWeights) -> Packed:
     s2_2 = weights.w2_scale_2.float() * 2.0 ** ALPHA_SHIFT
     prep = Packed(
         hidden=H, intermediate=I, hidden_padded=Hp, intermediate_padded=Ip, gated=weights.gated,
-        w13=repack_codes(w13, ROW_TILE),
-        w13_scale=scales_to_bf16(repack_scales(s13, fmt.block_size, ROW_TILE), weights.weight_format),
+        w13=_records(w13, s13, fmt.block_size, weights.weight_format),
         w13_bias=pad_rows(b13, ROW_TILE),
-        w2=repack_codes(weights.w2, ROW_TILE),
-        w2_scale=scales_to_bf16(repack_scales(weights.w2_scale.view(torch.uint8), fmt.block_size, ROW_TILE),
-                                weights.weight_format),
+        w2=_records(weights.w2, weights.w2_scale.view(torch.uint8), fmt.block_size,
+                    weights.weight_format),
         w2_bias=pad_rows(b2, ROW_TILE),
         # w4a4 activations are stored as q * block_scale (exact in bf16); their global scale
         # joins the weight's in the fp32 epilogue, as a Blackwell W4A4 kernel's alpha does.

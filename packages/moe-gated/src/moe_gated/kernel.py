@@ -33,8 +33,8 @@ Operands arrive by bulk copy (cp.async.bulk, the TMA engine's 1-D copy): B is co
 K-tile as two 64-column halves, as many tokens as the MMA is wide, from a tile-blocked buffer
 already in the order the wgmma descriptor reads (FC1: token rows that row_scatter.RowScatter
 placed in the 128-byte swizzle; FC2: the intermediate, which FC1's epilogue writes as
-token-group-major core matrices), and each 16-row weight group's codes and scales are two
-contiguous copies, all issued by one elected lane of the producer warp (_produce). A CTA-wide
+token-group-major core matrices), and each 16-row weight group's K-tile is one copy of its
+record (codes then scales, moe_common.packed), all issued by one elected lane of the producer warp (_produce). A CTA-wide
 per-thread cp.async ring measured 21.1 ms at DeepSeek-V3 T=8192 with its issue stalled on the
 load/store unit (ncu: 21% of warp samples on one LDGSTS address register, long scoreboard); the
 bulk copies take one instruction per 1-64 KiB instead of one per 16 bytes per thread.
@@ -185,7 +185,6 @@ class GatedGemm:
         self.b_bytes = self.bn * TILE_K * 2  # a K-tile's B in the tile-blocked buffers
         # FC1's B is 128B-swizzled (read by a swizzled descriptor from 1024-byte aligned halves)
         self.b_swizzle = cfg.phase == "fc1"
-        self.scale_bytes = 16 * fm.scale_bytes_per_row(cfg.weight_format)  # per group tile
         self.a_group_bytes = fm.group_tile_bytes(cfg.weight_format)
         self.groups = CONSUMER_WARPS * self.gpw  # 16-row weight groups per row tile
         self.a_bytes = self.groups * self.a_group_bytes  # a K-tile's A
@@ -298,14 +297,13 @@ class GatedGemm:
             width, per, sub, a_off, half = self._item_layout(p1 - p0)
             b_copy = width * HALF_BYTES  # each half's first (MMA width) tokens
             # the row tile's weight groups (fewer in a partial row tile): group j's K-tile kt
-            # at (first + j x k_tiles + kt) x (its codes' or scales' bytes)
+            # at (first + j x k_tiles + kt) x the record's bytes
             groups_here = ops.row_groups - rt * (self.row_tile // 16)
             if groups_here > self.row_tile // 16:
                 groups_here = Int32(self.row_tile // 16)
             first = (Int64(e) * Int64(ops.row_groups) + Int64(rt * (self.row_tile // 16))) \
                 * Int64(ops.k_tiles)
-            a_src = (ops.wblob + first * 1024, ops.sblob + first * self.scale_bytes,
-                     ops.k_tiles, groups_here)
+            a_src = (ops.records, first, ops.k_tiles, groups_here)
             b_tile = ops.b_blocked + Int64(tile) * Int64(ops.k_tiles) * self.b_bytes
             src = (b_tile, b_copy, half, sub, a_off, a_src)
             if per > 0:
@@ -335,8 +333,8 @@ class GatedGemm:
         """Copy K-tiles kt0 .. kt0 + n_kt - 1 into stage g once its previous use is released:
         both halves of B and A (halves 0), or B's first half and A (1), or its second half (2).
         src: the item's (B tile, bytes per B half, the second half's offset, K-tile stride,
-        A's offset in a K-tile, A's sources: codes and scales of the row tile's first group at
-        K-tile 0, K-tiles per group, groups in the row tile).
+        A's offset in a K-tile, A's source: the records, the index of the row tile's first
+        group's record at K-tile 0, K-tiles per group, groups in the row tile).
 
         One elected lane issues every copy from uniform registers (ptx.bulk_copies_g2s_elected,
         ptx.bulk_copy_groups_g2s_elected). A copy per lane (lane 2j: group j's codes, 2j + 1 its
@@ -366,11 +364,15 @@ class GatedGemm:
 
     @cute.jit
     def _copy_a(self, dst, kt, a_src, bar):
-        """Copy K-tile kt of the row tile's weight groups to dst, [codes | scales] per group."""
-        codes, scales, k_tiles, groups_here = a_src
+        """Copy K-tile kt of the row tile's weight groups to dst: one record (codes then
+        scales) per group. Two copies per group (codes, scales from separate blobs) measured
+        1.02-1.09x this (tools/pipeline_probe.py, the records mode at 9039796). The record's
+        address is formed here, per K-tile: the row tile's base address formed per item
+        instead made ptxas spill 52 bytes in the wide consumers (FC1 NVFP4)."""
+        records, first, k_tiles, groups_here = a_src
         ptx.bulk_copy_groups_g2s_elected(
-            bar, dst, (codes + Int64(kt) * 1024, scales + Int64(kt) * self.scale_bytes), k_tiles,
-            (1024, self.scale_bytes), self.groups, self.a_group_bytes, groups_here)
+            bar, dst, (records + (first + Int64(kt)) * self.a_group_bytes,), k_tiles,
+            (self.a_group_bytes,), self.groups, self.a_group_bytes, groups_here)
 
     @cute.jit
     def _item_layout(self, cnt):

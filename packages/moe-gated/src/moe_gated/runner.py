@@ -103,7 +103,7 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     limit = activation.limit if activation.limit is not None else math.inf
     _, fc1 = compile_cache.get("fc1", weights.weight_format, activation.name, geometry)
     grid1 = _persistent_grid(dev, cap * -(-prep.fc1_rows // row_tile(geometry)))
-    fc1(jit.operands(GatedOperands, wblob=prep.w13.data_ptr(), sblob=prep.w13_scale.data_ptr(),
+    fc1(jit.operands(GatedOperands, records=prep.w13.data_ptr(),
                      gscale=prep.fc1_alpha[quant_mode].data_ptr(), bias=prep.w13_bias.data_ptr(),
                      **routed.tile_operands, b_blocked=x_blocked.data_ptr(), k_tiles=kt1,
                      row_groups=prep.fc1_rows // 16, out=inter.data_ptr(), out_stride=kt2,
@@ -118,7 +118,7 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     y = bufs.get("y", (P, H), torch.float32)
     _, fc2 = compile_cache.get("fc2", weights.weight_format, "none", geometry)
     grid2 = _persistent_grid(dev, cap * -(-prep.fc2_rows // row_tile(geometry)))
-    fc2(jit.operands(GatedOperands, wblob=prep.w2.data_ptr(), sblob=prep.w2_scale.data_ptr(),
+    fc2(jit.operands(GatedOperands, records=prep.w2.data_ptr(),
                      gscale=prep.fc2_alpha[quant_mode].data_ptr(), bias=prep.w2_bias.data_ptr(),
                      **routed.tile_operands, b_blocked=inter.data_ptr(), k_tiles=kt2,
                      row_groups=prep.fc2_rows // 16, out=y.data_ptr(), out_stride=H, out_rows=H,

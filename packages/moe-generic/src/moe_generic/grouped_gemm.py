@@ -174,16 +174,14 @@ class GroupedGemm:
             sbuf = smem.allocate_array(cutlass.Uint8, self.smem_bytes, byte_alignment=128)
             s_base = Int32(sbuf.toint())
 
-            # ---- weight stream. Tile (e, group, kt): 1 KiB of fragment-ordered codes, lane l's
-            # 32 B at l * 32, then bf16 scales [16 rows][128 / block] (NVFP4 256 B, MXFP4 128 B).
-            # Each warp copies its groups' tiles into its own slice of the stage.
+            # ---- weight stream. Record (e, group, kt) (moe_common.packed): 1 KiB of
+            # fragment-ordered codes, lane l's 32 B at l * 32, then bf16 scales [16 rows]
+            # [128 / block] (NVFP4 256 B, MXFP4 128 B). Each warp copies its groups' records
+            # into its own slice of the stage.
             group0 = bidx * (cfg.warps * cfg.mw) + warp * cfg.mw
-            sbpr = cfg.scale_bytes_per_row
             tile_idx0 = (Int64(e) * Int64(ops.row_groups) + Int64(group0)) * Int64(ops.k_tiles)
-            w_warp = ops.wblob + tile_idx0 * 1024
-            s_warp = ops.sblob + tile_idx0 * (16 * sbpr)
-            group_w_stride = Int64(ops.k_tiles) * 1024
-            group_s_stride = Int64(ops.k_tiles) * (16 * sbpr)
+            w_warp = ops.records + tile_idx0 * self.a_group_bytes
+            group_stride = Int64(ops.k_tiles) * self.a_group_bytes
             a_warp_off = self.b_bytes + warp * cfg.mw * self.a_group_bytes
 
             acc = cute.make_rmem_tensor(cute.make_layout((cfg.mw, self.nb, 4)), Float32)
@@ -204,7 +202,7 @@ class GroupedGemm:
                 # every body's registers live: 144 per thread, one CTA per SM). The decode is the
                 # same in every body.
                 loop_args = (acc, ops.k_tiles, s_base, lane, b_lane, sources, ops.src, ops.k_real,
-                             w_warp, s_warp, group_w_stride, group_s_stride, a_warp_off)
+                             w_warp, group_stride, a_warp_off)
                 self._by_width(cfg.live_widths, p1 - p0, loop_args)
                 ptx.cp_async_wait(0)
                 self._epilogue(ops, acc, e, p0, p1, group0, r, q)
@@ -313,9 +311,7 @@ class GroupedGemm:
         arrive (release) after the copying thread saw its own copies land."""
         cfg = self.cfg
         npw = cfg.producer_warps
-        sbpr = cfg.scale_bytes_per_row
-        group_w_stride = Int64(ops.k_tiles) * 1024
-        group_s_stride = Int64(ops.k_tiles) * (16 * sbpr)
+        group_stride = Int64(ops.k_tiles) * self.a_group_bytes
         ctid = pw * 32 + lane  # this thread among the producer warps'
         rows_per_pass = 16 * npw
         half = ctid % 2  # the chunks of the row this thread copies: half, half + 2, ...
@@ -323,10 +319,10 @@ class GroupedGemm:
                                       ops.order, ops.row_div, ops.src, ops.src_stride)
                    for i in range(-(-cfg.bn // rows_per_pass))]
         served = [pw + npw * j for j in range(-(-cfg.warps // npw))]  # MMA warps pw + P j
-        # per served warp: where its groups' codes and scales start, its stage slice
+        # per served warp: where its groups' records start, its stage slice
         starts = [(Int64(e) * Int64(ops.row_groups) + Int64((bidx * cfg.warps + w) * cfg.mw))
                   * Int64(ops.k_tiles) for w in served]
-        weights = [(ops.wblob + t0 * 1024, ops.sblob + t0 * (16 * sbpr),
+        weights = [(ops.records + t0 * self.a_group_bytes,
                     self.b_bytes + w * cfg.mw * self.a_group_bytes, w)
                    for t0, w in zip(starts, served)]
         lag = max(0, cfg.stages - 2)
@@ -341,10 +337,9 @@ class GroupedGemm:
                         self._copy_chunk((base + Int64(j * 32), dst + j * 32, ch0 + 2 * j, ok),
                                          kt, ops.k_real, ops.src, stage)
             for j in cutlass.range_constexpr(len(weights)):
-                w_src, s_src, a_off, w = weights[j]
+                w_src, a_off, w = weights[j]
                 if w < cfg.warps:
-                    self._copy_groups(kt, stage, lane, w_src, s_src, group_w_stride,
-                                      group_s_stride, a_off)
+                    self._copy_groups(kt, stage, lane, w_src, group_stride, a_off)
             ptx.cp_async_commit()
             ptx.cp_async_wait(lag)
             if kt >= lag:
@@ -360,11 +355,10 @@ class GroupedGemm:
     def _produce_bulk(self, ops, lane, bidx, e, p0, p1, s_base, full, empty):
         """The producer warp with cfg.producer_bulk: per K-tile, wait until the stage is free;
         one elected lane arrives on its full barrier expecting the stage's bytes and bulk copies
-        every MMA warp's weight groups (codes and scales, two copies per group); lane n copies
+        every MMA warp's weight groups (one record per group); lane n copies
         live token row n (one 256-byte copy; with cfg.k_tail the last K-tile's real bytes, and
         zeros past them). The barrier completes when the bytes have landed."""
         cfg = self.cfg
-        scale_bytes = 16 * cfg.scale_bytes_per_row
         live = cutlass.min(p1 - p0, cfg.bn)
         rows = []  # per pass over the tile's rows: (row n, its source row's address)
         for i in cutlass.range_constexpr(-(-cfg.bn // 32)):
@@ -379,7 +373,7 @@ class GroupedGemm:
         # weight tile index (expert, group, K-tile 0) of each group, in stage order
         groups = [(Int64(e) * Int64(ops.row_groups) + Int64(bidx * cfg.warps * cfg.mw + j))
                   * Int64(ops.k_tiles) for j in range(cfg.warps * cfg.mw)]
-        weight_bytes = len(groups) * (1024 + scale_bytes)
+        weight_bytes = len(groups) * self.a_group_bytes
         tx_bytes = weight_bytes + live * (TILE_K * 2)
         for kt in cutlass.range(ops.k_tiles, unroll=1):
             st = kt % cfg.stages
@@ -402,8 +396,7 @@ class GroupedGemm:
             for j in cutlass.range_constexpr(len(groups)):
                 dst = stage + self.b_bytes + j * self.a_group_bytes
                 t = groups[j] + Int64(kt)
-                copies.append((dst, ops.wblob + t * 1024, 1024))
-                copies.append((dst + 1024, ops.sblob + t * scale_bytes, scale_bytes))
+                copies.append((dst, ops.records + t * self.a_group_bytes, self.a_group_bytes))
             ptx.bulk_copies_g2s_elected(bar, kt_tx_bytes, copies)
             for i in cutlass.range_constexpr(len(rows)):
                 n, src_row = rows[i]
@@ -431,15 +424,14 @@ class GroupedGemm:
 
     @cute.jit
     def _mainloop(self, live_nb: int, acc, k_tiles, s_base, lane, b_lane, sources, src, k_real,
-                  w_warp, s_warp, group_w_stride, group_s_stride, a_warp_off):
+                  w_warp, group_stride, a_warp_off):
         """The K loop: a stages-deep cp.async ring of (B tile, A tiles), MMAs over the tile's
         first live_nb 8-token blocks (the copies always fill all bn rows, zeros past the tile)."""
         cfg = self.cfg
         for st in cutlass.range_constexpr(cfg.stages - 1):
             if st < k_tiles:
                 self._issue_stage(Int32(st), s_base + st * self.stage_bytes, lane, sources, src,
-                                  k_real, w_warp, s_warp, group_w_stride, group_s_stride,
-                                  a_warp_off)
+                                  k_real, w_warp, group_stride, a_warp_off)
             ptx.cp_async_commit()
         for kt in cutlass.range(k_tiles, unroll=1):
             ptx.cp_async_wait(cfg.stages - 2)
@@ -447,8 +439,7 @@ class GroupedGemm:
             nxt = kt + cfg.stages - 1
             if nxt < k_tiles:
                 self._issue_stage(nxt, s_base + (nxt % cfg.stages) * self.stage_bytes, lane, sources,
-                                  src, k_real, w_warp, s_warp, group_w_stride, group_s_stride,
-                                  a_warp_off)
+                                  src, k_real, w_warp, group_stride, a_warp_off)
             ptx.cp_async_commit()
             stage = s_base + (kt % cfg.stages) * self.stage_bytes
             words = [fm.load_group_words(stage + a_warp_off + g * self.a_group_bytes, lane,
@@ -492,26 +483,24 @@ class GroupedGemm:
 
     @cute.jit
     def _issue_stage(self, kt, stage, lane, sources, src, k_real,
-                     w_warp, s_warp, group_w_stride, group_s_stride, a_warp_off):
+                     w_warp, group_stride, a_warp_off):
         """cp.async K-tile kt's token rows (whole CTA) and this warp's weight tiles into a stage."""
         for it in cutlass.range_constexpr(self.b_iters):
             self._copy_chunk(sources[it], kt, k_real, src, stage)
-        self._copy_groups(kt, stage, lane, w_warp, s_warp, group_w_stride, group_s_stride, a_warp_off)
+        self._copy_groups(kt, stage, lane, w_warp, group_stride, a_warp_off)
 
     @cute.jit
-    def _copy_groups(self, kt, stage, lane, w_warp, s_warp, group_w_stride, group_s_stride,
-                     a_warp_off):
-        """cp.async K-tile kt of one warp's mw weight groups (codes, scales) into a stage."""
+    def _copy_groups(self, kt, stage, lane, w_warp, group_stride, a_warp_off):
+        """cp.async K-tile kt of one warp's mw weight groups (their records) into a stage."""
         cfg = self.cfg
         scale_chunks = cfg.scale_bytes_per_row  # 16 rows x sbpr bytes = sbpr chunks of 16 B
         for g in cutlass.range_constexpr(cfg.mw):
             dst = stage + a_warp_off + g * self.a_group_bytes
-            wsrc = w_warp + Int64(g) * group_w_stride + Int64(kt) * 1024 + Int64(lane) * 32
-            ptx.cp_async_16(dst + lane * 32, wsrc)
-            ptx.cp_async_16(dst + lane * 32 + 16, wsrc + 16)
+            rec = w_warp + Int64(g) * group_stride + Int64(kt) * self.a_group_bytes
+            ptx.cp_async_16(dst + lane * 32, rec + Int64(lane) * 32)
+            ptx.cp_async_16(dst + lane * 32 + 16, rec + Int64(lane) * 32 + 16)
             if lane < scale_chunks:
-                ssrc = s_warp + Int64(g) * group_s_stride + Int64(kt) * (16 * cfg.scale_bytes_per_row)
-                ptx.cp_async_16(dst + 1024 + lane * 16, ssrc + Int64(lane) * 16)
+                ptx.cp_async_16(dst + 1024 + lane * 16, rec + 1024 + Int64(lane) * 16)
 
     @cute.jit
     def _fc1_store(self, out, out_stride, p, group, r, v_lo, v_hi, alpha, beta, limit):

@@ -111,7 +111,7 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     limit = activation.limit if activation.limit is not None else math.inf
     cfg1, fc1 = compile_cache.get("fc1", weights.weight_format, activation.name, bn,
                                   prep.fc1_rows, Hp // TILE_K, k_tail=H != Hp)
-    fc1(jit.operands(GemmOperands, wblob=prep.w13.data_ptr(), sblob=prep.w13_scale.data_ptr(),
+    fc1(jit.operands(GemmOperands, records=prep.w13.data_ptr(),
                      gscale=prep.fc1_alpha[quant_mode].data_ptr(), bias=prep.w13_bias.data_ptr(),
                      **routed.tile_operands, row_div=row_div, src=src.data_ptr(),
                      src_stride=src.stride(0), k_real=H, k_tiles=Hp // TILE_K,
@@ -129,7 +129,7 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     route_w = route_w.contiguous()
     cfg2, fc2 = compile_cache.get("fc2", weights.weight_format, "none", bn, prep.fc2_rows,
                                   Ip // TILE_K)
-    fc2(jit.operands(GemmOperands, wblob=prep.w2.data_ptr(), sblob=prep.w2_scale.data_ptr(),
+    fc2(jit.operands(GemmOperands, records=prep.w2.data_ptr(),
                      gscale=prep.fc2_alpha[quant_mode].data_ptr(), bias=prep.w2_bias.data_ptr(),
                      **routed.tile_operands, row_div=1, src=inter.data_ptr(), src_stride=Ip,
                      k_real=Ip, k_tiles=Ip // TILE_K, row_groups=prep.fc2_rows // 16,

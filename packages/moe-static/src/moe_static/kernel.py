@@ -57,12 +57,12 @@ from moe_common.hopper import SMEM_PER_CTA
 WARPS = 16
 THREADS = WARPS * 32
 CHUNK = 8  # tokens per unit chunk: one n8 MMA block (the other kernels' token tiles are bn)
-# A ring slot holds a step of up to STEP consecutive K-tiles of one unit: their codes, their
-# scales and the chunk's CHUNK token rows, each filled by one bulk copy, so the copies, the
-# mbarrier wait and the slot bookkeeping are paid once per step.
+# A ring slot holds a step of up to STEP consecutive K-tiles of one unit: their group records
+# (moe_common.packed: codes then scales, consecutive in the blob, so one bulk copy) and the
+# chunk's CHUNK token rows, so the copies, the mbarrier wait and the slot bookkeeping are paid
+# once per step.
 STEP = 2
-SCALE_OFF = STEP * 1024
-B_OFF = SCALE_OFF + STEP * 256  # NVFP4 scales: 256 B per K-tile (MXFP4 128)
+B_OFF = STEP * fm.group_tile_bytes("nvfp4")  # the larger record (MXFP4's scales are half)
 B_ROW_BYTES = (STEP * TILE_K + 8) * 2  # a token row of one step, padded: conflict-free ldmatrix
 SLOT_BYTES = B_OFF + CHUNK * B_ROW_BYTES  # 6784
 # Ring slots per warp: one step in flight while the other is consumed, two while the warp waits
@@ -84,15 +84,13 @@ class StaticOperands(NamedTuple):
     """The runtime operands of one launch, in kernel-parameter order: runner.run builds them
     once per call (jit.operands), StaticMoE.__call__ and .kernel take them whole, and the
     compile cache compiles with jit.example(StaticOperands)."""
-    # the packed weights (moe_common.packed): FC1 and FC2 codes, block scales, per-expert global
+    # the packed weights (moe_common.packed): FC1 and FC2 group records, per-expert global
     # scales gscale (fp32 [E]: packed fc1_alpha / fc2_alpha, the weights' scale_2, in w4a4 times
     # the activation's) and biases (fp32 [E, rows])
     w13: Int64
-    s13: Int64
     gscale13: Int64
     b13: Int64
     w2: Int64
-    s2: Int64
     gscale2: Int64
     b2: Int64
     # the call: topk_ids (int32 or int64, StaticConfig.ids_bytes), router weights (fp32), the
@@ -128,8 +126,7 @@ class _Gemm(NamedTuple):
     n_groups: Int32  # units per active expert: FC1 the blob's 16-row groups, FC2 ceil(H / 16)
     blob_groups: Int32  # 16-row groups per expert in the weight blob
     k_tiles: Int32
-    w: Int64  # codes, scales, per-expert global scale, bias (see StaticOperands)
-    s: Int64
+    w: Int64  # group records, per-expert global scale, bias (see StaticOperands)
     gscale: Int64
     bias: Int64
     src: Int64  # B's rows: FC1 x (a row per token), FC2 inter (a row per routed pair)
@@ -238,12 +235,12 @@ class StaticMoE:
                      grid, tid)
         max_cnt = ptx.ld_shared_u32(s_max)
         tables = _Tables(s_base, s_cnt, s_off, s_act, s_ord)
-        fc1 = _Gemm(ops.groups1, ops.groups1, ops.k_tiles1, ops.w13, ops.s13, ops.gscale13, ops.b13,
+        fc1 = _Gemm(ops.groups1, ops.groups1, ops.k_tiles1, ops.w13, ops.gscale13, ops.b13,
                     ops.x, ops.x_stride)
         self._phase(True, fc1, ops, inter_stride, tables, n_act, steps, bid, grid, tid, max_cnt)
         ptx.fence_proxy_async_global()  # inter (generic stores) is read by bulk copies next
         self._grid_sync(ops.barrier, bid, grid, tid)
-        fc2 = _Gemm((ops.hidden + 15) // 16, ops.groups2, ops.k_tiles2, ops.w2, ops.s2, ops.gscale2,
+        fc2 = _Gemm((ops.hidden + 15) // 16, ops.groups2, ops.k_tiles2, ops.w2, ops.gscale2,
                     ops.b2, ops.inter, inter_stride)
         self._phase(False, fc2, ops, inter_stride, tables, n_act, steps, bid, grid, tid, max_cnt)
         self._grid_sync(ops.barrier, bid, grid, tid)
@@ -409,7 +406,7 @@ class StaticMoE:
         lane, s_ord, n_groups, k_tiles = wp.lane, tables.s_ord, gemm.n_groups, gemm.k_tiles
         r = lane // 4
         q = lane % 4
-        sbpr = fm.scale_bytes_per_row(cfg.weight_format)
+        rec = fm.group_tile_bytes(cfg.weight_format)
         a = u // n_groups
         g = u - a * n_groups
         e = ptx.ld_shared_u32(tables.s_act + a * 4)
@@ -437,7 +434,7 @@ class StaticMoE:
             # (after it, every warp of a T=1 launch would wait on them at once)
             ep = self._epilogue_constants(fc1, gemm.gscale, gemm.bias, ops.route_w, e,
                                           gemm.blob_groups, g, s_ord, first + c0, nch, r, q)
-            self._stream(fc1, acc, gemm.w + tile0 * 1024, gemm.s + tile0 * (16 * sbpr), ka, kb,
+            self._stream(fc1, acc, gemm.w + tile0 * rec, ka, kb,
                          k_tiles, b_src, nch, b_off, ops.hidden, wp.ring, wp.mbar, steps, lane)
             if cutlass.const_expr(team > 1):
                 self._team_sum(acc, tables.s_base + self.team_off, wp.my_team, wp.member, team,
@@ -501,7 +498,7 @@ class StaticMoE:
         return tuple(rows)
 
     @cute.jit
-    def _stream(self, fc1: cutlass.Constexpr, acc, w_unit, s_unit, ka, kb, k_tiles, b_src, nch,
+    def _stream(self, fc1: cutlass.Constexpr, acc, w_unit, ka, kb, k_tiles, b_src, nch,
                 b_off, hidden, ring, mbar, steps, lane):
         """acc += the unit's K-tiles [ka, kb) of A_unit @ B, in steps of STEP K-tiles.
 
@@ -513,7 +510,7 @@ class StaticMoE:
         t0 = steps[0]
         for j in cutlass.range_constexpr(DEPTH - 1):
             if j < n_steps:
-                self._fill(fc1, t0 + j, ka + j * STEP, kb, w_unit, s_unit, b_src, nch, hidden,
+                self._fill(fc1, t0 + j, ka + j * STEP, kb, w_unit, b_src, nch, hidden,
                            ring, mbar, lane)
         # Full steps run unrolled with no masking (ptxas if-converts a branch inside one loop
         # and issues both bodies). The last step goes to a loop of its own when it is short
@@ -528,12 +525,12 @@ class StaticMoE:
                     if kb == k_tiles:
                         n_full = n_steps - 1
         for j in cutlass.range(n_full, unroll=1):
-            slot = self._next_step(fc1, j, t0, n_steps, ka, kb, w_unit, s_unit, b_src, nch,
+            slot = self._next_step(fc1, j, t0, n_steps, ka, kb, w_unit, b_src, nch,
                                    hidden, ring, mbar, lane)
             for i in cutlass.range_constexpr(STEP):
                 self._tile_mma(acc, slot, i, b_off, lane, False, Int32(8))
         for j in cutlass.range(n_full, n_steps, unroll=1):
-            slot = self._next_step(fc1, j, t0, n_steps, ka, kb, w_unit, s_unit, b_src, nch,
+            slot = self._next_step(fc1, j, t0, n_steps, ka, kb, w_unit, b_src, nch,
                                    hidden, ring, mbar, lane)
             kt = ka + j * STEP
             for i in cutlass.range(cutlass.min(kb - kt, STEP), unroll=1):
@@ -543,7 +540,7 @@ class StaticMoE:
         ptx.sync_warp()  # the next unit's first copies may refill any slot
 
     @cute.jit
-    def _next_step(self, fc1: cutlass.Constexpr, j, t0, n_steps, ka, kb, w_unit, s_unit, b_src,
+    def _next_step(self, fc1: cutlass.Constexpr, j, t0, n_steps, ka, kb, w_unit, b_src,
                    nch, hidden, ring, mbar, lane):
         """Refill the slot step j - 1 used with step j + DEPTH - 1, wait for the warp's step j
         (ring slot (t0 + j) % DEPTH) and return its slot. The refill goes out before the wait,
@@ -553,16 +550,16 @@ class StaticMoE:
         nxt = j + DEPTH - 1
         if nxt < n_steps:
             ptx.sync_warp()  # every lane is done with step j - 1's slot, which nxt refills
-            self._fill(fc1, t0 + nxt, ka + nxt * STEP, kb, w_unit, s_unit, b_src, nch, hidden,
+            self._fill(fc1, t0 + nxt, ka + nxt * STEP, kb, w_unit, b_src, nch, hidden,
                        ring, mbar, lane)
         ptx.mbarrier_wait(mbar + sl * 8, (t >> (DEPTH.bit_length() - 1)) & 1)
         return ring + sl * SLOT_BYTES
 
     @cute.jit
-    def _fill(self, fc1: cutlass.Constexpr, t, kt, kb, w_unit, s_unit, b_src, nch, hidden, ring,
+    def _fill(self, fc1: cutlass.Constexpr, t, kt, kb, w_unit, b_src, nch, hidden, ring,
               mbar, lane):
         """Start filling ring slot t % DEPTH (the warp's t-th step) with the unit's K-tiles
-        [kt, min(kt + STEP, kb)) by bulk copies: one elected lane the codes, the scales and
+        [kt, min(kt + STEP, kb)) by bulk copies: one elected lane their records and
         token row 0 (ptx.bulk_copies_g2s_elected: issued from uniform registers, FC1 loop 357 ->
         338 SASS, 85968a0), lane n in 1..nch-1 token row n (FC1: only
         the columns below H)."""
@@ -570,17 +567,15 @@ class StaticMoE:
         slot = ring + sl * SLOT_BYTES
         mb = mbar + sl * 8
         n = cutlass.min(kb - kt, STEP)
-        scale_bytes = 16 * fm.scale_bytes_per_row(self.cfg.weight_format)
+        rec = fm.group_tile_bytes(self.cfg.weight_format)
         row_bytes = n * (TILE_K * 2)
         if cutlass.const_expr(fc1):
             row_bytes = cutlass.min(hidden - kt * TILE_K, n * TILE_K) * 2
         b_lane, b_row0 = b_src
         b_kt = Int64(kt) * (TILE_K * 2)
         ptx.bulk_copies_g2s_elected(
-            mb, n * (1024 + scale_bytes) + nch * row_bytes,
-            ((slot, w_unit + Int64(kt) * 1024, n * 1024),
-             (slot + SCALE_OFF, s_unit + Int64(kt) * scale_bytes, n * scale_bytes),
-             (slot + B_OFF, b_row0 + b_kt, row_bytes)))
+            mb, n * rec + nch * row_bytes,
+            ((slot, w_unit + Int64(kt) * rec, n * rec), (slot + B_OFF, b_row0 + b_kt, row_bytes)))
         if lane < nch:
             if lane > 0:
                 ptx.bulk_copy_g2s(slot + B_OFF + lane * B_ROW_BYTES, b_lane + b_kt, row_bytes, mb)
@@ -612,15 +607,8 @@ class StaticMoE:
     def _slot_words(self, slot, i, lane):
         """K-tile i's 8 code words of this lane and its rows' (r, r + 8) scale words (in
         fm.a_fragment order)."""
-        sbpr = fm.scale_bytes_per_row(self.cfg.weight_format)
-        ca = slot + i * 1024 + lane * 32
-        codes = ptx.ld_shared_v4(ca) + ptx.ld_shared_v4(ca + 16)
-        sa = slot + SCALE_OFF + i * (16 * sbpr) + (lane // 4) * sbpr
-        if cutlass.const_expr(self.cfg.weight_format == "nvfp4"):
-            scales = ptx.ld_shared_v4(sa) + ptx.ld_shared_v4(sa + 8 * sbpr)
-        else:
-            scales = ptx.ld_shared_v2(sa) + ptx.ld_shared_v2(sa + 8 * sbpr)
-        return codes + scales
+        fmt = self.cfg.weight_format
+        return fm.load_group_words(slot + i * fm.group_tile_bytes(fmt), lane, fmt)
 
     @cute.jit
     def _team_sum(self, acc, s_team, my_team, member, team, lane):

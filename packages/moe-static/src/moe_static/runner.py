@@ -81,9 +81,9 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     _, kernel = get(weights.weight_format, activation.name, ids.element_size(), teams)
     ops = jit.operands(
         StaticOperands,
-        w13=prep.w13.data_ptr(), s13=prep.w13_scale.data_ptr(),
+        w13=prep.w13.data_ptr(),
         gscale13=prep.fc1_alpha[quant_mode].data_ptr(), b13=prep.w13_bias.data_ptr(),
-        w2=prep.w2.data_ptr(), s2=prep.w2_scale.data_ptr(),
+        w2=prep.w2.data_ptr(),
         gscale2=prep.fc2_alpha[quant_mode].data_ptr(), b2=prep.w2_bias.data_ptr(),
         ids=ids.data_ptr(), route_w=route_w.data_ptr(), x=x.data_ptr(), x_stride=x.stride(0),
         tokens=T, top_k=k, expert_offset=weights.local_expert_offset,
