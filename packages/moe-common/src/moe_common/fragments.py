@@ -118,28 +118,33 @@ def _pad_to(t: torch.Tensor, dim: int, multiple: int) -> torch.Tensor:
     return torch.cat([t, t.new_zeros(shape)], dim=dim)
 
 
-def repack_codes(packed: torch.Tensor, row_multiple: int = TILE_ROWS) -> torch.Tensor:
-    """[E, N, K/2] canonical packed codes -> [E, Np/16, Kp/128, 32, 32] uint8 fragment blob."""
-    e = packed.shape[0]
-    lo = packed & 0xF
-    hi = packed >> 4
-    codes = torch.stack([lo, hi], dim=-1).flatten(-2)  # [E, N, K]
-    codes = _pad_to(_pad_to(codes, 1, row_multiple), 2, TILE_K)
-    n, k = codes.shape[1], codes.shape[2]
-    tiles = codes.view(e, n // TILE_ROWS, TILE_ROWS, k // TILE_K, TILE_K).permute(0, 1, 3, 2, 4)
+def repack_codes(packed: torch.Tensor, row_multiple: int = TILE_ROWS,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
+    """[E, N, K/2] canonical packed codes -> [E, Np/16, Kp/128, 32, 32] uint8 fragment blob, or
+    written into `out` (a uint8 [E, Np/16, Kp/128, 1024] tensor or view) and returned. One
+    expert at a time: the unpacked codes and the int32 words of a whole layer would not fit
+    beside it (DeepSeek-V3's w13 as one byte per code is 7.5 GB)."""
+    e, n, half = packed.shape
+    nt = -(-n // row_multiple) * row_multiple // TILE_ROWS
+    kt = -(-2 * half // TILE_K)
+    blob = out if out is not None else torch.empty(e, nt, kt, 1024, dtype=torch.uint8,
+                                                   device=packed.device)
     row, kk = _fragment_index()
     row, kk = row.to(packed.device), kk.to(packed.device)
-    out = torch.empty(e, n // TILE_ROWS, k // TILE_K, 32, 8, 4, dtype=torch.uint8, device=packed.device)
-    for i in range(e):  # one expert at a time: the int32 words of a whole layer would not fit
-        frag = tiles[i][:, :, row, kk].to(torch.int32)  # [Nt, Kt, 32 lanes, 8 slabs, 8 codes]
+    for i in range(e):
+        codes = torch.stack([packed[i] & 0xF, packed[i] >> 4], dim=-1).flatten(-2)  # [N, K]
+        codes = _pad_to(_pad_to(codes, 0, row_multiple), 1, TILE_K)
+        tiles = codes.view(nt, TILE_ROWS, kt, TILE_K).permute(0, 2, 1, 3)
+        frag = tiles[:, :, row, kk].to(torch.int32)  # [Nt, Kt, 32 lanes, 8 slabs, 8 codes]
         word = torch.zeros(frag.shape[:-1], dtype=torch.int32, device=frag.device)
         for c in range(8):
             for b in range(4):
                 word |= ((frag[..., c] >> b) & 1) << WORD_BIT_POSITION[c][b]
         # little-endian bytes of each 32-bit word
-        out[i] = torch.stack([(word >> (8 * j)) & 0xFF for j in range(4)], dim=-1).to(torch.uint8)
-        del frag, word
-    return out.reshape(e, n // TILE_ROWS, k // TILE_K, 32, 32).contiguous()
+        blob[i] = torch.stack([(word >> (8 * j)) & 0xFF for j in range(4)],
+                              dim=-1).to(torch.uint8).reshape(nt, kt, 1024)
+        del codes, frag, word
+    return blob if out is not None else blob.view(e, nt, kt, 32, 32)
 
 
 def unpack_word_codes(words: torch.Tensor) -> torch.Tensor:
@@ -159,14 +164,19 @@ def repack_scales(scales: torch.Tensor, block: int, row_multiple: int = TILE_ROW
     return s.contiguous()
 
 
-def group_records(code_tiles: torch.Tensor, scale_tiles: torch.Tensor) -> torch.Tensor:
-    """repack_codes' [E, G, Kt, 32, 32] codes and scales_to_bf16's [E, G, Kt, 16, 128 / block]
-    scales -> [E, G, Kt, record] uint8, each group tile's record its codes then its scales, a
-    group's records consecutive (one region per group and run of K-tiles)."""
-    e, g, kt = code_tiles.shape[:3]
-    codes = code_tiles.reshape(e, g, kt, 1024)
-    scales = scale_tiles.contiguous().view(torch.uint8).reshape(e, g, kt, -1)
-    return torch.cat([codes, scales], dim=-1).contiguous()
+def group_records(packed: torch.Tensor, scales: torch.Tensor, block: int, weight_format: str,
+                  row_multiple: int = TILE_ROWS) -> torch.Tensor:
+    """[E, N, K/2] canonical codes and their [E, N, K/block] scale bytes -> [E, Np/16, Kp/128,
+    record] uint8: each group tile's record, its 1 KiB of codes (repack_codes) then its bf16
+    scales (scales_to_bf16), a group's records consecutive (one region per group and run of
+    K-tiles). The codes are written into the records in place: no second copy of the layer."""
+    s = scales_to_bf16(repack_scales(scales, block, row_multiple), weight_format)
+    e, g, kt = s.shape[:3]
+    s = s.view(torch.uint8).reshape(e, g, kt, -1)
+    rec = torch.empty(e, g, kt, 1024 + s.shape[-1], dtype=torch.uint8, device=packed.device)
+    rec[..., 1024:] = s
+    repack_codes(packed, row_multiple, out=rec[..., :1024])
+    return rec
 
 
 def pad_rows(v: torch.Tensor, row_multiple: int) -> torch.Tensor:

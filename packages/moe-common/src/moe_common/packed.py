@@ -23,8 +23,8 @@ import torch
 
 from .formats import get_format
 from .fragments import (
-    ALPHA_SHIFT, TILE_K, gated_row_order, mxfp4_scale_range_reason, pad_gated, pad_rows,
-    group_records, repack_codes, repack_scales, scales_to_bf16,
+    ALPHA_SHIFT, TILE_K, gated_row_order, group_records, mxfp4_scale_range_reason, pad_gated,
+    pad_rows,
 )
 from .weights import MoEWeights
 
@@ -129,12 +129,6 @@ def _unpackable_reason(weights: MoEWeights):
     return None
 
 
-def _records(codes, scales, block: int, weight_format: str) -> torch.Tensor:
-    """One matrix's codes and scale bytes -> its group records (see Packed)."""
-    return group_records(repack_codes(codes, ROW_TILE),
-                         scales_to_bf16(repack_scales(scales, block, ROW_TILE), weight_format))
-
-
 def _pack(weights: MoEWeights) -> Packed:
     fmt = get_format(weights.weight_format)
     reason = unpackable_reason(weights)
@@ -162,10 +156,10 @@ def _pack(weights: MoEWeights) -> Packed:
     s2_2 = weights.w2_scale_2.float() * 2.0 ** ALPHA_SHIFT
     prep = Packed(
         hidden=H, intermediate=I, hidden_padded=Hp, intermediate_padded=Ip, gated=weights.gated,
-        w13=_records(w13, s13, fmt.block_size, weights.weight_format),
+        w13=group_records(w13, s13, fmt.block_size, weights.weight_format, ROW_TILE),
         w13_bias=pad_rows(b13, ROW_TILE),
-        w2=_records(weights.w2, weights.w2_scale.view(torch.uint8), fmt.block_size,
-                    weights.weight_format),
+        w2=group_records(weights.w2, weights.w2_scale.view(torch.uint8), fmt.block_size,
+                         weights.weight_format, ROW_TILE),
         w2_bias=pad_rows(b2, ROW_TILE),
         # w4a4 activations are stored as q * block_scale (exact in bf16); their global scale
         # joins the weight's in the fp32 epilogue, as a Blackwell W4A4 kernel's alpha does.
