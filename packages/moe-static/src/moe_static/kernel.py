@@ -10,7 +10,7 @@ the stream over every warp of the GPU.
 2. FC1: units (active expert, 16-row weight group), taken by teams of `team_fc1` warps. The warps
    of a team split the group's K-tiles into contiguous ranges; each streams its range in steps
    of 2 K-tiles through its own ring of two shared-memory slots, filled by bulk copies (the
-   step's codes and scales and the chunk's token rows) that complete on the slot's mbarrier, so
+   step's group records and the chunk's token rows) that complete on the slot's mbarrier, so
    no CTA barrier stands in the stream; it decodes e2m1 and runs mma.sync with the token rows
    as B (ldmatrix). The team adds its partial sums in a fixed order through shared memory,
    applies the per-expert global scale (gscale), bias and the activation and writes the bf16
@@ -502,8 +502,8 @@ class StaticMoE:
                 b_off, hidden, ring, mbar, steps, lane):
         """acc += the unit's K-tiles [ka, kb) of A_unit @ B, in steps of STEP K-tiles.
 
-        Steps run through the warp's ring of DEPTH slots, each filled by three bulk copies
-        (codes, scales, one per token row) that complete on the slot's mbarrier; the warp's
+        Steps run through the warp's ring of DEPTH slots, each filled by bulk copies (the
+        step's records, one per token row) that complete on the slot's mbarrier; the warp's
         running step count gives the slot and the phase parity, across units and phases."""
         n_tiles = kb - ka
         n_steps = (n_tiles + STEP - 1) // STEP
