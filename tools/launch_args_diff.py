@@ -139,6 +139,8 @@ def _named_tensors(inputs: dict, weights, workspace) -> list:
     named = list(inputs.items())
     named += [(f"ws.{k}", t) for k, t in workspace.views.items()]
     for key, entry in weights.kernel_cache.items():
+        if isinstance(entry, tuple) and len(entry) == 2:  # (its sources, the value): packed.cached
+            entry = entry[1]
         fields = (dataclasses.asdict(entry).keys() if dataclasses.is_dataclass(entry)
                   else entry.keys() if isinstance(entry, dict) else ())
         for f in fields:
