@@ -33,8 +33,8 @@ Operands arrive by bulk copy (cp.async.bulk, the TMA engine's 1-D copy): B is co
 K-tile as two 64-column halves, as many tokens as the MMA is wide, from a tile-blocked buffer
 already in the order the wgmma descriptor reads (FC1: token rows that row_scatter.RowScatter
 placed in the 128-byte swizzle; FC2: the intermediate, which FC1's epilogue writes as
-token-group-major core matrices), and each 16-row weight group's K-tile is one copy of its
-record (codes then scales, moe_common.packed), all issued by one elected lane of the producer warp (_produce). A CTA-wide
+token-group-major core matrices), and each weight group's K-tile is one copy of its record
+(codes, scales), all issued by one elected lane of the producer warp (_produce). A CTA-wide
 per-thread cp.async ring measured 21.1 ms at DeepSeek-V3 T=8192 with its issue stalled on the
 load/store unit (ncu: 21% of warp samples on one LDGSTS address register, long scoreboard); the
 bulk copies take one instruction per 1-64 KiB instead of one per 16 bytes per thread.

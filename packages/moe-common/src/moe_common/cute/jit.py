@@ -187,8 +187,8 @@ def example(bundle: type):
 
 
 # The fields every grouped GEMM's bundle (moe-gated, moe-generic) starts with, all pointers:
-# the GEMM's packed weights (moe_common.packed): the group records (codes and block scales of
-# each 16-row x 128-K group tile), the per-expert global scale gscale (fp32 [E]) and the bias (fp32 [E, rows]); then the routing's tiles
+# the GEMM's packed weights (moe_common.packed): the group records (each group tile's codes and
+# block scales), the per-expert global scale gscale (fp32 [E]), the bias; then the routing's tiles
 # (moe_common.cute.routing, kernel_package.RoutedPairs.tile_operands): each tile's expert, first
 # and end sorted pair, the tile count (int32 on the device) and the sorted pair order.
 GROUPED_GEMM_FIELDS = ("records", "gscale", "bias", "tile_expert", "tile_start", "tile_end",
