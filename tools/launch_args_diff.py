@@ -141,7 +141,7 @@ def _named_tensors(inputs: dict, weights, workspace) -> list:
     for key, entry in weights.kernel_cache.items():
         if isinstance(entry, tuple) and len(entry) == 2:  # (its sources, the value): packed.cached
             entry = entry[1]
-        fields = (dataclasses.asdict(entry).keys() if dataclasses.is_dataclass(entry)
+        fields = ([f.name for f in dataclasses.fields(entry)] if dataclasses.is_dataclass(entry)
                   else entry.keys() if isinstance(entry, dict) else ())
         for f in fields:
             v = getattr(entry, f) if dataclasses.is_dataclass(entry) else entry[f]
