@@ -10,7 +10,7 @@
 #        bulk-widths, split-small, mid-widths, mid-small, rows-256, mw4, ncu-routing,
 #        land-generic (land-tests, land-sanitize), auto-ab (auto-all, band-ab: AB_DIRS, AB_TOKENS),
 #        dispatch-points (static-points, cutover-points); pipeline-probe (PROBE_PRESETS, PROBE_TOKENS, PROBE_MODES);
-#        verify (GPU tests + sanitizers), serving (soak + hf bench); A/B in one run against older
+#        all-tests, all-tests-par; verify (GPU tests + sanitizers), serving (soak + hf bench); A/B in one run against older
 #        trees (AB_DIRS): static-ab, kernel-ab (AB_KERNEL), ncu-static-ab (PROFILE_ARGS)
 set -u
 OUT=${OUT:-/tmp/out}
@@ -59,6 +59,12 @@ for s in "$@"; do
       step tests-kernels 300 python3 -m pytest packages/moe-common packages/moe-gated packages/moe-static -m gpu -q
       step tests-generic 400 python3 -m pytest packages/moe-generic -m gpu -q
       step tests-layer 300 python3 -m pytest tests dispatcher/tests -m gpu -q ;;
+    all-tests-par)  # the same three suites as concurrent processes (the GPU machine's 16 cores
+                    # compile while one GPU runs; the suite is mostly compiles), one call
+      step tests-kernels 560 python3 -m pytest packages/moe-common packages/moe-gated packages/moe-static -m gpu -q &
+      step tests-generic 560 python3 -m pytest packages/moe-generic -m gpu -q &
+      step tests-layer 560 python3 -m pytest tests dispatcher/tests -m gpu -q &
+      wait ;;
     sanitize-gated) step sanitize-gated 200 compute-sanitizer --tool memcheck --report-api-errors no python3 tools/gpu_check.py --kernel gated --sanitize ;;
     racecheck-gated) step racecheck-gated 240 compute-sanitizer --tool racecheck --report-api-errors no --error-exitcode 9 python3 tools/gpu_check.py --kernel gated --sanitize --first ${RACE_CASES:-2} ;;
     bench-gated) step bench-gated 500 "${BENCH[@]}" --preset deepseek-v3 qwen3-30b-a3b gpt-oss-120b --tokens 2048 8192 --kernels moe-gated moe-generic --no-check --json "$OUT/bench-gated.json" ;;
