@@ -66,11 +66,8 @@ for s in "$@"; do
       step tests-layer 560 python3 -m pytest tests dispatcher/tests -m gpu -q &
       wait ;;
     sanitize-gated) step sanitize-gated 200 compute-sanitizer --tool memcheck --report-api-errors no python3 tools/gpu_check.py --kernel gated --sanitize ;;
-    sanitize-reduce)  # the top-k reduce's own GPU test under memcheck and racecheck (its lanes
-                      # hand routes over through shared memory)
-      for tool in memcheck racecheck; do
-        step "sanitize-reduce-$tool" 200 compute-sanitizer --tool $tool --report-api-errors no --error-exitcode 9 python3 -m pytest -q -m gpu packages/moe-common/tests/test_topk_reduce_gpu.py
-      done ;;
+    sanitize-reduce)  # the top-k reduce's own GPU test under memcheck
+      step sanitize-reduce 200 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 python3 -m pytest -q -m gpu packages/moe-common/tests/test_topk_reduce_gpu.py ;;
     racecheck-gated) step racecheck-gated 240 compute-sanitizer --tool racecheck --report-api-errors no --error-exitcode 9 python3 tools/gpu_check.py --kernel gated --sanitize --first ${RACE_CASES:-2} ;;
     bench-gated) step bench-gated 500 "${BENCH[@]}" --preset deepseek-v3 qwen3-30b-a3b gpt-oss-120b --tokens 2048 8192 --kernels moe-gated moe-generic --no-check --json "$OUT/bench-gated.json" ;;
     bench-gated-all) step bench-gated-all 400 "${BENCH[@]}" --preset qwen3-30b-a3b qwen3.5-35b deepseek-v3 gpt-oss-120b --tokens 128 512 2048 8192 16384 --kernels auto moe-gated moe-generic --no-check --json "$OUT/bench-gated-all.json" --plot "$OUT/bench-gated-all.png" ;;

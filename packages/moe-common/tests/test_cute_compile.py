@@ -125,33 +125,6 @@ def test_int64_ids_are_saturated_before_narrowing(tmp_path):
             assert -1 not in order and order == sorted(order), (name, ln)
 
 
-_REDUCE_PROBE = """
-from moe_common.cute import jit
-jit.topk_reduce(8, paired=32, weighted=True)
-"""
-
-
-def test_topk_reduce_loads_a_route_at_once(tmp_path):
-    """The reduce's lanes each load one route: its 8 16-byte y loads (a 32-column block) come
-    in a row, before the warp barrier, with no shared-memory store between them, and the sum
-    reads each route once from shared memory (moe_common.cute.topk_reduce, steps 1-2)."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    env = dict(os.environ, CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=str(tmp_path))
-    subprocess.run([sys.executable, "-c", _REDUCE_PROBE], env=env, check=True, cwd=tmp_path)
-    (text,) = [p.read_text() for p in Path(tmp_path).rglob("*TopkReduce*.ptx")]
-    ops = [ln.split()[0] for ln in text.splitlines()
-           if ln.strip().startswith(("ld.global.v4", "st.shared", "bar.warp", "ld.shared"))]
-    first = ops.index("ld.global.v4.u32")
-    assert ops[first:first + 8] == ["ld.global.v4.u32"] * 8, ops
-    assert ops[first + 8:first + 17] == ["st.shared.v4.u32"] * 8 + ["bar.warp.sync"], ops
-    from moe_common.cute.topk_reduce import ROUTE_LANES
-    assert ops.count("ld.shared.v4.u32") == ROUTE_LANES, ops
-
-
 class Sample(NamedTuple):
     """An operand bundle of each field type."""
     ptr: Int64
