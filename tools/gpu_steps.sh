@@ -59,10 +59,14 @@ for s in "$@"; do
       step tests-kernels 300 python3 -m pytest packages/moe-common packages/moe-gated packages/moe-static -m gpu -q
       step tests-generic 400 python3 -m pytest packages/moe-generic -m gpu -q
       step tests-layer 300 python3 -m pytest tests dispatcher/tests -m gpu -q ;;
-    all-tests-par)  # the same three suites as concurrent processes (the GPU machine's 16 cores
-                    # compile while one GPU runs; the suite is mostly compiles), one call
+    all-tests-par)  # the same suites as concurrent processes, moe-generic's in three parts (the
+                    # suite is mostly compiles, which the GPU machine's 16 cores run side by side;
+                    # at 4458254 the three suites took 131 / 426 / 213 s as three processes, and
+                    # the config candidates are 100 of moe-generic's 163)
       step tests-kernels 560 python3 -m pytest packages/moe-common packages/moe-gated packages/moe-static -m gpu -q &
-      step tests-generic 560 python3 -m pytest packages/moe-generic -m gpu -q &
+      step tests-generic 560 python3 -m pytest packages/moe-generic -m gpu -q -k "not config_candidates" &
+      step tests-generic-c01 560 python3 -m pytest packages/moe-generic -m gpu -q -k "config_candidates and (case0 or case1)" &
+      step tests-generic-c23 560 python3 -m pytest packages/moe-generic -m gpu -q -k "config_candidates and not (case0 or case1)" &
       step tests-layer 560 python3 -m pytest tests dispatcher/tests -m gpu -q &
       wait ;;
     sanitize-gated) step sanitize-gated 200 compute-sanitizer --tool memcheck --report-api-errors no python3 tools/gpu_check.py --kernel gated --sanitize ;;
@@ -139,7 +143,7 @@ for s in "$@"; do
     ncu-static) step ncu-static 300 ncu --clock-control none --kernel-name regex:StaticMoE --launch-skip 1 -c 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section Occupancy python3 tools/profile_layer.py ;;
     verify)  # what a landing needs from the GPU: every GPU test, then the property profile under
              # the three sanitizers (docs/RELIABILITY.md), each tool's log apart
-      bash "$0" all-tests
+      bash "$0" all-tests-par
       # synccheck tracks a fixed number of barriers per block unless told more: the kernels'
       # mbarrier rings overflowed its default (2026-12-02, benchmarks/HISTORY.md)
       for tool in memcheck racecheck "synccheck --num-cuda-barriers 512"; do
