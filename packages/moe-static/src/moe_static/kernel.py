@@ -586,8 +586,9 @@ class StaticMoE:
         codes and scales) @ its B rows (ldmatrix). masked: B of slabs >= valid reads as 0 (SEL,
         PLOP3, UISETP: 32 of the FC1 loop's 278 SASS instructions at 1-tile steps, so only a
         short last step pays them)."""
-        cfg = self.cfg
-        words = self._slot_words(slot, i, lane)
+        fmt = self.cfg.weight_format
+        # K-tile i's record: this lane's 8 code words and its rows' (r, r + 8) scale words
+        words = fm.load_group_words(slot + i * fm.group_tile_bytes(fmt), lane, fmt)
         b = []
         for sp in cutlass.range_constexpr(4):  # slabs 2sp, 2sp + 1: lo and hi k-halves
             m = ptx.ldmatrix_x4(slot + B_OFF + b_off + i * (TILE_K * 2) + sp * 64)
@@ -598,17 +599,10 @@ class StaticMoE:
                 else:
                     b.append((m[2 * h], m[2 * h + 1]))
         for k16 in cutlass.range_constexpr(8):
-            a = fm.a_fragment(words, k16, cfg.weight_format)
+            a = fm.a_fragment(words, k16, fmt)
             d = ptx.mma_bf16_16816((acc[0], acc[1], acc[2], acc[3]), a, b[k16])
             for c in cutlass.range_constexpr(4):
                 acc[c] = d[c]
-
-    @cute.jit
-    def _slot_words(self, slot, i, lane):
-        """K-tile i's 8 code words of this lane and its rows' (r, r + 8) scale words (in
-        fm.a_fragment order)."""
-        fmt = self.cfg.weight_format
-        return fm.load_group_words(slot + i * fm.group_tile_bytes(fmt), lane, fmt)
 
     @cute.jit
     def _team_sum(self, acc, s_team, my_team, member, team, lane):
