@@ -54,7 +54,8 @@ def test_topk_reduce_matches_float64(paired, weighted, tokens, top_k, hidden, dt
     out = run()
     assert not out.isnan().any()
     assert (out[0] == 0).all()
-    # one fp32 sum then one rounding: within a bf16 ulp of the exact sum (and fp32's error)
+    # one fp32 sum then one rounding: within half a bf16 ulp of the exact sum, plus the fp32
+    # sum's own error (up to k adds of 2^-24 x terms of ~20: 1e-4 covers it)
     err = (out.double() - want).abs()
-    assert (err <= want.abs() * 2.0 ** -8 + 1e-5).all(), err.max()
+    assert (err <= want.abs() * 2.0 ** -8 + 1e-4).all(), err.max()
     assert torch.equal(run().view(torch.int16), out.view(torch.int16))
