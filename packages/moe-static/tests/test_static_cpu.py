@@ -169,3 +169,18 @@ def test_direct_call_rejects_unsupported_input_with_value_error():
     tw, ti = random_routing(2, 4, 2, device="cpu")
     with pytest.raises(ValueError, match="moe-static cannot run this call: needs a CUDA device"):
         fused_moe(torch.randn(2, 64).bfloat16(), w, tw, ti)
+
+
+def test_shared_memory_layout():
+    """The CTA's regions in order, without overlap (moe_common.cute.storage); the mbarriers
+    8-byte aligned; the team buffers only where a GEMM has teams of two."""
+    from moe_static.kernel import DEPTH, SLOT_BYTES, WARPS, StaticConfig, StaticMoE
+
+    for teams in ((1, 1), (2, 2), (1, 2)):
+        k = StaticMoE(StaticConfig("nvfp4", "silu", 4, *teams))
+        off = k.storage.offsets
+        assert list(off) == ["ring", "team", "cnt", "off", "act", "ord", "nact", "max", "mbar",
+                             "flag"]
+        assert off["team"] == WARPS * DEPTH * SLOT_BYTES
+        assert off["cnt"] - off["team"] == (0 if teams == (1, 1) else WARPS // 2 * 512)
+        assert off["mbar"] % 8 == 0 and k.smem_bytes >= off["flag"] + 4 * WARPS

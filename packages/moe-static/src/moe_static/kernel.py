@@ -50,6 +50,7 @@ from moe_common.cute import jit
 from moe_common.cute import ptx
 from moe_common.cute.routing import local_expert
 from moe_common.cute.scan import exclusive_scan2
+from moe_common.cute.storage import SharedStorage, shared_storage
 from moe_common.fragments import TILE_K
 from moe_common.hopper import SMEM_PER_CTA
 
@@ -167,24 +168,37 @@ class StaticConfig:
         return self.activation != "relu2"
 
 
+def _shared_storage(team_bytes: int) -> SharedStorage:
+    """The CTA's shared memory, in order. team_bytes: one 512 B partial-sum buffer per team of
+    2 warps (0 with teams of one)."""
+    mem = cute.struct.MemRange
+    return shared_storage("StaticStorage", {
+        "ring": cute.struct.Align[mem[cutlass.Uint8, WARPS * DEPTH * SLOT_BYTES], 128],
+        "team": mem[cutlass.Uint8, team_bytes],  # team partial sums (_team_sum)
+        # routing tables that outlive the routing (the routing's scratch, cursors and scan,
+        # lives in the ring, which no copy fills before it ends)
+        "cnt": mem[cutlass.Uint32, MAX_LOCAL_EXPERTS],  # routed pairs per local expert
+        "off": mem[cutlass.Uint32, MAX_LOCAL_EXPERTS],  # each expert's first sorted position
+        "act": mem[cutlass.Uint32, MAX_LOCAL_EXPERTS],  # active experts, ascending
+        "ord": mem[cutlass.Uint16, MAX_PAIRS],  # pair indices grouped by expert
+        "nact": cutlass.Uint32,  # number of active experts
+        "max": cutlass.Uint32,  # most routed pairs of one expert
+        "mbar": mem[cutlass.Int64, WARPS * DEPTH],  # [WARPS][DEPTH] ring-slot mbarriers
+        "flag": mem[cutlass.Int32, WARPS],  # FC1 cut flags (_meet_leave)
+    })
+
+
 class StaticMoE:
     def __init__(self, cfg: StaticConfig):
         for w in (cfg.team_fc1, cfg.team_fc2):
             assert w in (1, 2), "teams of 1 or 2 warps (one 512 B partial-sum buffer per team)"
         self.cfg = cfg
-        self.ring_bytes = WARPS * DEPTH * SLOT_BYTES
-        # team partial sums: one buffer per team of 2 (teams of one need none)
-        self.team_off = self.ring_bytes
-        self.team_bytes = (WARPS // 2) * 512 if max(cfg.team_fc1, cfg.team_fc2) == 2 else 0
-        # routing tables that outlive the routing: counts, offsets and active experts (u32), the
-        # sorted pair ids (u16), the active-expert count and the largest count. The routing's
-        # scratch (cursors and scan) lives in the ring, which no copy fills before it ends.
-        self.route_off = self.team_off + self.team_bytes
-        self.route_bytes = 3 * MAX_LOCAL_EXPERTS * 4 + MAX_PAIRS * 2 + 8
-        self.mbar_off = self.route_off + self.route_bytes  # [WARPS][DEPTH] slot mbarriers
-        self.flag_off = self.mbar_off + WARPS * DEPTH * 8  # [WARPS] FC1 cut flags (_meet_leave)
-        self.smem_bytes = self.flag_off + WARPS * 4
-        assert (MAX_LOCAL_EXPERTS + 2 * THREADS) * 4 <= self.ring_bytes
+        self.storage = _shared_storage(WARPS // 2 * 512 if max(cfg.team_fc1, cfg.team_fc2) == 2
+                                       else 0)
+        off = self.storage.offsets
+        self.team_off, self.mbar_off, self.flag_off = off["team"], off["mbar"], off["flag"]
+        self.smem_bytes = self.storage.bytes
+        assert (MAX_LOCAL_EXPERTS + 2 * THREADS) * 4 <= off["team"]  # the routing's scratch
         assert self.smem_bytes <= SMEM_PER_CTA, f"{self.smem_bytes} B of shared memory"
 
     # ------------------------------------------------------------------ host entry
@@ -209,12 +223,9 @@ class StaticMoE:
         smem = cutlass.memory.SmemAllocator()
         sbuf = smem.allocate_array(cutlass.Uint8, self.smem_bytes, byte_alignment=128)
         s_base = Int32(sbuf.toint())
-        s_cnt = s_base + self.route_off           # [E] routed pairs per local expert
-        s_off = s_cnt + MAX_LOCAL_EXPERTS * 4     # [E] first sorted position of each expert
-        s_act = s_off + MAX_LOCAL_EXPERTS * 4     # [n_act] active experts, ascending
-        s_ord = s_act + MAX_LOCAL_EXPERTS * 4     # [P] pair indices grouped by expert (u16)
-        s_nact = s_ord + MAX_PAIRS * 2            # number of active experts
-        s_max = s_nact + 4                        # most routed pairs of one expert
+        at = self.storage.offsets  # each region's address: s_base + its offset
+        s_cnt, s_off, s_act = s_base + at["cnt"], s_base + at["off"], s_base + at["act"]
+        s_ord, s_nact, s_max = s_base + at["ord"], s_base + at["nact"], s_base + at["max"]
         s_cur = s_base                            # routing scratch in the ring: [E] cursors,
         s_scan = s_cur + MAX_LOCAL_EXPERTS * 4    # [2][THREADS] scan
         pairs = ops.tokens * ops.top_k
