@@ -180,7 +180,7 @@ def test_shared_memory_layout():
         k = StaticMoE(StaticConfig("nvfp4", "silu", 4, *teams))
         off = k.storage.offsets
         assert list(off) == ["ring", "team", "cnt", "off", "act", "ord", "nact", "max", "mbar",
-                             "flag"]
+                             "flag", "end"]
         assert off["team"] == WARPS * DEPTH * SLOT_BYTES
         assert off["cnt"] - off["team"] == (0 if teams == (1, 1) else WARPS // 2 * 512)
-        assert off["mbar"] % 8 == 0 and k.smem_bytes >= off["flag"] + 4 * WARPS
+        assert off["mbar"] % 8 == 0 and k.smem_bytes == off["flag"] + 4 * WARPS

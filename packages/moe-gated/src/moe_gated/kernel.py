@@ -61,6 +61,7 @@ from moe_common.cute import activation as act
 from moe_common.cute import fragment_mma as fm
 from moe_common.cute import jit
 from moe_common.cute import ptx
+from moe_common.cute.storage import shared_storage
 from moe_common.cute.wgmma_decode import wgmma_decode_k128
 from moe_common.fragments import TILE_K
 from moe_common.hopper import SMEM_PER_CTA
@@ -199,16 +200,25 @@ class GatedGemm:
             self.stage_bytes = _align(self.b_bytes // 2 + self.a_bytes)
         max_stages = 2 * MAX_STAGES if self.split else MAX_STAGES
         self.stages = min(max_stages, (SMEM_PER_CTA - fixed) // (self.stage_bytes + 16))
-        # shared memory: the stages, then 8-byte mbarriers (full[stages], empty[stages],
-        # item_full[ITEM_SLOTS]), the work-item ring (ITEM_BYTES per slot), then per phase
-        # FC1: each consumer warp's epilogue staging (STG_TOKENS tokens x 16 bytes);
-        # FC2: the tile's pair indices, 4 bytes per token, double-buffered
-        self.full_off = self.stages * self.stage_bytes
-        self.empty_off = self.full_off + 8 * self.stages
-        self.item_bar_off = self.empty_off + 8 * self.stages
-        self.item_off = self.item_bar_off + 8 * ITEM_SLOTS
-        self.ep_off = self.item_off + ITEM_BYTES * ITEM_SLOTS
-        self.smem_bytes = self.ep_off + ep_bytes
+        # shared memory (one CTA per SM, so the stages take what the rest leaves)
+        mem = cute.struct.MemRange
+        self.storage = shared_storage("GatedStorage", {
+            "stages": cute.struct.Align[mem[cutlass.Uint8, self.stages * self.stage_bytes],
+                                        1024],
+            "full": mem[cutlass.Int64, self.stages],  # mbarriers: the producer's expect_tx
+            "empty": mem[cutlass.Int64, self.stages],  # the consumer warps' releases
+            "item_full": mem[cutlass.Int64, ITEM_SLOTS],  # the work-item ring's
+            "items": mem[cutlass.Uint8, ITEM_BYTES * ITEM_SLOTS],
+            # FC1: each consumer warp's epilogue staging (STG_TOKENS tokens x 16 bytes); FC2:
+            # the tile's pair indices, 4 bytes per token, double-buffered
+            "epilogue": mem[cutlass.Uint8, ep_bytes],
+            "end": mem[cutlass.Uint8, 0],  # the bytes used (the struct's size pads to 1 KiB)
+        })
+        off = self.storage.offsets
+        self.full_off, self.empty_off = off["full"], off["empty"]
+        self.item_bar_off, self.item_off = off["item_full"], off["items"]
+        self.ep_off = off["epilogue"]
+        self.smem_bytes = off["end"]
         assert self.stages >= 3 and self.smem_bytes <= SMEM_PER_CTA, (self.stages, self.smem_bytes)
         assert self.bn % STG_TOKENS == 0 and self.bn <= 512  # FC1's epilogue blocks; wgmma
         assert self.gpw in (1, 2)  # FC2 stores a token's values with one 8- or 16-byte store

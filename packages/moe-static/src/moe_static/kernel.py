@@ -185,6 +185,7 @@ def _shared_storage(team_bytes: int) -> SharedStorage:
         "max": cutlass.Uint32,  # most routed pairs of one expert
         "mbar": mem[cutlass.Int64, WARPS * DEPTH],  # [WARPS][DEPTH] ring-slot mbarriers
         "flag": mem[cutlass.Int32, WARPS],  # FC1 cut flags (_meet_leave)
+        "end": mem[cutlass.Uint8, 0],  # the bytes used (the struct's size pads to 128)
     })
 
 
@@ -197,7 +198,7 @@ class StaticMoE:
                                        else 0)
         off = self.storage.offsets
         self.team_off, self.mbar_off, self.flag_off = off["team"], off["mbar"], off["flag"]
-        self.smem_bytes = self.storage.bytes
+        self.smem_bytes = off["end"]
         assert (MAX_LOCAL_EXPERTS + 2 * THREADS) * 4 <= off["team"]  # the routing's scratch
         assert self.smem_bytes <= SMEM_PER_CTA, f"{self.smem_bytes} B of shared memory"
 
