@@ -42,6 +42,7 @@ from cutlass import Float32, Int32, Int64
 from moe_common.cute import jit, ptx
 from moe_common.cute import activation as act
 from moe_common.cute import fragment_mma as fm
+from moe_common.cute.storage import shared_storage
 from moe_common.fragments import TILE_K
 
 SMEM_ROW_BYTES = fm.B_ROW_BYTES  # 272: conflict-free ldmatrix B-fragment reads
@@ -129,9 +130,17 @@ class GroupedGemm:
         self.b_chunks = cfg.bn * (TILE_K // 8)
         assert self.b_chunks % self.threads == 0
         self.b_iters = self.b_chunks // self.threads
-        # with producer warps: mbarriers full[stages], empty[stages] after the stages
-        self.bar_off = cfg.stages * self.stage_bytes
-        self.smem_bytes = self.bar_off + (16 * cfg.stages if cfg.producer_warps else 0)
+        bars = cfg.stages if cfg.producer_warps else 0
+        mem = cute.struct.MemRange
+        self.storage = shared_storage("GroupedGemmStorage", {
+            "stages": cute.struct.Align[mem[cutlass.Uint8, cfg.stages * self.stage_bytes], 128],
+            # with producer warps, the mbarriers: full[s] counts the copies, empty[s] the MMA
+            # threads' releases (_warp_specialized)
+            "full": mem[cutlass.Int64, bars],
+            "empty": mem[cutlass.Int64, bars],
+            "end": mem[cutlass.Uint8, 0],  # the bytes used (the struct's size pads to 128)
+        })
+        self.smem_bytes = self.storage.offsets["end"]
         assert cfg.producer_warps >= 0, cfg
         assert not cfg.producer_bulk or cfg.producer_warps == 1, cfg
         assert self.block_threads <= 1024, cfg
@@ -276,8 +285,8 @@ class GroupedGemm:
         3. an MMA warp runs the same decode and MMAs per K-tile as _mainloop, waiting only for
            that stage's copies, then releases it (_consume), and writes its rows (_epilogue)."""
         cfg = self.cfg
-        full = s_base + self.bar_off
-        empty = full + 8 * cfg.stages
+        full = s_base + self.storage.offsets["full"]
+        empty = s_base + self.storage.offsets["empty"]
         if warp == 0:
             if lane == 0:
                 for st in cutlass.range_constexpr(cfg.stages):
