@@ -18,5 +18,5 @@ def test_offsets_follow_field_order_and_alignment():
         "f": cutlass.Uint8,
     })
     assert st.offsets == {"a": 0, "b": 100, "c": 112, "d": 120, "e": 136, "f": 136}
-    assert st.bytes == 256  # padded to the struct's 128-byte alignment
+    assert st.struct.size_in_bytes() == 256  # padded to the struct's 128-byte alignment
 

@@ -2,8 +2,9 @@
 
 The kernels address shared memory by 32-bit addresses in inline PTX, so they need each
 region's byte offset from the buffer's base; the struct computes them (natural alignment of
-each field, `cute.struct.Align` where a region needs more) and its size. Region sizes may
-depend on the kernel's config, so the struct is built per kernel instance from a field dict.
+each field, `cute.struct.Align` where a region needs more). Region sizes may depend on the
+kernel's config, so the struct is built per kernel instance from a field dict. The struct's
+own size pads to its alignment; a last zero-size field marks the bytes used.
 """
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ import cutlass.cute as cute
 class SharedStorage(NamedTuple):
     struct: type  # the cute.struct
     offsets: dict  # field name -> byte offset from the buffer's base
-    bytes: int  # the struct's size (padded to its alignment)
 
 
 def shared_storage(name: str, fields: dict) -> SharedStorage:
@@ -23,4 +23,4 @@ def shared_storage(name: str, fields: dict) -> SharedStorage:
     struct = cute.struct(type(name, (), {"__annotations__": dict(fields)}))
     # the DSL computes the offsets while building the struct; nvidia-cutlass-dsl 4.8 keeps
     # them in `_offsets` and has no public accessor
-    return SharedStorage(struct, dict(struct._offsets), struct.size_in_bytes())
+    return SharedStorage(struct, dict(struct._offsets))
