@@ -9,6 +9,7 @@
 #        bench-static bench-generic-large profile ncu-band routing-shape band candidates bulk-band bulk-wide relu2;
 #        bulk-widths, split-small, mid-widths, mid-small, rows-256, mw4, ncu-routing,
 #        land-generic (land-tests, land-sanitize), auto-ab (auto-all, band-ab: AB_DIRS, AB_TOKENS),
+#        check-ab (AB_DIRS, CHECK_PRESETS, CHECK_TOKENS),
 #        dispatch-points (static-points, cutover-points); pipeline-probe (PROBE_PRESETS, PROBE_TOKENS, PROBE_MODES);
 #        all-tests, all-tests-par; verify (GPU tests + sanitizers), serving (soak + hf bench); A/B in one run against older
 #        trees (AB_DIRS): static-ab, kernel-ab (AB_KERNEL), ncu-static-ab (PROFILE_ARGS)
@@ -227,6 +228,11 @@ for s in "$@"; do
     auto-ab) bash "$0" auto-all band-ab ;;  # the current table, then its same-run A/B
     auto-all)  # the five presets at the dispatcher's choice at all 10 T (the current table)
       step auto-all 330 "${BENCH[@]}" --preset $FIVE --tokens 1 8 32 64 128 256 512 1024 2048 8192 --kernels auto --no-check --seed 1 --json "$OUT/auto-all.json" ;;
+    check-ab)  # the bench's check against the fp32 reference (rel L2, cosine) for each tree in
+               # $AB_DIRS and this one, same seed: what a numerics change moves
+      for d in $AB_DIRS new; do
+        step "check-ab-$(basename $d)" 250 env FUSED_MOE_COMMIT="$(tree_label $d)" PYTHONPATH="$(tree_path $d $(cd packages && echo *))" "${BENCH[@]}" --preset ${CHECK_PRESETS:-qwen3-30b-a3b gpt-oss-120b nemotron-relu2} --tokens ${CHECK_TOKENS:-128 512 2048} --kernels auto --seed 1 --json "$OUT/check-ab-$(basename $d).json"
+      done ;;
     band-ab)  # each tree in $AB_DIRS at AB_TOKENS (the points a change moves), then this tree
               # at the same tokens: both halves run the same token list (a point's time depends
               # on the work before it: at e68442e unchanged points read up to 5% apart between

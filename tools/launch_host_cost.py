@@ -108,7 +108,7 @@ def launches() -> list:
 
     out.append(Launch("moe-common", "routing", jit.routing(4), RoutingTables,
                       before=(ptr, P, 0, E, 8, ptr, ptr), after=(stream,)))
-    out.append(Launch("moe-common", "topk_reduce", jit.topk_reduce(4), None,
+    out.append(Launch("moe-common", "topk_reduce", jit.topk_reduce(4, 16, False), None,
                       before=(ptr, ptr, 0, ptr, T, k, H, 0, E, stream)))
     return out
 

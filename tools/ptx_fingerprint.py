@@ -40,7 +40,6 @@ def _common():
         out.append((f"routing ids_bytes={idb}", lambda idb=idb: jit.routing(idb)))
         out.append((f"routing_split ids_bytes={idb}",
                     lambda idb=idb: jit.routing_split(idb)))
-        out.append((f"topk_reduce ids_bytes={idb}", lambda idb=idb: jit.topk_reduce(idb)))
     return out
 
 
@@ -51,6 +50,15 @@ def _gated_reduces():
     return [(f"topk_reduce ids_bytes={idb} paired={y_block(g)} weighted",
              lambda idb=idb, g=g: jit.topk_reduce(idb, paired=y_block(g), weighted=True))
             for g in GEOMETRIES for idb in (4, 8)]
+
+
+def _generic_reduces():
+    from moe_common.cute import jit
+    from moe_generic.grouped_gemm import Y_BLOCK
+
+    return [(f"topk_reduce ids_bytes={idb} paired={Y_BLOCK}",
+             lambda idb=idb: jit.topk_reduce(idb, paired=Y_BLOCK, weighted=False))
+            for idb in (4, 8)]
 
 
 def _kernel_configs(module):
@@ -76,7 +84,7 @@ def _gated():
 def _generic():
     from moe_generic import compile_cache
 
-    return _kernel_configs(compile_cache)
+    return _kernel_configs(compile_cache) + _generic_reduces()
 
 
 BUILDERS = {"moe-common": _common, "moe-static": _static, "moe-gated": _gated,

@@ -14,8 +14,8 @@ from moe_common.cute import jit
 def test_routing_and_reduce_compile(ids_bytes):
     assert jit.routing(ids_bytes) is not None
     assert all(k is not None for k in jit.routing_split(ids_bytes))
-    assert jit.topk_reduce(ids_bytes) is not None
-    # moe-gated's reduces: y in paired order, router weights applied here
+    # moe-generic's reduce (router weights applied by its GEMM) and moe-gated's two
+    assert jit.topk_reduce(ids_bytes, paired=16, weighted=False) is not None
     assert jit.topk_reduce(ids_bytes, paired=16, weighted=True) is not None
     assert jit.topk_reduce(ids_bytes, paired=32, weighted=True) is not None
 
@@ -32,6 +32,23 @@ def test_paired_order_is_a_permutation_of_each_block():
     for block in (16, 32):
         assert sorted(paired_position(h, block) for h in range(96)) == list(range(96))
         assert all(paired_position(h, block) // block == h // block for h in range(96))
+
+
+def test_fragment_position_is_where_the_reduce_reads():
+    """An MMA thread's rows (r and r + 8 of each of its 1 or 2 groups) land where the paired
+    reduce of 16 x groups blocks looks for them, side by side and aligned for one vector store
+    (moe-generic's FC2: 1 group; moe-gated's: 1 wide, 2 tall)."""
+    from moe_common.cute.topk_reduce import fragment_position, paired_position
+
+    for groups in (1, 2):
+        for group0 in range(0, 8, groups):
+            for r in range(8):
+                cols = [fragment_position(16 * group0, r, gi, h, groups)
+                        for gi in range(groups) for h in range(2)]
+                assert cols == list(range(cols[0], cols[0] + 2 * groups))
+                assert cols[0] % (2 * groups) == 0
+                rows = [16 * (group0 + gi) + r + 8 * h for gi in range(groups) for h in range(2)]
+                assert cols == [paired_position(row, 16 * groups) for row in rows]
 
 
 def test_split_routing_thresholds():
@@ -98,7 +115,7 @@ def test_routing_tables_reach_the_kernels_in_field_order():
 _ID_PROBE = """
 from moe_common.cute import jit
 jit.routing(8)
-jit.topk_reduce(8)
+jit.topk_reduce(8, 16, False)
 """
 
 

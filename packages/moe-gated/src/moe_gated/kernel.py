@@ -1,7 +1,7 @@
 """The moe-gated CuTe DSL kernel: a persistent grouped GEMM with large tiles on warpgroup MMA.
 
     FC1: inter[p, j]  = act(gscale[e] * (src[order[p] // row_div] @ w13[e]^T) + b13[e])  (bf16)
-    FC2: y[order[p], h] = gscale[e] * (inter[p] @ w2[e]^T) + b2[e]                       (fp32)
+    FC2: y[order[p], h] = gscale[e] * (inter[p] @ w2[e]^T) + b2[e]                       (bf16)
 
 p runs over routed pairs sorted by expert (moe_common.cute.routing, tiles of up to bn pairs);
 y's columns are in the paired order of y_block(geometry) and the top-k reduce applies the router
@@ -62,6 +62,7 @@ from moe_common.cute import fragment_mma as fm
 from moe_common.cute import jit
 from moe_common.cute import ptx
 from moe_common.cute.storage import shared_storage
+from moe_common.cute.topk_reduce import fragment_position
 from moe_common.cute.wgmma_decode import wgmma_decode_k128
 from moe_common.fragments import TILE_K
 from moe_common.hopper import SMEM_PER_CTA
@@ -130,13 +131,6 @@ def y_block(geometry: str) -> int:
     return 16 * GEOMETRIES[geometry][1]
 
 
-def fc2_y_position(row0, r, gi: int, h: int, gpw: int):
-    """Where FC2's thread of fragment row r puts row row0 + 16 gi + r + 8 h (its group gi's
-    rows r and r + 8) in y's paired order: a thread's 2 gpw values are consecutive, so it
-    stores them at once (row0: the first row of the warp's groups, a multiple of 16 gpw)."""
-    return row0 + 2 * gpw * r + 2 * gi + h
-
-
 def row_tile(geometry: str) -> int:
     """Weight rows per work item."""
     return CONSUMER_WARPS * GEOMETRIES[geometry][1] * 16
@@ -151,7 +145,7 @@ with jit.example(GatedOperands).""", [
     # and the GEMM's 16-row weight groups per expert
     ("b_blocked", Int64), ("k_tiles", Int32), ("row_groups", Int32),
     # the output: FC1 the tile-blocked intermediate (stride in K-tiles, Ip rows), FC2 y [P, H]
-    # fp32 (stride H, H rows)
+    # bf16 (stride H, H rows)
     ("out", Int64), ("out_stride", Int32), ("out_rows", Int32),
     # the activation's run-time parameters (FC1; moe_common.types.Activation)
     ("act_alpha", Float32), ("act_beta", Float32), ("act_limit", Float32),
@@ -221,7 +215,7 @@ class GatedGemm:
         self.smem_bytes = off["end"]
         assert self.stages >= 3 and self.smem_bytes <= SMEM_PER_CTA, (self.stages, self.smem_bytes)
         assert self.bn % STG_TOKENS == 0 and self.bn <= 512  # FC1's epilogue blocks; wgmma
-        assert self.gpw in (1, 2)  # FC2 stores a token's values with one 8- or 16-byte store
+        assert self.gpw in (1, 2)  # FC2 stores a token's values with one 4- or 8-byte store
 
     def stage_layout(self, width: int) -> tuple:
         """How the stages hold the K-tiles of an item of MMA width `width`: (K-tiles per stage,
@@ -643,18 +637,19 @@ class GatedGemm:
         """y[pair, row] = acc * scale + bias straight from the fragment, with y's rows in
         the paired order of y_block(geometry) (moe_common.cute.topk_reduce): thread (r, q) holds
         rows r and r + 8 of each of its groups for tokens 2q and 2q + 1 of each 8-token block,
-        and those sit side by side there, so a lane writes a token's values with one store:
-        8 bytes (wide, one group: 4 tokens x 64 contiguous bytes per warp instruction) or 16
-        (tall, two groups: 4 tokens x 128). In row order that took two or four 4-byte stores,
-        and the store phase, 16% of FC2 at Qwen3-30B-A3B T=8192 (no-store build, 9f8f33f),
-        behaved as if paid per cache line an instruction touches: FC2 took 520 us there, 470.5
-        with 8-byte stores (BENCHMARKS.md, 0fff0f8, a4189a2). A wide warp's 8-byte stores in
-        the 32-column order would fill half of each sector they touch (measured slower)."""
+        and those sit side by side there, so a lane writes a token's values with one bf16x2
+        store: 4 bytes (wide, one group: 4 tokens x 32 contiguous bytes, one sector each, per
+        warp instruction) or 8 (tall, two groups: 4 tokens x 64). With fp32 y in row order that
+        took two or four 4-byte stores, and the store phase, 16% of FC2 at Qwen3-30B-A3B T=8192
+        (no-store build, 9f8f33f), behaved as if paid per cache line an instruction touches:
+        FC2 took 520 us there, 470.5 with paired 8-byte stores (BENCHMARKS.md, 0fff0f8,
+        a4189a2). A wide warp's stores in the 32-column order would fill half of each sector
+        they touch (measured slower with fp32 y)."""
         r = lane // 4
         q = lane % 4
         # the warp's groups are one block (out_rows is a multiple of 32: a block is in or out)
         row0 = group0 * 16
-        col = fc2_y_position(row0, r, 0, 0, self.gpw)  # values (gi, h) at col + 2 gi + h
+        col = fragment_position(row0, r, 0, 0, self.gpw)  # values (gi, h) at col + 2 gi + h
         # Straight-line code, stores predicated: with a branch per token, each token's table
         # load, address and store ran in turn (~17 instructions and a shared-load latency per
         # token); without, the table loads (two tokens' pairs at once) issue ahead of the
@@ -663,11 +658,12 @@ class GatedGemm:
             pairs = ptx.ld_shared_v2(tok + (nb * 8 + 2 * q) * 4)
             for c in cutlass.range_constexpr(2):
                 n = nb * 8 + 2 * q + c
-                dst = out + (Int64(pairs[c]) * Int64(out_stride) + Int64(col)) * 4
-                v = [acc[gi, nb, 2 * h + c] * gscale + bv[2 * gi + h]
-                     for gi in range(self.gpw) for h in range(2)]
+                dst = out + (Int64(pairs[c]) * Int64(out_stride) + Int64(col)) * 2
+                v = [ptx.bf16x2_from_f32(acc[gi, nb, c] * gscale + bv[2 * gi],
+                                         acc[gi, nb, 2 + c] * gscale + bv[2 * gi + 1])
+                     for gi in range(self.gpw)]
                 ok = Int32(p0 + n < p1) & Int32(row0 < out_rows)
                 if cutlass.const_expr(self.gpw == 1):
-                    ptx.st_v2_f32_if(dst, v[0], v[1], ok)
+                    ptx.st_u32_if(dst, v[0], ok)
                 else:
-                    ptx.st_v4_f32_if(dst, v[0], v[1], v[2], v[3], ok)
+                    ptx.st_v2_if(dst, v[0], v[1], ok)

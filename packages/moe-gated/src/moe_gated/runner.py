@@ -3,7 +3,7 @@
 A call is: routing into tiles of the chosen geometry's width (moe_common's routing kernel) ->
 [w4a4: quantized token rows] -> token rows scattered into tile-blocked B -> FC1 + activation
 (persistent, queue-driven), writing the intermediate tile-blocked -> [w4a4: requantized
-intermediate] -> FC2 into y [T * k, H] fp32 -> fixed-order top-k reduce with the router weights
+intermediate] -> FC2 into y [T * k, H] bf16 -> fixed-order top-k reduce with the router weights
 -> bf16 out. Every step is asynchronous on the current stream and nothing syncs with the host,
 so the call can be captured in a CUDA graph once compiled and its workspace allocated. The work
 queues' counters are zeroed once at allocation and left at zero by every launch.
@@ -113,9 +113,9 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     if quant_mode == "w4a4":
         w4a4_requantize_blocked(inter[:cap], weights, tiles[0][:cap], bn)
 
-    # 4. FC2 -> y [P, H] fp32 in original pair order, each row's columns in the paired order of
+    # 4. FC2 -> y [P, H] bf16 in original pair order, each row's columns in the paired order of
     # y_block(geometry) (moe_common.cute.topk_reduce)
-    y = bufs.get("y", (P, H), torch.float32)
+    y = bufs.get("y", (P, H), torch.bfloat16)
     _, fc2 = compile_cache.get("fc2", weights.weight_format, "none", geometry)
     grid2 = _persistent_grid(dev, cap * -(-prep.fc2_rows // row_tile(geometry)))
     fc2(jit.operands(GatedOperands, records=prep.w2.data_ptr(),
@@ -125,7 +125,7 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
                      act_alpha=1.0, act_beta=1.0, act_limit=math.inf,
                      queue=queues[1].data_ptr(), grid=grid2), stream)
 
-    # 5. out[t] = sum over the top-k of router weight x y, fixed order, one rounding
+    # 5. out[t] = sum over the top-k of router weight x y in fp32, fixed order, rounded once
     if out is None:
         out = torch.empty(T, H, dtype=torch.bfloat16, device=dev)
     route_w = topk_weights if topk_weights.dtype == torch.float32 else topk_weights.float()

@@ -1,7 +1,7 @@
 """The moe-generic CuTe DSL kernel: one grouped GEMM over (expert, token-tile) work, used twice.
 
     FC1: inter[p, j]  = act(gscale[e] * (src[order[p] // row_div] @ w13[e]^T) + b13[e])  (bf16)
-    FC2: y[pair[p], h] = w[pair[p]] * (gscale[e] * (inter[p] @ w2[e]^T) + b2[e])     (fp32)
+    FC2: y[pair[p], h] = w[pair[p]] * (gscale[e] * (inter[p] @ w2[e]^T) + b2[e])     (bf16)
 
 p runs over routed pairs sorted by expert; a tile is (expert e, rows p0..p1 of that expert,
 at most bn of them), listed by the device-side routing so no host sync is needed; CTAs whose
@@ -28,8 +28,8 @@ GemmConfig.producer_bulk that warp's copies are bulk copies whose bytes complete
 barrier (_produce_bulk; with GemmConfig.k_tail it zeroes the last K-tile past the real K itself).
 Epilogues apply the fp32 global scale (x the activation global scale in w4a4) and bias; FC1
 applies the activation with gate (row r) and up (row r + 8) of the same j in the same lane
-(weights repacked so), FC2 the router weight and writes each (pair, h) exactly once, so the
-top-k sum afterwards is deterministic.
+(weights repacked so), FC2 the router weight and writes each (pair, h) exactly once, with y's
+columns in the paired order of Y_BLOCK, so the top-k sum afterwards is deterministic.
 """
 from __future__ import annotations
 
@@ -43,9 +43,13 @@ from moe_common.cute import jit, ptx
 from moe_common.cute import activation as act
 from moe_common.cute import fragment_mma as fm
 from moe_common.cute.storage import shared_storage
+from moe_common.cute.topk_reduce import fragment_position
 from moe_common.fragments import TILE_K
 
 SMEM_ROW_BYTES = fm.B_ROW_BYTES  # 272: conflict-free ldmatrix B-fragment reads
+# Columns per block of FC2's paired y order (moe_common.cute.topk_reduce): a 16-row group's rows
+# r and r + 8, which one thread holds, sit side by side, so they go out as one bf16x2 store.
+Y_BLOCK = 16
 
 
 GemmOperands = jit.grouped_gemm_operands("GemmOperands", """The runtime operands of one GEMM
@@ -58,7 +62,7 @@ with jit.example(GemmOperands).""", [
     # real K (columns past it read as 0), the K-tiles and the 16-row weight groups per expert
     ("row_div", Int32), ("src", Int64), ("src_stride", Int32), ("k_real", Int32),
     ("k_tiles", Int32), ("row_groups", Int32),
-    # the output: FC1 the bf16 intermediate [P, Ip], FC2 y [P, H] fp32 (stride, rows), with
+    # the output: FC1 the bf16 intermediate [P, Ip], FC2 y [P, H] bf16 (stride, rows), with
     # FC2's original pair index per sorted position and the router weights (fp32 [P])
     ("out", Int64), ("out_stride", Int32), ("out_rows", Int32), ("pair_orig", Int64),
     ("route_w", Int64),
@@ -248,12 +252,19 @@ class GroupedGemm:
                             self._fc1_store(ops.out, ops.out_stride, p, group0 + g, r, v_lo, v_hi,
                                            ops.act_alpha, ops.act_beta, ops.act_limit)
                         else:
-                            pair, wgt = cols[2 * nb + c]
-                            dst = ops.out + (Int64(pair) * Int64(ops.out_stride)) * 4
-                            if row0 < ops.out_rows:
-                                ptx.st_f32(dst + Int64(row0) * 4, v_lo * wgt)
-                            if row0 + 8 < ops.out_rows:
-                                ptx.st_f32(dst + Int64(row0 + 8) * 4, v_hi * wgt)
+                            self._fc2_store(ops, cols[2 * nb + c], group0 + g, r, v_lo, v_hi)
+
+    @cute.jit
+    def _fc2_store(self, ops, route, group, r, v_lo, v_hi):
+        """y rows r and r + 8 of 16-row group `group`, times the router weight, as one bf16x2
+        word: y's rows are in the paired order of Y_BLOCK (moe_common.cute.topk_reduce), where
+        they sit side by side, so a warp instruction writes 4 tokens x 32 contiguous bytes (a
+        sector each). out_rows is a multiple of 32: a group is in or out."""
+        pair, wgt = route
+        if group * 16 < ops.out_rows:
+            col = fragment_position(group * 16, r, 0, 0, 1)
+            dst = ops.out + (Int64(pair) * Int64(ops.out_stride) + Int64(col)) * 2
+            ptx.st_u32(dst, ptx.bf16x2_from_f32(v_lo * wgt, v_hi * wgt))
 
     @cute.jit
     def _by_width(self, widths: tuple, width, loop_args):

@@ -2,8 +2,8 @@
 
 A call is: routing (one CuTe DSL kernel) -> [w4a4: NVFP4/MXFP4 quantization of the routed
 token rows, torch ops] -> FC1 grouped GEMM (+ activation) -> [w4a4: quantization of the
-intermediate, torch ops] -> FC2 grouped GEMM (+ router weight) into y[pair, H] fp32 -> top-k
-reduce (CuTe DSL, fixed order) -> bf16 out.
+intermediate, torch ops] -> FC2 grouped GEMM (+ router weight) into y[pair, H] bf16 -> top-k
+reduce (CuTe DSL, fixed order, fp32 sum) -> bf16 out.
 Every step is asynchronous on the current stream; nothing syncs with the host, so the call can
 be captured in a CUDA graph once its kernels are compiled and its workspace allocated.
 """
@@ -22,7 +22,7 @@ from moe_common.weights import MoEWeights
 
 from . import compile_cache
 from .compile_cache import BN_CHOICES
-from .grouped_gemm import GemmOperands
+from .grouped_gemm import Y_BLOCK, GemmOperands
 from .limits import KERNEL_NAME
 
 # Mean routed rows per expert from which the tiles are 64 tokens wide; from MID_MIN_ROWS they
@@ -123,8 +123,9 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     if quant_mode == "w4a4":
         w4a4_requantize_intermediate(inter, weights, ids, order)
 
-    # 3. FC2 (+ router weight) -> y [P, H] fp32 in original pair order
-    y = bufs.get("y", (P, H), torch.float32)
+    # 3. FC2 (+ router weight) -> y [P, H] bf16 in original pair order, each row's columns in
+    # the paired order of Y_BLOCK (moe_common.cute.topk_reduce)
+    y = bufs.get("y", (P, H), torch.bfloat16)
     route_w = topk_weights if topk_weights.dtype == torch.float32 else topk_weights.float()
     route_w = route_w.contiguous()
     cfg2, fc2 = compile_cache.get("fc2", weights.weight_format, "none", bn, prep.fc2_rows,
@@ -137,8 +138,9 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
                      route_w=route_w.data_ptr(), act_alpha=1.0, act_beta=1.0, act_limit=math.inf),
         prep.fc2_rows // cfg2.cta_rows, max_tiles, stream)
 
-    # 4. out[t] = sum over the top-k, fixed order, one rounding
+    # 4. out[t] = sum over the top-k in fp32, fixed order, rounded once
     if out is None:
         out = torch.empty(T, H, dtype=torch.bfloat16, device=dev)
-    jit.topk_reduce(idb)(y.data_ptr(), ids.data_ptr(), 0, out.data_ptr(), T, k, H, off, E, stream)
+    jit.topk_reduce(idb, paired=Y_BLOCK)(y.data_ptr(), ids.data_ptr(), 0, out.data_ptr(), T, k, H,
+                                         off, E, stream)
     return out

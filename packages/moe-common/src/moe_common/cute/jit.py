@@ -287,9 +287,9 @@ def route(ids, pairs: int, expert_offset: int, experts: int, bn: int, order, slo
             order.data_ptr(), slots.data_ptr(), stream)
 
 
-def topk_reduce(ids_nbytes: int, paired: int = 0, weighted: bool = False):
+def topk_reduce(ids_nbytes: int, paired: int, weighted: bool):
     """The top-k reduce; paired: the block of y's paired column order (moe_common.cute.topk_reduce),
-    0 for row order; weighted: it multiplies each route by its router weight (else the GEMM has)."""
+    16 or 32; weighted: it multiplies each route by its router weight (else the GEMM has)."""
     from cutlass import Int32, Int64
 
     from .topk_reduce import TopkReduce

@@ -242,21 +242,19 @@ def st_v4_f32(addr, a, b, c, d, *, loc=None, ip=None):
 
 
 @dsl_user_op
-def st_v2_f32_if(addr, a, b, pred, *, loc=None, ip=None):
-    """8-byte global store where pred != 0 (predicated, no branch)."""
-    _stmt([Int64(addr).ir_value(loc=loc, ip=ip), _i32(pred, loc, ip)]
-          + [Float32(x).ir_value(loc=loc, ip=ip) for x in (a, b)],
-          "{\n.reg .pred p;\nsetp.ne.u32 p, $1, 0;\n@p st.global.v2.f32 [$0], {$2, $3};\n}",
-          "l,r,f,f")
+def st_u32_if(addr, a, pred, *, loc=None, ip=None):
+    """4-byte global store where pred != 0 (predicated, no branch)."""
+    _stmt([Int64(addr).ir_value(loc=loc, ip=ip), _i32(pred, loc, ip), _i32(a, loc, ip)],
+          "{\n.reg .pred p;\nsetp.ne.u32 p, $1, 0;\n@p st.global.u32 [$0], $2;\n}", "l,r,r")
 
 
 @dsl_user_op
-def st_v4_f32_if(addr, a, b, c, d, pred, *, loc=None, ip=None):
-    """16-byte global store where pred != 0 (predicated, no branch)."""
-    _stmt([Int64(addr).ir_value(loc=loc, ip=ip), _i32(pred, loc, ip)]
-          + [Float32(x).ir_value(loc=loc, ip=ip) for x in (a, b, c, d)],
-          "{\n.reg .pred p;\nsetp.ne.u32 p, $1, 0;\n"
-          "@p st.global.v4.f32 [$0], {$2, $3, $4, $5};\n}", "l,r,f,f,f,f")
+def st_v2_if(addr, a, b, pred, *, loc=None, ip=None):
+    """8-byte global store where pred != 0 (predicated, no branch)."""
+    _stmt([Int64(addr).ir_value(loc=loc, ip=ip), _i32(pred, loc, ip), _i32(a, loc, ip),
+           _i32(b, loc, ip)],
+          "{\n.reg .pred p;\nsetp.ne.u32 p, $1, 0;\n@p st.global.v2.u32 [$0], {$2, $3};\n}",
+          "l,r,r,r")
 
 
 @dsl_user_op
