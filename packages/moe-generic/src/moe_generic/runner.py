@@ -141,6 +141,6 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     # 4. out[t] = sum over the top-k in fp32, fixed order, rounded once
     if out is None:
         out = torch.empty(T, H, dtype=torch.bfloat16, device=dev)
-    jit.topk_reduce(idb, paired=Y_BLOCK)(y.data_ptr(), ids.data_ptr(), 0, out.data_ptr(), T, k, H,
-                                         off, E, stream)
+    reduce = jit.topk_reduce(idb, paired=Y_BLOCK, weighted=False)
+    reduce(y.data_ptr(), ids.data_ptr(), 0, out.data_ptr(), T, k, H, off, E, stream)
     return out
