@@ -62,8 +62,9 @@ for s in "$@"; do
       step tests-layer 300 python3 -m pytest tests dispatcher/tests -m gpu -q ;;
     all-tests-par)  # the same suites as concurrent processes, moe-generic's in three parts (the
                     # suite is mostly compiles, which the GPU machine's 16 cores run side by side;
-                    # at 4458254 the three suites took 131 / 426 / 213 s as three processes, and
-                    # the config candidates are 100 of moe-generic's 163)
+                    # at 4458254 the three suites took 131 / 426 / 213 s as three processes, the
+                    # config candidates being 100 of moe-generic's 163; as these five, 200 s at
+                    # 968d650)
       step tests-kernels 560 python3 -m pytest packages/moe-common packages/moe-gated packages/moe-static -m gpu -q &
       step tests-generic 560 python3 -m pytest packages/moe-generic -m gpu -q -k "not config_candidates" &
       step tests-generic-c01 560 python3 -m pytest packages/moe-generic -m gpu -q -k "config_candidates and (case0 or case1)" &
