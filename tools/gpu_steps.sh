@@ -180,8 +180,9 @@ for s in "$@"; do
       step bulk-widths 560 python3 tools/band_probe.py --preset $FIVE --tokens ${BAND_TOKENS:-64 128 256 1024 2048} --bn --kernels auto --config '8:producer_warps=1,stages=3,producer_bulk=True' '16:producer_warps=1,stages=3,producer_bulk=True' '64:producer_warps=1,producer_bulk=True' --seed ${AB_SEED:-1} --json "$OUT/bulk-widths.json" ;;
     split-small)  # where the time goes for the small-expert presets in the band (issue 29's
                   # widest gaps): per-kernel time under the bench's conditions (graph replay),
-                  # moe-generic at 16-32 routed rows per expert; the fp32 y round trip is
-                  # P x H x 8 bytes (Qwen3.5-35B T=1024: 134 MB against 453 MB of weights)
+                  # moe-generic at 16-32 routed rows per expert; the y round trip is P x H x 4
+                  # bytes (bf16 since b069cd2; Qwen3.5-35B T=1024: 67 MB against 453 MB of
+                  # weights)
       for t in 256 512 1024; do
         step "split-qwen3-$t" 120 python3 tools/profile_split.py --kernel generic --preset qwen3-30b-a3b --tokens $t --graph
         step "split-qwen35-$t" 120 python3 tools/profile_split.py --kernel generic --preset qwen3.5-35b --tokens $t --graph
