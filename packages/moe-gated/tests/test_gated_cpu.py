@@ -46,8 +46,8 @@ def test_wgmma_runs_asynchronously(index, tmp_path):
     warps' live registers do not fit; with pending=2 slabs in flight that happened and the
     tensor cores idled during each slab's decode. Assemble the kernel and check it does not,
     that nothing spills (the producer's copies unrolled in the kernel once made ptxas spill in
-    the wide geometry's consumers, T=8192 1-3% slower: benchmarks/HISTORY.md, 2026-12-03), and
-    that the producer issues its copies from one elected lane."""
+    the wide geometry's consumers, T=8192 1-3% slower: benchmarks/HISTORY.md, 2026-12-03),
+    that the producer issues its copies from one elected lane, and that FC2 writes y as bf16."""
     report = ptxas_report(_PTX_PROBE, [index], "*GatedGemm*.ptx", tmp_path)
     assert "C7512" not in report, report
     assert "0 bytes spill stores, 0 bytes spill loads" in report, report
@@ -56,6 +56,17 @@ def test_wgmma_runs_asynchronously(index, tmp_path):
     _check_elected_copies(ptx)
     if index == 0:
         _check_second_wgmma(ptx)
+    if index in (9, 19):
+        _check_bf16_y_stores(ptx)
+
+
+def _check_bf16_y_stores(ptx: str):
+    """FC2's y rows are bf16 (b069cd2): its global stores are bf16x2 words, 4 bytes per token
+    and group (wide) or 8 (tall, st.global.v2.u32), never fp32."""
+    import re
+
+    assert "cvt.rn.bf16x2.f32" in ptx
+    assert set(re.findall(r"st\.global[.\w]*", ptx)) <= {"st.global.u32", "st.global.v2.u32"}
 
 
 def _check_register_pool(ptx: str, report: str):

@@ -148,7 +148,9 @@ def test_fc2_epilogue_loads_before_its_stores(tmp_path):
     stores, and the weight's load needs it: one per column between the stores made 2 serial
     round trips per column and group (48 per 48-token tile), now 2 in all. In the PTX: the
     coherent loads (ld.global.u32) in one run before each epilogue's stores (one epilogue per
-    mainloop body with the producer warp); ptxas schedules the read-only (.nc) loads itself."""
+    mainloop body with the producer warp); ptxas schedules the read-only (.nc) loads itself.
+    The stores are y's bf16x2 words (b069cd2: one 4-byte store per token and group), never
+    fp32."""
     import os
     import subprocess
     import sys
@@ -164,6 +166,7 @@ def test_fc2_epilogue_loads_before_its_stores(tmp_path):
                       for m in re.findall(r"\b(ld\.global\.u32|st\.global)", text))
         bodies = int(name.split("-")[2])
         assert ops.count("sl") < bodies and ops.count("s") >= 2, (name, ops)
+        assert set(re.findall(r"st\.global[.\w]*", text)) == {"st.global.u32"}, name
 
 
 def test_operands_reach_the_kernel_in_field_order():
