@@ -43,22 +43,14 @@ def _common():
     return out
 
 
-def _gated_reduces():
+def _reduces(blocks: list, weighted: bool):
+    """The top-k reduces a runner launches: one per paired block and ids width."""
     from moe_common.cute import jit
-    from moe_gated.kernel import GEOMETRIES, y_block
 
-    return [(f"topk_reduce ids_bytes={idb} paired={y_block(g)} weighted",
-             lambda idb=idb, g=g: jit.topk_reduce(idb, paired=y_block(g), weighted=True))
-            for g in GEOMETRIES for idb in (4, 8)]
-
-
-def _generic_reduces():
-    from moe_common.cute import jit
-    from moe_generic.grouped_gemm import Y_BLOCK
-
-    return [(f"topk_reduce ids_bytes={idb} paired={Y_BLOCK}",
-             lambda idb=idb: jit.topk_reduce(idb, paired=Y_BLOCK, weighted=False))
-            for idb in (4, 8)]
+    tag = " weighted" if weighted else ""
+    return [(f"topk_reduce ids_bytes={idb} paired={b}{tag}",
+             lambda idb=idb, b=b: jit.topk_reduce(idb, paired=b, weighted=weighted))
+            for b in blocks for idb in (4, 8)]
 
 
 def _kernel_configs(module):
@@ -73,18 +65,20 @@ def _static():
 
 def _gated():
     from moe_gated import compile_cache
-    from moe_gated.kernel import GEOMETRIES
+    from moe_gated.kernel import GEOMETRIES, y_block
 
     widths = sorted({bn for bn, _ in GEOMETRIES.values()})
     scatters = [(f"row_scatter bn={bn}", lambda bn=bn: compile_cache.row_scatter(bn))
                 for bn in widths]
-    return _kernel_configs(compile_cache) + scatters + _gated_reduces()
+    return (_kernel_configs(compile_cache) + scatters
+            + _reduces([y_block(g) for g in GEOMETRIES], weighted=True))
 
 
 def _generic():
     from moe_generic import compile_cache
+    from moe_generic.grouped_gemm import Y_BLOCK
 
-    return _kernel_configs(compile_cache) + _generic_reduces()
+    return _kernel_configs(compile_cache) + _reduces([Y_BLOCK], weighted=False)
 
 
 BUILDERS = {"moe-common": _common, "moe-static": _static, "moe-gated": _gated,

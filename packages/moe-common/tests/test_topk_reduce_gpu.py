@@ -1,8 +1,8 @@
 """The top-k reduce (moe_common.cute.topk_reduce) on the H200, every mode the runners use
 (paired 16 unweighted: moe-generic; paired 16 / 32 weighted: moe-gated), against a float64 sum
-of the same bf16 y rows: k from 1 to 10,
-non-local and dropped routes (their y rows poisoned with NaN: never read), the output poisoned
-first (every element written), bitwise equal run to run."""
+of the same bf16 y rows: k from 1 to 10, non-local and dropped routes (their y rows poisoned
+with NaN: never read), the output poisoned first (every element written), bitwise equal run to
+run."""
 from __future__ import annotations
 
 import pytest
