@@ -12,8 +12,8 @@ import torch
 
 from moe_common.reference import reference_moe
 from moe_common.testing import (
-    assert_close, assert_graph_replay_matches_eager, check_case, check_out_of_range_ids, random_layer,
-    random_routing,
+    assert_close, assert_graph_replay_matches_eager, check_case, check_one_workspace,
+    check_out_of_range_ids, random_layer, random_routing,
 )
 
 pytestmark = pytest.mark.gpu
@@ -97,6 +97,14 @@ def test_deterministic_bitwise_and_queue_reset():
     assert_close(first, reference_moe(x, w, tw, ti), "determinism run")
     for _ in range(3):
         assert torch.equal(fused_moe(x, w, tw, ti), first)
+
+
+def test_one_workspace_across_layers_and_a_rank_with_no_route():
+    from moe_gated import fused_moe
+
+    # 20000 routed pairs take the split routing path; both tile geometries
+    check_one_workspace(fused_moe, [
+        (300, 16, 1024, 256, 4), (2500, 32, 512, 384, 8), (700, 8, 768, 512, 2)])
 
 
 def test_cuda_graph_replay_matches_eager():

@@ -9,8 +9,8 @@ import torch
 
 from moe_common.reference import reference_moe
 from moe_common.testing import (
-    assert_close, assert_graph_replay_matches_eager, check_case, check_out_of_range_ids, random_layer,
-    random_routing,
+    assert_close, assert_graph_replay_matches_eager, check_case, check_one_workspace,
+    check_out_of_range_ids, random_layer, random_routing,
 )
 from moe_common.types import Activation
 
@@ -65,6 +65,14 @@ def test_deterministic_bitwise():
     first = fused_moe(x, w, tw, ti, deterministic=True)
     for _ in range(3):
         assert torch.equal(fused_moe(x, w, tw, ti, deterministic=True), first)
+
+
+def test_one_workspace_across_layers_and_a_rank_with_no_route():
+    from moe_generic import fused_moe
+
+    # 8- to 64-token tiles
+    check_one_workspace(fused_moe, [
+        (16, 16, 1024, 256, 4), (200, 32, 512, 384, 8), (5, 8, 768, 512, 2)])
 
 
 def test_cuda_graph_replay_matches_eager():

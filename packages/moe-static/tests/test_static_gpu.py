@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from moe_common.testing import (
-    assert_graph_replay_matches_eager, check_case, check_out_of_range_ids, random_layer,
-    random_routing,
+    assert_graph_replay_matches_eager, check_case, check_one_workspace, check_out_of_range_ids,
+    random_layer, random_routing,
 )
 
 pytestmark = pytest.mark.gpu
@@ -100,6 +100,14 @@ def test_deterministic_bitwise():
         first = fused_moe(x, w, tw, ti)
         for _ in range(3):
             assert torch.equal(fused_moe(x, w, tw, ti), first)
+
+
+def test_one_workspace_across_layers_and_a_rank_with_no_route():
+    from moe_static import fused_moe
+
+    # P up to 800 routed pairs: FC2's even shares cut units (their pieces add into y)
+    check_one_workspace(fused_moe, [
+        (3, 16, 1024, 256, 4), (24, 32, 512, 384, 8), (100, 64, 768, 512, 8)])
 
 
 def test_cuda_graph_replay_matches_eager():

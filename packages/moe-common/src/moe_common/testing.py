@@ -139,6 +139,41 @@ def check_out_of_range_ids(fused_moe, tokens: int) -> None:
         assert_close(out, reference_moe(x, w, tw, ids), f"out-of-range {what} ids")
 
 
+def check_one_workspace(fused_moe, shapes: list) -> None:
+    """Calls of `fused_moe` (a package's direct entry) through one Workspace, as a serving
+    engine makes them: layers of the given (T, E, H, I, top_k) in turn, then each again, then a
+    call whose every route belongs to another rank (an expert-parallel slice nothing is routed
+    to). Each first call matches the reference (out poisoned with NaN first: an element left
+    unwritten fails), each repeat is bitwise equal to it (counters and queues the kernels leave
+    in the workspace must be back at their start), and the call with no local route writes an
+    exact 0 output."""
+    from .reference import reference_moe
+    from .workspace import Workspace
+
+    ws = Workspace()
+    calls = []
+    for T, E, H, I, k in shapes:
+        w = random_layer(E, H, I, bias=True)
+        x = torch.randn(T, H, device="cuda").bfloat16()
+        calls.append((x, w) + random_routing(T, E, k))
+    firsts = []
+    for n, (x, w, tw, ti) in enumerate(calls + calls):
+        out = torch.full_like(x, float("nan"))
+        fused_moe(x, w, tw, ti, out=out, workspace=ws)
+        if n < len(calls):
+            assert_close(out, reference_moe(x, w, tw, ti), f"call {n}, {shapes[n]}")
+            firsts.append(out)
+        else:
+            assert torch.equal(out, firsts[n - len(calls)]), f"call {n}: not bitwise a repeat"
+    T, E, H, I, k = shapes[0]
+    w = random_layer(E, H, I, local_expert_offset=E, num_experts=2 * E)
+    x = torch.randn(T, H, device="cuda").bfloat16()
+    tw, ti = random_routing(T, E, k)  # experts 0 .. E - 1: another rank's
+    out = torch.full_like(x, float("nan"))
+    fused_moe(x, w, tw, ti, out=out, workspace=ws)
+    assert torch.all(out == 0), "no local route: the output must be exactly 0"
+
+
 def assert_graph_replay_matches_eager(fused_moe, *, tokens: int, experts: int = 32, hidden: int = 512,
                                       intermediate: int = 256, top_k: int = 4,
                                       activation: str = "swigluoai", replays: int = 3):
