@@ -62,6 +62,12 @@ class Buffers:
         return (torch.zeros if zeroed else torch.empty)(shape, dtype=dtype, device=self.dev)
 
 
+def router_weights(topk_weights: torch.Tensor) -> torch.Tensor:
+    """The router weights as the kernels read them: fp32 [T, k], contiguous (a copy only when
+    the caller's are another dtype or strided)."""
+    return topk_weights.to(torch.float32).contiguous()
+
+
 class RoutedPairs(NamedTuple):
     order: torch.Tensor  # [P] int32: sorted position -> pair index t * k + j
     slots: torch.Tensor  # [P] int32: pair index -> tile * bn + position in tile, -1: not local

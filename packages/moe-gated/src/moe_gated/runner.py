@@ -17,7 +17,9 @@ import torch
 from moe_common.cute import jit
 from moe_common.fragments import TILE_K
 from moe_common.formats import get_format
-from moe_common.kernel_package import Buffers, quantize_rows, route_pairs, w4a4_fc1_rows
+from moe_common.kernel_package import (
+    Buffers, quantize_rows, route_pairs, router_weights, w4a4_fc1_rows,
+)
 from moe_common.packed import pack
 from moe_common.types import Activation
 from moe_common.weights import MoEWeights
@@ -128,8 +130,7 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     # 5. out[t] = sum over the top-k of router weight x y in fp32, fixed order, rounded once
     if out is None:
         out = torch.empty(T, H, dtype=torch.bfloat16, device=dev)
-    route_w = topk_weights if topk_weights.dtype == torch.float32 else topk_weights.float()
-    route_w = route_w.contiguous()
+    route_w = router_weights(topk_weights)
     reduce = jit.topk_reduce(idb, paired=y_block(geometry), weighted=True)
     reduce(y.data_ptr(), ids.data_ptr(), route_w.data_ptr(), out.data_ptr(), T, k, H, off, E,
            stream)

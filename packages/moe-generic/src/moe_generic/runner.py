@@ -15,7 +15,9 @@ import torch
 
 from moe_common.cute import jit
 from moe_common.fragments import TILE_K
-from moe_common.kernel_package import Buffers, route_pairs, w4a4_fc1_rows, w4a4_requantize_intermediate
+from moe_common.kernel_package import (
+    Buffers, route_pairs, router_weights, w4a4_fc1_rows, w4a4_requantize_intermediate,
+)
 from moe_common.packed import pack
 from moe_common.types import Activation
 from moe_common.weights import MoEWeights
@@ -126,8 +128,7 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     # 3. FC2 (+ router weight) -> y [P, H] bf16 in original pair order, each row's columns in
     # the paired order of Y_BLOCK (moe_common.cute.topk_reduce)
     y = bufs.get("y", (P, H), torch.bfloat16)
-    route_w = topk_weights if topk_weights.dtype == torch.float32 else topk_weights.float()
-    route_w = route_w.contiguous()
+    route_w = router_weights(topk_weights)
     cfg2, fc2 = compile_cache.get("fc2", weights.weight_format, "none", bn, prep.fc2_rows,
                                   Ip // TILE_K)
     fc2(jit.operands(GemmOperands, records=prep.w2.data_ptr(),

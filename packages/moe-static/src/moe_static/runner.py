@@ -15,7 +15,7 @@ import torch
 
 from moe_common.cute import jit
 from moe_common.fragments import TILE_K
-from moe_common.kernel_package import Buffers
+from moe_common.kernel_package import Buffers, router_weights
 from moe_common.packed import pack
 from moe_common.types import Activation
 from moe_common.weights import MoEWeights
@@ -73,8 +73,7 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
         x = x.contiguous() if not x.is_contiguous() else x.clone()  # rows copied by 16-byte bulk copies
     ids = topk_ids.contiguous()
-    route_w = topk_weights if topk_weights.dtype == torch.float32 else topk_weights.float()
-    route_w = route_w.contiguous()
+    route_w = router_weights(topk_weights)
     limit = activation.limit if activation.limit is not None else math.inf
     teams = choose_teams(T, k, weights.num_local_experts, prep.fc1_rows // 16, -(-H // 16),
                          grid * WARPS)
