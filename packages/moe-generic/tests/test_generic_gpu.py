@@ -70,7 +70,7 @@ def test_deterministic_bitwise():
 def test_one_workspace_across_layers_and_a_rank_with_no_route():
     from moe_generic import fused_moe
 
-    # 8- to 64-token tiles
+    # 32- and 48-token tiles (4, 50 and 1.25 mean routed rows per expert)
     check_one_workspace(fused_moe, [
         (16, 16, 1024, 256, 4), (200, 32, 512, 384, 8), (5, 8, 768, 512, 2)])
 
