@@ -1,6 +1,8 @@
 """moe-gated without a GPU: every configuration compiles for sm_90a; limits and bids."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from moe_common.cute import jit
@@ -63,8 +65,6 @@ def test_wgmma_runs_asynchronously(index, tmp_path):
 def _check_bf16_y_stores(ptx: str):
     """FC2's y rows are bf16 (b069cd2): its global stores are bf16x2 words, 4 bytes per token
     and group (wide) or 8 (tall, st.global.v2.u32), never fp32."""
-    import re
-
     assert "cvt.rn.bf16x2.f32" in ptx
     assert set(re.findall(r"st\.global[.\w]*", ptx)) <= {"st.global.u32", "st.global.v2.u32"}
 
@@ -73,8 +73,6 @@ def _check_register_pool(ptx: str, report: str):
     """setmaxnreg moves registers inside the CTA's launch allocation (threads x the count
     ptxas reports): the producer warpgroup's decrease must free at least what the consumer
     warps' increase takes, else the increase waits forever (kernel.py, PRODUCER_REGS)."""
-    import re
-
     from moe_gated.kernel import CONSUMER_WARPS, THREADS
 
     entry = int(re.search(r"Used (\d+) registers", report).group(1))
@@ -105,8 +103,6 @@ def _check_second_wgmma(ptx: str):
     """A 288-token wide item decodes each slab once for both of its wgmmas: every m64n256k16
     of that width is followed by an m64n32k16 on the same A registers, its B 32 token groups
     (32 x 1024 bytes) further on; 8 slabs a K-tile (two asm blocks of 4)."""
-    import re
-
     lines = [ln.strip() for ln in ptx.splitlines()]
     pairs = 0
     for i, ln in enumerate(lines):
