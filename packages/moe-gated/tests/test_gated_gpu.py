@@ -86,17 +86,25 @@ def test_ids_out_of_range_are_ignored():
     check_out_of_range_ids(fused_moe, 300)
 
 
-def test_deterministic_bitwise_and_queue_reset():
-    # repeated calls also check that every launch leaves its work queue at zero
+@pytest.mark.parametrize("mode", ["w4a16", "w4a4"])
+def test_deterministic_bitwise_and_queues_reset(mode):
+    # repeated calls through one workspace, each of which must leave its work queues at zero
+    # (the next call's tickets would start past the first item)
+    from moe_common.workspace import Workspace
     from moe_gated import fused_moe
 
-    w = random_layer(64, 1024, 512)
+    w = random_layer(64, 1024, 512, w4a4=mode == "w4a4")
     x = torch.randn(3000, 1024, device="cuda").bfloat16()
     tw, ti = random_routing(3000, 64, 8)
-    first = fused_moe(x, w, tw, ti)
-    assert_close(first, reference_moe(x, w, tw, ti), "determinism run")
+    ws = Workspace()
+    first = fused_moe(x, w, tw, ti, quant_mode=mode, workspace=ws)
+    assert_close(first, reference_moe(x, w, tw, ti, quant_mode=mode), "determinism run")
     for _ in range(3):
-        assert torch.equal(fused_moe(x, w, tw, ti), first)
+        assert torch.equal(fused_moe(x, w, tw, ti, quant_mode=mode, workspace=ws), first)
+    assert ws._zeroed == {"moe-gated.queues"}
+    for name in ws._zeroed:
+        buf = ws._buffers[name]
+        assert buf.count_nonzero().item() == 0, (name, buf.nonzero()[:8].tolist())
 
 
 def test_one_workspace_across_layers_and_a_rank_with_no_route():
