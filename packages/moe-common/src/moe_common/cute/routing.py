@@ -27,6 +27,7 @@ row) and reduced afterwards in a fixed order.
 """
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import cutlass
@@ -35,6 +36,7 @@ from cutlass import Int32, Int64
 
 from . import jit, ptx
 from .scan import exclusive_scan2
+from .storage import SharedStorage, shared_storage
 
 THREADS = 1024
 MAX_EXPERTS = THREADS
@@ -55,6 +57,29 @@ PAIRS_PER_SPLIT_CTA = 2048
 RANK_SHIFT = 11
 NO_EXPERT = (1 << RANK_SHIFT) - 1
 assert MAX_EXPERTS < NO_EXPERT and ONE_CTA_MAX_PAIRS << RANK_SHIFT < 1 << 31
+
+
+@functools.lru_cache(maxsize=None)
+def _storage(kernel: str) -> SharedStorage:
+    """The shared memory of each routing kernel, int32 arrays: per expert its pair count
+    (`counts`), first sorted position (`first`) and slot shift (`shift`); `scan`, the expert
+    scan's scratch (exclusive_scan2)."""
+    mem = cute.struct.MemRange
+    regions = {"one_cta": (("counts", THREADS), ("scan", THREADS), ("first", THREADS),
+                           ("shift", THREADS)),
+               "slices": (("counts", MAX_EXPERTS), ("shift", MAX_EXPERTS)),
+               "scan": (("counts", THREADS), ("scan", THREADS))}[kernel]
+    fields = {name: mem[cutlass.Int32, n] for name, n in regions}
+    return shared_storage(f"Routing_{kernel}", {**fields, "end": mem[cutlass.Uint8, 0]})
+
+
+def _shared(kernel: str) -> dict:
+    """The kernel's shared-memory buffer (trace-time helper): each region's 32-bit address."""
+    offsets = _storage(kernel).offsets
+    smem = cutlass.memory.SmemAllocator()
+    buf = smem.allocate_array(cutlass.Int32, offsets["end"] // 4, byte_alignment=16)
+    base = Int32(buf.toint())
+    return {name: base + off for name, off in offsets.items() if name != "end"}
 
 
 def split_ctas(pairs: int) -> int:
@@ -148,12 +173,8 @@ class RoutingKernel(_PairIds):
                order: Int64, slots: Int64, tables):
         tid, _, _ = cute.arch.thread_idx()
         ptx.grid_dependency_wait()  # first: see jit.PDL
-        smem = cutlass.memory.SmemAllocator()
-        buf = smem.allocate_array(cutlass.Int32, 4 * THREADS, byte_alignment=16)
-        s_cnt = Int32(buf.toint())          # pair counts per expert
-        s_til = s_cnt + THREADS * 4          # the expert scan's scratch
-        s_first = s_cnt + 2 * THREADS * 4    # per-expert first sorted position
-        s_shift = s_cnt + 3 * THREADS * 4    # per-expert slot shift
+        sh = _shared("one_cta")
+        s_cnt, s_til, s_first, s_shift = sh["counts"], sh["scan"], sh["first"], sh["shift"]
         ptx.st_shared_u32(s_cnt + tid * 4, 0)
         cute.arch.sync_threads()
         # 1. one batch of ids per thread (pairs <= ONE_CTA_MAX_PAIRS); the histogram's atomic
@@ -211,10 +232,9 @@ class RoutingSlices(_PairIds):
         tid, _, _ = cute.arch.thread_idx()
         ptx.grid_dependency_wait()  # first: see jit.PDL
         g, _, _ = cute.arch.block_idx()
-        smem = cutlass.memory.SmemAllocator()
-        buf = smem.allocate_array(cutlass.Int32, 2 * MAX_EXPERTS, byte_alignment=16)
-        s_cnt = Int32(buf.toint())  # per-expert counter: from 0, or from the CTA's bases
-        s_shift = s_cnt + MAX_EXPERTS * 4  # per-expert slot shift (scatter)
+        sh = _shared("slices")
+        s_cnt = sh["counts"]  # per-expert counter: from 0, or from the CTA's bases
+        s_shift = sh["shift"]  # (scatter)
         row = hist + Int64(g) * Int64(experts) * 4
         shifts = hist + Int64(MAX_SPLIT_CTAS) * Int64(experts) * 4
         for e in cutlass.range(tid, experts, SPLIT_THREADS, unroll=1):
@@ -259,10 +279,8 @@ class RoutingScan:
     def kernel(self, hist: Int64, ctas: Int32, experts: Int32, bn: Int32, tables):
         tid, _, _ = cute.arch.thread_idx()
         ptx.grid_dependency_wait()  # first: see jit.PDL
-        smem = cutlass.memory.SmemAllocator()
-        buf = smem.allocate_array(cutlass.Int32, 2 * THREADS, byte_alignment=16)
-        s_cnt = Int32(buf.toint())
-        s_til = s_cnt + THREADS * 4
+        sh = _shared("scan")
+        s_cnt, s_til = sh["counts"], sh["scan"]
         # every CTA's count of expert `tid` loaded at once (ctas <= MAX_SPLIT_CTAS)
         col = hist + Int64(cutlass.min(tid, experts - 1)) * 4
         vals = [cutlass.select_(Int32(g) < ctas, ptx.ld_u32(
