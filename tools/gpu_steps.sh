@@ -11,7 +11,7 @@
 #        land-generic (land-tests, land-sanitize), auto-ab (auto-all, band-ab: AB_DIRS, AB_TOKENS),
 #        check-ab (AB_DIRS, CHECK_PRESETS, CHECK_TOKENS),
 #        dispatch-points (static-points, cutover-points); pipeline-probe (PROBE_PRESETS, PROBE_TOKENS, PROBE_MODES);
-#        all-tests, all-tests-par; verify (GPU tests + sanitizers), serving (soak + hf bench); A/B in one run against older
+#        all-tests, all-tests-par; verify (GPU tests + sanitizers), serving (soak + hf bench); ncu-tensor (NCU_LAYERS); A/B in one run against older
 #        trees (AB_DIRS): static-ab, kernel-ab (AB_KERNEL), ncu-static-ab (PROFILE_ARGS)
 set -u
 OUT=${OUT:-/tmp/out}
@@ -270,6 +270,12 @@ for s in "$@"; do
         ncu --import "/tmp/$n.ncu-rep" --page details >> "$OUT/$n.log" 2>&1
         ncu --import "/tmp/$n.ncu-rep" --page source --csv --print-source sass > "/tmp/$n.csv" 2>&1
         step $n-top 100 python3 tools/ncu_sass_top.py "/tmp/$n.csv"
+      done ;;
+    ncu-tensor)  # moe-gated's FC1 and FC2 at NCU_LAYERS (preset:T): the tensor pipe's busy share,
+                 # issue activity and warp stalls (are the narrow tiles bound by their wgmmas?)
+      for pt in ${NCU_LAYERS:-qwen3-30b-a3b:512 deepseek-v3:1024 qwen3-30b-a3b:8192}; do
+        IFS=: read -r pre tok <<< "$pt"
+        step ncu-tensor-$pre-$tok 240 ncu --clock-control none --kernel-name regex:GatedGemm --launch-skip 2 -c 2 --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --metrics "regex:sm__pipe_tensor.*_cycles_active.avg.pct_of_peak_sustained_active,regex:sm__inst_executed_pipe_tensor.*\.sum,smsp__issue_active.avg.pct_of_peak_sustained_active" python3 tools/profile_split.py --kernel gated --preset $pre --tokens $tok --calls 1 --no-profiler
       done ;;
     *) echo "unknown step $s" ;;
   esac
