@@ -62,6 +62,30 @@ class Buffers:
         return (torch.zeros if zeroed else torch.empty)(shape, dtype=dtype, device=self.dev)
 
 
+class CallFacts(NamedTuple):
+    """What every runner reads off a call before its first launch (call_facts)."""
+    prep: object  # the packed weights (moe_common.packed.pack)
+    tokens: int  # T
+    top_k: int  # k
+    pairs: int  # P = T * k
+    experts: int  # E, the local experts
+    offset: int  # the first local expert's id
+    bufs: Buffers
+    stream: object  # the current CUDA stream, as the kernels take it
+    ids: torch.Tensor  # topk_ids, contiguous
+
+
+def call_facts(kernel_name: str, x, weights, topk_ids, workspace) -> CallFacts:
+    """A runner's first step: the packed weights, the call's sizes, its buffers and stream."""
+    from .cute import jit
+    from .packed import pack
+
+    T, k = topk_ids.shape
+    return CallFacts(pack(weights), T, k, T * k, weights.num_local_experts,
+                     weights.local_expert_offset, Buffers(kernel_name, workspace, x.device),
+                     jit.current_stream(x.device), topk_ids.contiguous())
+
+
 def router_weights(topk_weights: torch.Tensor) -> torch.Tensor:
     """The router weights as the kernels read them: fp32 [T, k], contiguous (a copy only when
     the caller's are another dtype or strided)."""

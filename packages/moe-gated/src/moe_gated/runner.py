@@ -18,9 +18,8 @@ from moe_common.cute import jit
 from moe_common.fragments import TILE_K
 from moe_common.formats import get_format
 from moe_common.kernel_package import (
-    Buffers, quantize_rows, route_pairs, router_weights, w4a4_fc1_rows,
+    call_facts, quantize_rows, route_pairs, router_weights, w4a4_fc1_rows,
 )
-from moe_common.packed import pack
 from moe_common.types import Activation
 from moe_common.weights import MoEWeights
 
@@ -67,16 +66,10 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
         quant_mode: str = "w4a16", out=None, workspace=None, deterministic: bool = True):
     """The layer call: routing, FC1, FC2, top-k reduce on the current stream, no host sync.
     Always deterministic (each output element has one writer and a fixed summation order)."""
-    prep = pack(weights)
-    T, k = topk_ids.shape
-    P = T * k
-    E = weights.num_local_experts
-    off = weights.local_expert_offset
+    prep, T, k, P, E, off, bufs, stream, ids = call_facts(KERNEL_NAME, x, weights, topk_ids,
+                                                          workspace)
     dev = x.device
     H, Hp, Ip = prep.hidden, prep.hidden_padded, prep.intermediate_padded
-    bufs = Buffers(KERNEL_NAME, workspace, dev)
-    stream = jit.current_stream(dev)
-    ids = topk_ids.contiguous()
     idb = ids.element_size()
     geometry = geometry_for(P, E)
     bn, _ = GEOMETRIES[geometry]

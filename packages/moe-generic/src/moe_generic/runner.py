@@ -16,9 +16,8 @@ import torch
 from moe_common.cute import jit
 from moe_common.fragments import TILE_K
 from moe_common.kernel_package import (
-    Buffers, route_pairs, router_weights, w4a4_fc1_rows, w4a4_requantize_intermediate,
+    call_facts, route_pairs, router_weights, w4a4_fc1_rows, w4a4_requantize_intermediate,
 )
-from moe_common.packed import pack
 from moe_common.types import Activation
 from moe_common.weights import MoEWeights
 
@@ -80,16 +79,10 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     """The layer call: 4 launches in w4a16 (routing, FC1, FC2, top-k reduce), all on the
     current stream, no host sync. Always deterministic (`deterministic` is accepted for the
     common runner signature): each output element has one writer and a fixed summation order."""
-    prep = pack(weights)
-    T, k = topk_ids.shape
-    P = T * k
-    E = weights.num_local_experts
-    off = weights.local_expert_offset
+    prep, T, k, P, E, off, bufs, stream, ids = call_facts(KERNEL_NAME, x, weights, topk_ids,
+                                                          workspace)
     dev = x.device
     H, Hp, Ip = prep.hidden, prep.hidden_padded, prep.intermediate_padded
-    bufs = Buffers(KERNEL_NAME, workspace, dev)
-    stream = jit.current_stream(dev)
-    ids = topk_ids.contiguous()
     idb = ids.element_size()
     bn = pick_bn(P, weights.num_experts)
     max_tiles = max_tiles_bound(P, E, bn)

@@ -15,8 +15,7 @@ import torch
 
 from moe_common.cute import jit
 from moe_common.fragments import TILE_K
-from moe_common.kernel_package import Buffers, router_weights
-from moe_common.packed import pack
+from moe_common.kernel_package import call_facts, router_weights
 from moe_common.types import Activation
 from moe_common.weights import MoEWeights
 
@@ -55,14 +54,11 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     thread in a fixed order (`deterministic` is accepted for the common runner signature)."""
     if quant_mode != "w4a16":
         raise ValueError(f"{KERNEL_NAME}: quant_mode={quant_mode!r}; allowed: 'w4a16'")
-    prep = pack(weights)
-    T, k = topk_ids.shape
-    P = T * k
+    prep, T, k, P, E, off, bufs, stream, ids = call_facts(KERNEL_NAME, x, weights, topk_ids,
+                                                          workspace)
     H = prep.hidden
     dev = x.device
     ip = prep.intermediate_padded
-
-    bufs = Buffers(KERNEL_NAME, workspace, dev)
     inter = bufs.get("inter", (P * ip,), torch.bfloat16)
     y = bufs.get("y", (P * H,), torch.float32)
     barrier = bufs.get("barrier", (1,), torch.int32, zeroed=True)
@@ -72,11 +68,9 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
         out = torch.empty(T, H, dtype=torch.bfloat16, device=dev)
     if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
         x = x.contiguous() if not x.is_contiguous() else x.clone()  # rows copied by 16-byte bulk copies
-    ids = topk_ids.contiguous()
     route_w = router_weights(topk_weights)
     limit = activation.limit if activation.limit is not None else math.inf
-    teams = choose_teams(T, k, weights.num_local_experts, prep.fc1_rows // 16, -(-H // 16),
-                         grid * WARPS)
+    teams = choose_teams(T, k, E, prep.fc1_rows // 16, -(-H // 16), grid * WARPS)
     _, kernel = get(weights.weight_format, activation.name, ids.element_size(), teams)
     ops = jit.operands(
         StaticOperands,
@@ -85,11 +79,11 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
         w2=prep.w2.data_ptr(),
         gscale2=prep.fc2_alpha[quant_mode].data_ptr(), b2=prep.w2_bias.data_ptr(),
         ids=ids.data_ptr(), route_w=route_w.data_ptr(), x=x.data_ptr(), x_stride=x.stride(0),
-        tokens=T, top_k=k, expert_offset=weights.local_expert_offset,
-        experts=weights.num_local_experts, hidden=H, k_tiles1=prep.hidden_padded // TILE_K,
-        groups1=prep.fc1_rows // 16, groups2=prep.fc2_rows // 16, k_tiles2=ip // TILE_K,
+        tokens=T, top_k=k, expert_offset=off, experts=E, hidden=H,
+        k_tiles1=prep.hidden_padded // TILE_K, groups1=prep.fc1_rows // 16,
+        groups2=prep.fc2_rows // 16, k_tiles2=ip // TILE_K,
         inter=inter.data_ptr(), y=y.data_ptr(), out=out.data_ptr(), barrier=barrier.data_ptr(),
         meet=meet.data_ptr(), act_alpha=activation.alpha, act_beta=activation.beta,
         act_limit=limit)
-    kernel(ops, grid, jit.current_stream(dev))
+    kernel(ops, grid, stream)
     return out
