@@ -43,11 +43,13 @@ tree_label() {  # the commit label of a tree's bench JSON: ab_<sha> -> <sha>, "n
 }
 ab() {  # log prefix, limit_s, kernel, presets, tokens, packages: one bench per tree in $AB_DIRS
         # (those packages' sources first on PYTHONPATH; log <prefix>-<dir name>), then this tree's;
-        # every tree runs the same seed, AB_SEED (default 1): the same routing and data
-  local prefix=$1 limit=$2 kernel=$3 presets=$4 tokens=$5 pkgs=$6 d pp
+        # every tree runs the same seed, AB_SEED (default 1): the same routing and data; each
+        # tree's bench JSON (labelled with its commit) beside its log, for benchmarks/
+  local prefix=$1 limit=$2 kernel=$3 presets=$4 tokens=$5 pkgs=$6 d pp n
   for d in $AB_DIRS new; do
     pp=$(tree_path $d $pkgs)
-    step "$prefix-$(basename $d)" $limit env PYTHONPATH="$pp" "${BENCH[@]}" --preset $presets --tokens $tokens --kernels $kernel --no-check --seed ${AB_SEED:-1}
+    n="$prefix-$(basename $d)"
+    step "$n" $limit env FUSED_MOE_COMMIT="$(tree_label $d)" PYTHONPATH="$pp" "${BENCH[@]}" --preset $presets --tokens $tokens --kernels $kernel --no-check --seed ${AB_SEED:-1} --json "$OUT/$n.json"
   done
 }
 for s in "$@"; do
