@@ -113,11 +113,16 @@ def main():
         sys.exit(0 if all(r["ok"] for r in rows) else 1)
     if args.sanitize:
         mode = "w4a4" if args.kernel == "generic" else "w4a16"
-        rows = check_generic([(5, 4, 256, 128, 2, "nvfp4", "silu", mode, True, True),
-                              (9, 4, 320, 96, 3, "mxfp4", "relu2", "w4a16", True, False),
-                              (40, 4, 256, 128, 1, "nvfp4", "gelu_tanh", "w4a16", False, False),
-                              (120, 4, 320, 96, 1, "mxfp4", "swigluoai", "w4a16", True, False)
-                              ][:args.first], args.kernel)
+        cases = [(5, 4, 256, 128, 2, "nvfp4", "silu", mode, True, True),
+                 (9, 4, 320, 96, 3, "mxfp4", "relu2", "w4a16", True, False),
+                 (40, 4, 256, 128, 1, "nvfp4", "gelu_tanh", "w4a16", False, False),
+                 (120, 4, 320, 96, 1, "mxfp4", "swigluoai", "w4a16", True, False)]
+        if args.kernel == "static":
+            # H = 2048: FC2 by owned rows (runner.owns_rows), by teams of two and of one, the
+            # second's CTA shares cutting units (20 units of 4 K-tiles for 16 warps)
+            cases += [(3, 8, 2048, 256, 2, "nvfp4", "silu", "w4a16", True, False),
+                      (20, 20, 2048, 512, 8, "mxfp4", "swigluoai", "w4a16", True, False)]
+        rows = check_generic(cases[:args.first], args.kernel)
         sys.exit(0 if all(r["ok"] for r in rows) else 1)
     rows = []
     try:

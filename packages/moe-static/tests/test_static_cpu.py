@@ -20,7 +20,8 @@ def test_every_dispatchable_config_compiles_for_sm90a():
     from moe_static.compile_cache import all_configs, compile_config
 
     configs = all_configs()
-    assert len(configs) == 64  # 2 formats x 4 activations x (int32, int64 ids) x 4 team shapes
+    # 2 formats x 4 activations x (int32, int64 ids) x 4 team shapes x FC2 by grid / owned rows
+    assert len(configs) == 128
     for cfg in configs:
         assert compile_config(cfg) is not None, cfg
 
@@ -38,21 +39,22 @@ def test_operands_reach_the_kernel_in_field_order():
 _PTX_PROBE = """
 import sys
 from moe_static.compile_cache import compile_config, config
-fmt, act, fc1, fc2 = sys.argv[1:]
-compile_config(config(fmt, act, 4, (int(fc1), int(fc2))))
+fmt, act, fc1, fc2, own = sys.argv[1:]
+compile_config(config(fmt, act, 4, (int(fc1), int(fc2)), own == "1"))
 """
 
 
-@pytest.mark.parametrize("fmt,act,teams", [
-    ("mxfp4", "swigluoai", (1, 2)),  # spilled 40 B at 64 registers before .minnctapersm 1
-    ("nvfp4", "silu", (2, 2)),
-    ("nvfp4", "relu2", (1, 1)),
+@pytest.mark.parametrize("fmt,act,teams,own", [
+    ("mxfp4", "swigluoai", (1, 2), 0),  # spilled 40 B at 64 registers before .minnctapersm 1
+    ("nvfp4", "silu", (2, 2), 0),
+    ("nvfp4", "relu2", (1, 1), 0),
+    ("mxfp4", "swigluoai", (1, 1), 1),  # FC2 by owned rows (cta_reduce)
 ])
-def test_kernel_assembles_without_register_spills(fmt, act, teams, tmp_path):
+def test_kernel_assembles_without_register_spills(fmt, act, teams, own, tmp_path):
     """One CTA of 512 threads per SM leaves 128 registers a thread; without .minnctapersm 1
     ptxas held the kernel to 64 and spilled (gpt-oss-120b T=1 26.3 -> 28.0 us; .minnctapersm 1
     since e5076f5, benchmarks/HISTORY.md). Assemble the kernel and check it spills nothing."""
-    report = ptxas_report(_PTX_PROBE, [fmt, act, *teams], "*StaticMoE*.ptx", tmp_path)
+    report = ptxas_report(_PTX_PROBE, [fmt, act, *teams, str(own)], "*StaticMoE*.ptx", tmp_path)
     assert re.search(r"(?<!\d)0 bytes spill stores, 0 bytes spill loads", report), report
     _check_elected_copies(next(tmp_path.rglob("*StaticMoE*.ptx")).read_text())
 
@@ -90,6 +92,20 @@ def test_team_choice_follows_the_measured_points(tokens, layer, teams):
     from moe_static.runner import choose_teams
 
     assert choose_teams(tokens, *layer, 132 * 16) == teams
+
+
+@pytest.mark.parametrize("hidden,grid,owned", [
+    (2048, 132, True),  # Qwen3-30B-A3B, Qwen3.5-35B: 128 groups, one per CTA, 4 CTAs without
+    (7168, 132, False),  # DeepSeek-V3: 448 groups, 3 or 4 per CTA
+    (2880, 132, False),  # gpt-oss-120b: 180 groups, 1 or 2
+    (2688, 132, False),  # nemotron-relu2: 168 groups
+    (4224, 132, True),  # 264 groups, 2 per CTA
+    (1024, 132, False),  # 64 groups: half the CTAs would run FC2
+])
+def test_fc2_by_owned_rows_where_h_spreads_evenly(hidden, grid, owned):
+    from moe_static.runner import owns_rows
+
+    assert owns_rows(hidden, grid) == owned
 
 
 def test_shared_memory_fits_one_cta_per_sm():

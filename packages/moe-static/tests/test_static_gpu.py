@@ -78,6 +78,38 @@ def test_mixed_team_shapes(shape, act, teams):
         _run(shape, act, fmt, True)
 
 
+@pytest.fixture
+def owned_rows(monkeypatch):
+    """FC2 by owned rows (StaticConfig.cta_reduce) whatever the layer: the runner takes it only
+    where H's groups spread evenly (H = 2048 above), but it must be right for any spread,
+    CTAs that own no group or several included."""
+    from moe_static import runner
+
+    monkeypatch.setattr(runner, "owns_rows", lambda hidden, grid: True)
+
+
+def test_fc2_by_owned_rows(owned_rows):
+    from moe_static import fused_moe
+
+    for n, act in enumerate(ACTS):
+        # H = 256: 16 groups, most CTAs own none; H = 2880: 180 groups, 1 or 2 per CTA
+        _run((1, 8, 256, 128, 2), act, FORMATS[n % 2], n % 2 == 0)
+        _run((5, 32, 2880, 256, 4), act, FORMATS[(n + 1) % 2], n % 2 == 1)
+    _run((40, 16, 512, 256, 4), "silu", "mxfp4", True, ep=True)
+    _run((200, 64, 1024, 384, 8), "gelu_tanh", "nvfp4", False, skew=2.0, id_dtype=torch.int64)
+    # FC2 by teams of one whose CTA shares cut units (40 units of 4 K-tiles per CTA: 10 K-tiles
+    # for each of its 16 warps), the pieces adding into zeroed y
+    _run((100, 40, 768, 512, 8), "swigluoai", "mxfp4", True)
+    check_out_of_range_ids(fused_moe, 16)
+    w = random_layer(40, 768, 512, bias=True)
+    x = torch.randn(100, 768, device="cuda").bfloat16()
+    tw, ti = random_routing(100, 40, 8)
+    first = fused_moe(x, w, tw, ti)
+    for _ in range(3):
+        assert torch.equal(fused_moe(x, w, tw, ti), first)
+    assert_graph_replay_matches_eager(fused_moe, tokens=24)
+
+
 def test_swiglu_without_limit():
     _run((16, 8, 256, 128, 2), "swigluoai", "mxfp4", True, limit=None)
 

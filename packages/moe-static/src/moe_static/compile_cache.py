@@ -13,9 +13,9 @@ TEAM_SHAPES = ((2, 2), (1, 1), (2, 1), (1, 2))
 
 
 def config(weight_format: str, activation: str, ids_bytes: int = 4,
-           teams: tuple = TEAM_SHAPES[0]) -> StaticConfig:
+           teams: tuple = TEAM_SHAPES[0], cta_reduce: bool = False) -> StaticConfig:
     return StaticConfig(weight_format=weight_format, activation=activation, ids_bytes=ids_bytes,
-                        team_fc1=teams[0], team_fc2=teams[1])
+                        team_fc1=teams[0], team_fc2=teams[1], cta_reduce=cta_reduce)
 
 
 def compile_config(cfg: StaticConfig):
@@ -25,12 +25,13 @@ def compile_config(cfg: StaticConfig):
                               jit.example_stream())
 
 
-def get(weight_format: str, activation: str, ids_bytes: int = 4, teams: tuple = TEAM_SHAPES[0]):
-    cfg = config(weight_format, activation, ids_bytes, teams)
+def get(weight_format: str, activation: str, ids_bytes: int = 4, teams: tuple = TEAM_SHAPES[0],
+        cta_reduce: bool = False):
+    cfg = config(weight_format, activation, ids_bytes, teams, cta_reduce)
     return cfg, jit.compiled(("moe-static", cfg), lambda: compile_config(cfg))
 
 
 def all_configs():
     """Every configuration the dispatcher can pick (CPU CI compiles each for sm_90a)."""
-    return [config(f, a, b, t) for f in FORMATS for a in ACTIVATIONS for b in (4, 8)
-            for t in TEAM_SHAPES]
+    return [config(f, a, b, t, c) for c in (False, True) for f in FORMATS for a in ACTIVATIONS
+            for b in (4, 8) for t in TEAM_SHAPES]

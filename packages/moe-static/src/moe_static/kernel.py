@@ -23,6 +23,9 @@ the stream over every warp of the GPU.
 5. Grid barrier, then out[t, h] = bf16(sum_j y[t * k + j, h]) over the local routes of token t
    in the order j = 0..k-1: bitwise deterministic, one rounding, every element written (0 when no
    route of t is local).
+   With cta_reduce (where H's 16-row groups spread evenly over the CTAs, runner.owns_rows) each
+   CTA owns a range of groups: step 4 runs every active expert's units of those groups in that
+   CTA, and step 5 is a CTA barrier and the reduce of those rows, with no second grid barrier.
 
 With teams of one, where whole units dealt round-robin would leave warps idle (DeepSeek-V3
 T=1: 3584 FC2 units for 2112 warps), a GEMM's units are laid end to end in K-tiles and each warp
@@ -162,6 +165,11 @@ class StaticConfig:
     # T=1 111.7 vs 104.2 us at 0db0d90, BENCHMARKS.md)
     team_fc1: int = 2
     team_fc2: int = 2
+    # FC2 by owned rows: CTA b owns the 16-row groups [b G / grid, (b + 1) G / grid) of H (G =
+    # H / 16), runs every active expert's FC2 unit of them and reduces those rows of out itself,
+    # so the second grid barrier and the grid-wide reduce go. The runner takes it where the
+    # groups spread evenly over the CTAs (runner.owns_rows).
+    cta_reduce: bool = False
 
     @property
     def gated(self) -> bool:
@@ -187,6 +195,17 @@ def _shared_storage(team_bytes: int) -> SharedStorage:
         "flag": mem[cutlass.Int32, WARPS],  # FC1 cut flags (_meet_leave)
         "end": mem[cutlass.Uint8, 0],  # the bytes used (the struct's size pads to 128)
     })
+
+
+def _owned_groups(n_groups, bid, grid):
+    """FC2 with cta_reduce: CTA bid's 16-row groups of H, [g0, g1)."""
+    return bid * n_groups // grid, (bid + 1) * n_groups // grid
+
+
+def _owned_unit(p, n_act, n_groups):
+    """The unit (active expert a, group g) at group-major position p = g n_act + a: u = a G + g."""
+    g = p // n_act
+    return (p - g * n_act) * n_groups + g
 
 
 class StaticMoE:
@@ -255,9 +274,23 @@ class StaticMoE:
         fc2 = _Gemm((ops.hidden + 15) // 16, ops.groups2, ops.k_tiles2, ops.w2, ops.gscale2,
                     ops.b2, ops.inter, inter_stride)
         self._phase(False, fc2, ops, inter_stride, tables, n_act, steps, bid, grid, tid, max_cnt)
-        self._grid_sync(ops.barrier, bid, grid, tid)
-        self._reduce(ops.ids, ops.y, ops.out, ops.tokens, ops.top_k, ops.expert_offset,
-                     ops.experts, ops.hidden, bid, grid, tid)
+        if cutlass.const_expr(cfg.cta_reduce):
+            # this CTA's rows of y are written by its own warps: a CTA barrier orders them
+            cute.arch.sync_threads()
+            g0, g1 = _owned_groups(fc2.n_groups, bid, grid)
+            nq = (g1 - g0) * 4  # H is a multiple of 32: every owned group is 16 rows
+            self._reduce(ops, g0 * 4, nq, tid, ops.tokens * nq)
+        else:
+            self._grid_sync(ops.barrier, bid, grid, tid)
+            # CTA b takes quads [b * per, (b + 1) * per) of all T x H / 4: every SM's load path
+            # shares the reduce (dealt CTA-major, T=1 put all 512 quads of H = 2048 on CTA 0,
+            # whose last warp then ended ~0.9 us after every other CTA's: per-warp timestamps at
+            # 22ea6fc; changed in b0c7921)
+            quads = ops.hidden // 4
+            total = ops.tokens * quads
+            per = (total + grid - 1) // grid
+            end = cutlass.min(bid * per + per, total)
+            self._reduce(ops, Int32(0), quads, bid * per + tid, end)
 
     @cute.jit
     def _grid_sync(self, barrier, bid, grid, tid):
@@ -317,9 +350,12 @@ class StaticMoE:
         """Every unit (active expert a, 16-row group g) of one GEMM, by teams of `team` warps.
 
         gemm (a _Gemm) says where B (tokens) comes from: FC1 the rows x[pair // k] (read-only),
-        FC2 the rows inter[pair] this launch wrote before the grid barrier.
+        FC2 the rows inter[pair] this launch wrote before the grid barrier. FC2 with cta_reduce:
+        the CTA's units are those of its own groups of H (_owned_groups), in group-major
+        positions p = (g - g0) n_act + a (_owned_unit).
         """
         cfg = self.cfg
+        own = (not fc1) and cfg.cta_reduce
         n_groups, k_tiles = gemm.n_groups, gemm.k_tiles
         team = cfg.team_fc1 if fc1 else cfg.team_fc2
         teams = WARPS // team
@@ -336,28 +372,36 @@ class StaticMoE:
         if cutlass.const_expr(team == 1):
             if cutlass.const_expr(fc1):
                 if max_cnt <= CHUNK:  # FC1's cut units meet per chunk: one chunk only
-                    share = self._even_share(n_units, k_tiles, grid, per_cta=True)
+                    share = self._even_share(n_units, k_tiles, grid, scope="per_cta")
             else:
-                share = self._even_share(n_units, k_tiles, grid)
+                share = self._fc2_share(n_act, n_groups, k_tiles, grid)
         if share > 0:
             # Teams of one where whole units per warp leave warps idle: each warp takes `share`
             # K-tiles of units laid end to end (share >= k_tiles, so a unit is cut at most once).
-            # FC2: warp w of the grid takes [w * share, (w + 1) * share) of all units, and the
-            # two pieces of a cut unit add into zeroed y (see _zero_y). FC1: the CTA's units
-            # (_even_share with per_cta) are split among its warps, so both pieces of a cut unit
-            # are in one CTA and meet through shared memory before the activation (see
-            # _meet_leave).
+            # FC2: warp w of the grid takes [w * share, (w + 1) * share) of all units (with
+            # cta_reduce: warp w of the CTA, of its units), and the two pieces of a cut unit add
+            # into zeroed y (see _zero_y). FC1: the CTA's units [b U / grid, (b + 1) U / grid)
+            # are split among its warps, so both pieces of a cut unit are in one CTA and meet
+            # through shared memory before the activation (see _meet_leave).
             if cutlass.const_expr(fc1):
                 start = bid * n_units // grid * k_tiles + warp * share
                 end = cutlass.min(start + share, (bid + 1) * n_units // grid * k_tiles)
             else:
-                start = (bid * WARPS + warp) * share
-                end = cutlass.min(start + share, n_units * k_tiles)
+                if cutlass.const_expr(own):
+                    g0, g1 = _owned_groups(n_groups, bid, grid)
+                    start = g0 * n_act * k_tiles + warp * share
+                    end = cutlass.min(start + share, g1 * n_act * k_tiles)
+                else:
+                    start = (bid * WARPS + warp) * share
+                    end = cutlass.min(start + share, n_units * k_tiles)
             meet_cta = ops.meet + Int64(bid * WARPS) * MEET_BYTES
             s_flag = tables.s_base + self.flag_off
-            for u in cutlass.range(start // k_tiles, (end + k_tiles - 1) // k_tiles, unroll=1):
-                k0 = cutlass.max(start - u * k_tiles, 0)
-                k1 = cutlass.min(end - u * k_tiles, k_tiles)
+            for p in cutlass.range(start // k_tiles, (end + k_tiles - 1) // k_tiles, unroll=1):
+                u = p
+                if cutlass.const_expr(own):
+                    u = _owned_unit(p, n_act, n_groups)
+                k0 = cutlass.max(start - p * k_tiles, 0)
+                k1 = cutlass.min(end - p * k_tiles, k_tiles)
                 # FC1: a piece from K-tile 0 ends at the CTA's cut warp + 1, a later one starts
                 # at cut warp
                 cut = warp
@@ -366,15 +410,35 @@ class StaticMoE:
                 self._unit(fc1, acc, u, k0, k1 - k0, gemm, ops, inter_stride, tables, steps, wp,
                            meet_cta, s_flag, cut)
         else:
-            # Unit u goes to team u // grid of CTA u % grid: with fewer units than teams every
-            # SM still gets a share (Qwen3-30B-A3B T=1: 768 FC1 units on 5-6 teams of each of
-            # 132 CTAs, where CTA-major dealing filled 96 CTAs and left 36 SMs idle).
-            for u in cutlass.range(my_team * grid + bid, n_act * n_groups, grid * teams, unroll=1):
-                self._unit(fc1, acc, u, Int32(0), k_tiles, gemm, ops, inter_stride, tables,
-                           steps, wp, ops.meet, Int32(0), Int32(0))
+            if cutlass.const_expr(own):
+                # the CTA's positions round-robin over its teams
+                g0, g1 = _owned_groups(n_groups, bid, grid)
+                for p in cutlass.range(g0 * n_act + my_team, g1 * n_act, teams, unroll=1):
+                    self._unit(fc1, acc, _owned_unit(p, n_act, n_groups), Int32(0), k_tiles,
+                               gemm, ops, inter_stride, tables, steps, wp, ops.meet, Int32(0),
+                               Int32(0))
+            else:
+                # Unit u goes to team u // grid of CTA u % grid: with fewer units than teams
+                # every SM still gets a share (Qwen3-30B-A3B T=1: 768 FC1 units on 5-6 teams of
+                # each of 132 CTAs, where CTA-major dealing filled 96 CTAs and left 36 SMs idle).
+                for u in cutlass.range(my_team * grid + bid, n_act * n_groups, grid * teams,
+                                       unroll=1):
+                    self._unit(fc1, acc, u, Int32(0), k_tiles, gemm, ops, inter_stride, tables,
+                               steps, wp, ops.meet, Int32(0), Int32(0))
 
     @cute.jit
-    def _even_share(self, n_units, k_tiles, grid, per_cta: cutlass.Constexpr = False):
+    def _fc2_share(self, n_act, n_groups, k_tiles, grid):
+        """FC2's K-tiles per warp with teams of one (see _even_share): over every warp of the
+        grid, or with cta_reduce over the CTA's warps, the CTA with the most groups deciding."""
+        if cutlass.const_expr(self.cfg.cta_reduce):
+            share = self._even_share(n_act * ((n_groups + grid - 1) // grid), k_tiles, grid,
+                                     scope="cta")
+        else:
+            share = self._even_share(n_act * n_groups, k_tiles, grid)
+        return share
+
+    @cute.jit
+    def _even_share(self, n_units, k_tiles, grid, scope: cutlass.Constexpr = "grid"):
         """K-tiles per warp when a GEMM (teams of one) is split in even shares, or 0 when whole
         units dealt round-robin are as good. The split pays where those leave warps idle
         (DeepSeek-V3 T=1: 3584 units of 16 K-tiles for 2112 warps, the busiest warps stream 32
@@ -383,15 +447,23 @@ class StaticMoE:
         found; BENCHMARKS.md, 13b4b70 against bd933fd). So it is taken only where it shortens the
         busiest warp's stream by at least EVEN_GAIN_PERCENT. (Measured on FC2 first; FC1 takes
         the same rule.)
-        per_cta (FC1): CTA b takes units [b U / G, (b + 1) U / G) and its warps split their
-        K-tiles, so the share is that of the CTA with the most units; the same for every CTA."""
+        scope "grid": the GEMM's n_units over every warp of the grid (FC2). "per_cta" (FC1): CTA
+        b takes units [b U / G, (b + 1) U / G) and its warps split their K-tiles, so the share
+        is that of the CTA with the most units; the same for every CTA; whole units would be
+        dealt over the grid. "cta" (FC2 with cta_reduce): n_units is the most units a CTA owns,
+        split or dealt whole over its warps."""
         w = grid * WARPS
-        if cutlass.const_expr(per_cta):
+        if cutlass.const_expr(scope == "per_cta"):
             most = (n_units + grid - 1) // grid
             share = cutlass.max((most * k_tiles + WARPS - 1) // WARPS, k_tiles)
+        elif cutlass.const_expr(scope == "cta"):
+            share = cutlass.max((n_units * k_tiles + WARPS - 1) // WARPS, k_tiles)
         else:
             share = cutlass.max((n_units * k_tiles + w - 1) // w, k_tiles)
-        whole = (n_units + w - 1) // w * k_tiles
+        if cutlass.const_expr(scope == "cta"):
+            whole = (n_units + WARPS - 1) // WARPS * k_tiles
+        else:
+            whole = (n_units + w - 1) // w * k_tiles
         if 100 * share > (100 - EVEN_GAIN_PERCENT) * whole:
             share = Int32(0)
         return share
@@ -400,7 +472,7 @@ class StaticMoE:
     def _zero_y(self, y, pairs, hidden, n_act, hidden_groups, k_tiles2, bid, grid, tid):
         """y = 0 where FC2's split pieces will add into it (when its shares cut units)."""
         if cutlass.const_expr(self.cfg.team_fc2 == 1):
-            share = self._even_share(n_act * hidden_groups, k_tiles2, grid)
+            share = self._fc2_share(n_act, hidden_groups, k_tiles2, grid)
             if share > 0 and share % k_tiles2 != 0:
                 for i in cutlass.range(bid * THREADS + tid, pairs * (hidden // 4), grid * THREADS,
                                        unroll=1):
@@ -708,37 +780,33 @@ class StaticMoE:
 
     # ------------------------------------------------------------------ final reduce
     @cute.jit
-    def _reduce(self, ids, y, out, tokens, top_k, expert_offset, experts, hidden, bid, grid, tid):
-        """out[t, h0:h0+4] = bf16(sum over local routes j = 0..k-1 of y[t * k + j, h0:h0+4]).
+    def _reduce(self, ops, q0, nq, start, end):
+        """out[t, h0:h0+4] = bf16(sum over local routes j = 0..k-1 of y[t * k + j, h0:h0+4]) for
+        the items it = start, start + THREADS, .. < end of T x nq quads of H from quad q0 (item
+        it: token it // nq, quad q0 + it % nq).
 
         Routes are read REDUCE_BATCH at a time, every id and y load of a batch issued before any
         is used (a y row's address does not depend on its id; a route that is not local, or past
         k, adds +0.0, which leaves the sum's bits as skipping it would): one round trip to L2
         per batch instead of two per route. Routes past k load no y (at k = 4, batches of 8 that
         loaded 4 surplus rows measured ~1% slower than batches of 4 on gpt-oss-120b, T = 1..8)."""
-        quads = hidden // 4
-        # CTA b takes quads [b * per, (b + 1) * per): every SM's load path shares the reduce (dealt
-        # CTA-major, T=1 put all 512 quads of H = 2048 on CTA 0, whose last warp then ended
-        # ~0.9 us after every other CTA's: per-warp timestamps at 22ea6fc; changed in b0c7921)
-        total = tokens * quads
-        per = (total + grid - 1) // grid
-        end = cutlass.min(bid * per + per, total)
-        for it in cutlass.range(bid * per + tid, end, THREADS, unroll=1):
-            t = it // quads
-            h0 = (it - t * quads) * 4
+        ids, y, out, top_k, hidden = ops.ids, ops.y, ops.out, ops.top_k, ops.hidden
+        for it in cutlass.range(start, end, THREADS, unroll=1):
+            t = it // nq
+            h0 = (q0 + it - t * nq) * 4
             acc = cute.make_rmem_tensor(cute.make_layout(4), Float32)
             acc.fill(0.0)
             for j0 in cutlass.range(0, top_k, REDUCE_BATCH, unroll=1):
                 loads = []
                 for jj in cutlass.range_constexpr(REDUCE_BATCH):
                     pair = t * top_k + cutlass.min(j0 + jj, top_k - 1)
-                    e = local_expert(ids, pair, expert_offset, self.cfg.ids_bytes)
+                    e = local_expert(ids, pair, ops.expert_offset, self.cfg.ids_bytes)
                     v = ptx.ld_cg_v4_if(y + (Int64(pair) * Int64(hidden) + Int64(h0)) * 4,
                                         j0 + jj < top_k)
                     loads.append((e, j0 + jj, v))
                 for e, j, v in loads:
                     keep = Int32(0)
-                    if cutlass.Uint32(e) < cutlass.Uint32(experts) and j < top_k:
+                    if cutlass.Uint32(e) < cutlass.Uint32(ops.experts) and j < top_k:
                         keep = Int32(-1)
                     for c in cutlass.range_constexpr(4):
                         acc[c] = acc[c] + ptx.f32_bits(v[c] & keep)

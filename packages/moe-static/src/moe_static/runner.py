@@ -24,6 +24,9 @@ from .kernel import MEET_BYTES, WARPS, StaticOperands
 from .limits import KERNEL_NAME
 
 
+OWNED_ROWS_MAX_SPREAD = 5
+
+
 def _grid(device) -> int:
     # One CTA of 16 warps per SM (its per-warp rings take ~200 KB of shared memory); a
     # cooperative launch needs every CTA resident.
@@ -46,6 +49,15 @@ def choose_teams(tokens: int, top_k: int, local_experts: int, fc1_groups: int, f
     The earlier rule gave both GEMMs the team of the scarcer one."""
     active = min(tokens * top_k, local_experts)
     return tuple(1 if 2 * active * groups >= warps else 2 for groups in (fc1_groups, fc2_groups))
+
+
+def owns_rows(hidden: int, grid: int) -> bool:
+    """FC2 by owned rows (StaticConfig.cta_reduce) where H's 16-row groups spread over the CTAs
+    with the busiest CTA at most OWNED_ROWS_MAX_SPREAD percent above the mean: each CTA then
+    runs its own groups' FC2 units and reduces them, with no second grid barrier. H = 2048 on
+    132 SMs: 128 groups, one per CTA (spread 3%); DeepSeek-V3's H = 7168: 3 or 4 per CTA (18%)."""
+    groups = hidden // 16
+    return -(-groups // grid) * grid * 100 <= groups * (100 + OWNED_ROWS_MAX_SPREAD)
 
 
 def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activation,
@@ -71,7 +83,8 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     route_w = router_weights(topk_weights)
     limit = activation.limit if activation.limit is not None else math.inf
     teams = choose_teams(T, k, E, prep.fc1_rows // 16, -(-H // 16), grid * WARPS)
-    _, kernel = get(weights.weight_format, activation.name, ids.element_size(), teams)
+    _, kernel = get(weights.weight_format, activation.name, ids.element_size(), teams,
+                    owns_rows(H, grid))
     ops = jit.operands(
         StaticOperands,
         w13=prep.w13.data_ptr(),
