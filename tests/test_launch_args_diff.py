@@ -36,9 +36,9 @@ CASES = ["static-T1-mxfp4-gelu-ids64-wide", "generic-T40-nvfp4-swigluoai-w4a4-bi
 # mainloop bodies per width class, 9c2e706; producer_warps and stages: its 32-token tiles'
 # producer warp and 3-deep ring, e0df7bf; producer_bulk and k_tail: that warp's bulk copies,
 # 268912f, and its own zeroing of a K tail; min_ctas: a register bound for ptxas, a candidate;
-# cta_reduce and step: moe-static's FC2 by owned rows of H and its 4-K-tile steps at T = 1).
+# cta_reduce: moe-static's FC2 by owned rows of H).
 CONFIG_FIELDS_SINCE_BASE = ("width_step", "producer_warps", "stages", "producer_bulk", "k_tail",
-                            "min_ctas", "cta_reduce", "step")
+                            "min_ctas", "cta_reduce")
 # (runner file, text, text with two fields swapped)
 SWAPS = [
     ("packages/moe-static/src/moe_static/runner.py",

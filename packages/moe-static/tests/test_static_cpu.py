@@ -59,10 +59,10 @@ def test_kernel_assembles_without_register_spills(fmt, act, teams, own, step, tm
     report = ptxas_report(_PTX_PROBE, [fmt, act, *teams, str(own), str(step)], "*StaticMoE*.ptx",
                           tmp_path)
     assert re.search(r"(?<!\d)0 bytes spill stores, 0 bytes spill loads", report), report
-    _check_elected_copies(next(tmp_path.rglob("*StaticMoE*.ptx")).read_text(), step)
+    _check_elected_copies(next(tmp_path.rglob("*StaticMoE*.ptx")).read_text())
 
 
-def _check_elected_copies(ptx: str, step: int):
+def _check_elected_copies(ptx: str):
     """Every ring fill (FC1 and FC2, before and inside the step loop) starts a step's group
     records and token row 0 from one elect.sync lane: two bulk copies behind its expect-tx.
     Under `if lane == 0` ptxas wrapped each copy in a loop over the active lanes (FC1 loop 357
@@ -70,10 +70,9 @@ def _check_elected_copies(ptx: str, step: int):
     blocks = re.findall(r"elect\.sync _\|(\w+), 0xffffffff;\n@\1 mbarrier\.arrive\.expect_tx[^\n]*\n"
                         r"((?:@\1 cp\.async\.bulk\.shared::cluster\.global[^\n]*\n){2})\}", ptx)
     assert len(blocks) >= 4, f"{len(blocks)} elected fills"
-    # the only other bulk copies are the token rows of lanes 1..nch-1, one per fill site; none
-    # where a chunk is one row (steps of 4 K-tiles)
+    # the only other bulk copies are the token rows of lanes 1..nch-1, one per fill site
     loose = len(re.findall(r"^\s*(?:@%p\d+ )?cp\.async\.bulk\.shared::cluster\.global", ptx, re.M))
-    assert loose == (len(blocks) if step == 2 else 0), (loose, len(blocks))
+    assert loose == len(blocks), (loose, len(blocks))
 
 
 # (T, k, experts, FC1 groups, FC2 groups) on the H200's 132 SMs x 16 warps: Qwen3-30B-A3B (H=2048,
