@@ -21,8 +21,7 @@ def test_every_dispatchable_config_compiles_for_sm90a():
 
     configs = all_configs()
     # 2 formats x 4 activations x (int32, int64 ids) x 4 team shapes x FC2 by grid / owned rows
-    # x steps of 2 / 4 K-tiles
-    assert len(configs) == 256
+    assert len(configs) == 128
     for cfg in configs:
         assert compile_config(cfg) is not None, cfg
 
@@ -40,24 +39,22 @@ def test_operands_reach_the_kernel_in_field_order():
 _PTX_PROBE = """
 import sys
 from moe_static.compile_cache import compile_config, config
-fmt, act, fc1, fc2, own, step = sys.argv[1:]
-compile_config(config(fmt, act, 4, (int(fc1), int(fc2)), own == "1", int(step)))
+fmt, act, fc1, fc2, own = sys.argv[1:]
+compile_config(config(fmt, act, 4, (int(fc1), int(fc2)), own == "1"))
 """
 
 
-@pytest.mark.parametrize("fmt,act,teams,own,step", [
-    ("mxfp4", "swigluoai", (1, 2), 0, 2),  # spilled 40 B at 64 registers before .minnctapersm 1
-    ("nvfp4", "silu", (2, 2), 0, 2),
-    ("nvfp4", "relu2", (1, 1), 0, 2),
-    ("mxfp4", "swigluoai", (1, 1), 1, 2),  # FC2 by owned rows (cta_reduce)
-    ("mxfp4", "swigluoai", (1, 2), 1, 4),  # T = 1: steps of 4 K-tiles
+@pytest.mark.parametrize("fmt,act,teams,own", [
+    ("mxfp4", "swigluoai", (1, 2), 0),  # spilled 40 B at 64 registers before .minnctapersm 1
+    ("nvfp4", "silu", (2, 2), 0),
+    ("nvfp4", "relu2", (1, 1), 0),
+    ("mxfp4", "swigluoai", (1, 1), 1),  # FC2 by owned rows (cta_reduce)
 ])
-def test_kernel_assembles_without_register_spills(fmt, act, teams, own, step, tmp_path):
+def test_kernel_assembles_without_register_spills(fmt, act, teams, own, tmp_path):
     """One CTA of 512 threads per SM leaves 128 registers a thread; without .minnctapersm 1
     ptxas held the kernel to 64 and spilled (gpt-oss-120b T=1 26.3 -> 28.0 us; .minnctapersm 1
     since e5076f5, benchmarks/HISTORY.md). Assemble the kernel and check it spills nothing."""
-    report = ptxas_report(_PTX_PROBE, [fmt, act, *teams, str(own), str(step)], "*StaticMoE*.ptx",
-                          tmp_path)
+    report = ptxas_report(_PTX_PROBE, [fmt, act, *teams, str(own)], "*StaticMoE*.ptx", tmp_path)
     assert re.search(r"(?<!\d)0 bytes spill stores, 0 bytes spill loads", report), report
     _check_elected_copies(next(tmp_path.rglob("*StaticMoE*.ptx")).read_text())
 
@@ -109,16 +106,6 @@ def test_fc2_by_owned_rows_where_h_spreads_evenly(hidden, grid, owned):
     from moe_static.runner import owns_rows
 
     assert owns_rows(hidden, grid) == owned
-
-
-def test_steps_of_four_k_tiles_only_at_one_token():
-    from moe_static.kernel import SLOT_BYTES, STEP, slot_layout
-    from moe_static.runner import step_tiles
-
-    assert [step_tiles(t) for t in (1, 2, 8, 32)] == [2 * STEP, STEP, STEP, STEP]
-    # the one-row chunk of 4-K-tile steps fits the slot of 2-K-tile steps with 8 rows
-    rows, b_off, row_bytes = slot_layout(2 * STEP)
-    assert rows == 1 and b_off + row_bytes <= SLOT_BYTES
 
 
 def test_shared_memory_fits_one_cta_per_sm():

@@ -3,22 +3,19 @@ from __future__ import annotations
 
 from moe_common.cute import jit
 
-from .kernel import STEP, StaticConfig, StaticMoE, StaticOperands
+from .kernel import StaticConfig, StaticMoE, StaticOperands
 
 FORMATS = ("nvfp4", "mxfp4")
 ACTIVATIONS = ("silu", "gelu_tanh", "swigluoai", "relu2")
 
 # Warps per FC1 and per FC2 unit that the runner chooses between (runner.choose_teams)
 TEAM_SHAPES = ((2, 2), (1, 1), (2, 1), (1, 2))
-# K-tiles per ring step: STEP, or twice that at T = 1 (runner.step_tiles)
-STEPS = (STEP, 2 * STEP)
 
 
 def config(weight_format: str, activation: str, ids_bytes: int = 4,
-           teams: tuple = TEAM_SHAPES[0], cta_reduce: bool = False,
-           step: int = STEP) -> StaticConfig:
+           teams: tuple = TEAM_SHAPES[0], cta_reduce: bool = False) -> StaticConfig:
     return StaticConfig(weight_format=weight_format, activation=activation, ids_bytes=ids_bytes,
-                        team_fc1=teams[0], team_fc2=teams[1], cta_reduce=cta_reduce, step=step)
+                        team_fc1=teams[0], team_fc2=teams[1], cta_reduce=cta_reduce)
 
 
 def compile_config(cfg: StaticConfig):
@@ -29,12 +26,12 @@ def compile_config(cfg: StaticConfig):
 
 
 def get(weight_format: str, activation: str, ids_bytes: int = 4, teams: tuple = TEAM_SHAPES[0],
-        cta_reduce: bool = False, step: int = STEP):
-    cfg = config(weight_format, activation, ids_bytes, teams, cta_reduce, step)
+        cta_reduce: bool = False):
+    cfg = config(weight_format, activation, ids_bytes, teams, cta_reduce)
     return cfg, jit.compiled(("moe-static", cfg), lambda: compile_config(cfg))
 
 
 def all_configs():
     """Every configuration the dispatcher can pick (CPU CI compiles each for sm_90a)."""
-    return [config(f, a, b, t, c, s) for s in STEPS for c in (False, True) for f in FORMATS
-            for a in ACTIVATIONS for b in (4, 8) for t in TEAM_SHAPES]
+    return [config(f, a, b, t, c) for c in (False, True) for f in FORMATS for a in ACTIVATIONS
+            for b in (4, 8) for t in TEAM_SHAPES]

@@ -33,8 +33,7 @@ takes an even share; a unit is then cut at most once, and its two pieces add int
 meet in their CTA before the activation (FC1, see _meet_leave). Either way a + b in one fixed
 pairing keeps the layer bitwise deterministic.
 
-An expert with more than a chunk of tokens (CHUNK; one at T = 1, see slot_layout) is done
-chunk by chunk (its weights re-read from L2).
+An expert with more than CHUNK tokens is done in chunks of CHUNK (its weights re-read from L2).
 Units of 16 rows keep every warp of the GPU on the stream even at T=1 (Qwen3-30B-A3B: 8 experts
 x 96 FC1 groups = 768 units), where the first version's (expert, 128-column slice) tasks kept
 48 SMs busy; the per-stage CTA barrier of its shared ring is gone.
@@ -62,25 +61,14 @@ from moe_common.hopper import SMEM_PER_CTA
 WARPS = 16
 THREADS = WARPS * 32
 CHUNK = 8  # tokens per unit chunk: one n8 MMA block (the other kernels' token tiles are bn)
-# A ring slot holds a step of up to `step` consecutive K-tiles of one unit: their group records
+# A ring slot holds a step of up to STEP consecutive K-tiles of one unit: their group records
 # (moe_common.packed: codes then scales, consecutive in the blob, so one bulk copy) and the
-# chunk's token rows, so the copies, the mbarrier wait and the slot bookkeeping are paid once
-# per step. Steps of STEP K-tiles hold a chunk of CHUNK rows; steps of 2 * STEP (T = 1,
-# StaticConfig.step) the same slot's bytes with a chunk of one row.
+# chunk's CHUNK token rows, so the copies, the mbarrier wait and the slot bookkeeping are paid
+# once per step.
 STEP = 2
-
-
-def slot_layout(step: int) -> tuple:
-    """(token rows per chunk, offset of the rows in a slot, bytes per row) for steps of `step`
-    K-tiles: the records first (sized for NVFP4's, the larger), then the rows, each padded by
-    16 bytes so that ldmatrix is free of bank conflicts."""
-    b_off = step * fm.group_tile_bytes("nvfp4")
-    row_bytes = (step * TILE_K + 8) * 2
-    return (CHUNK if step == STEP else 1), b_off, row_bytes
-
-
-_rows, _b_off, _row_bytes = slot_layout(STEP)
-SLOT_BYTES = _b_off + _rows * _row_bytes  # 6784
+B_OFF = STEP * fm.group_tile_bytes("nvfp4")  # the larger record (MXFP4's scales are half)
+B_ROW_BYTES = (STEP * TILE_K + 8) * 2  # a token row of one step, padded: conflict-free ldmatrix
+SLOT_BYTES = B_OFF + CHUNK * B_ROW_BYTES  # 6784
 # Ring slots per warp: one step in flight while the other is consumed, two while the warp waits
 # (see _next_step). 16 warps x 2 x 6784 B is what shared memory holds (one-tile slots measured 2
 # the same as 3, at 0db0d90). A power of two: slot and phase parity by bit operations.
@@ -182,10 +170,6 @@ class StaticConfig:
     # so the second grid barrier and the grid-wide reduce go. The runner takes it where the
     # groups spread evenly over the CTAs (runner.owns_rows).
     cta_reduce: bool = False
-    # K-tiles per ring step: STEP, or 2 * STEP at T = 1 (each expert one routed row; a chunk
-    # then holds one token, so 4 K-tiles of records fit the slot): the wait, the copies and the
-    # bookkeeping per 4 K-tiles and twice the weight bytes in flight per warp
-    step: int = STEP
 
     @property
     def gated(self) -> bool:
@@ -229,8 +213,6 @@ class StaticMoE:
         for w in (cfg.team_fc1, cfg.team_fc2):
             assert w in (1, 2), "teams of 1 or 2 warps (one 512 B partial-sum buffer per team)"
         self.cfg = cfg
-        self.chunk, self.b_off, self.b_row_bytes = slot_layout(cfg.step)
-        assert self.b_off + self.chunk * self.b_row_bytes <= SLOT_BYTES, cfg
         self.storage = _shared_storage(WARPS // 2 * 512 if max(cfg.team_fc1, cfg.team_fc2) == 2
                                        else 0)
         off = self.storage.offsets
@@ -389,7 +371,7 @@ class StaticMoE:
         share = Int32(0)
         if cutlass.const_expr(team == 1):
             if cutlass.const_expr(fc1):
-                if max_cnt <= self.chunk:  # FC1's cut units meet per chunk: one chunk only
+                if max_cnt <= CHUNK:  # FC1's cut units meet per chunk: one chunk only
                     share = self._even_share(n_units, k_tiles, grid, scope="per_cta")
             else:
                 share = self._fc2_share(n_act, n_groups, k_tiles, grid)
@@ -500,7 +482,7 @@ class StaticMoE:
     def _unit(self, fc1: cutlass.Constexpr, acc, u, k0, k_count, gemm, ops, inter_stride, tables,
               steps, wp, meet, s_flag, cut):
         """K-tiles [k0, k0 + k_count) of unit u (active expert a, 16-row group g), every chunk
-        of the expert's tokens (slot_layout); member 0 of the team writes the results (of an FC1 unit
+        of CHUNK of the expert's tokens; member 0 of the team writes the results (of an FC1 unit
         cut in two: the piece from K-tile 0, see _meet_take). gemm: the GEMM's _Gemm; tables:
         the routing's _Tables; wp: this warp's _WarpPlace; meet, s_flag, cut: see _phase."""
         cfg = self.cfg
@@ -515,8 +497,8 @@ class StaticMoE:
         cnt = ptx.ld_shared_u32(tables.s_cnt + e * 4)
         first = ptx.ld_shared_u32(tables.s_off + e * 4)
         tile0 = (Int64(e) * Int64(gemm.blob_groups) + Int64(g)) * Int64(k_tiles)
-        for c0 in cutlass.range(0, cnt, self.chunk, unroll=1):
-            nch = cutlass.min(cnt - c0, self.chunk)
+        for c0 in cutlass.range(0, cnt, CHUNK, unroll=1):
+            nch = cutlass.min(cnt - c0, CHUNK)
             # this lane's B column n = lane // 4 (columns past the chunk repeat column 0:
             # finite values whose results are never stored)
             b_src = self._b_source(fc1, gemm.src, gemm.src_stride, ops.top_k, s_ord, first + c0,
@@ -526,7 +508,7 @@ class StaticMoE:
             row = lane % 8
             if row >= nch:
                 row = Int32(0)
-            b_off = row * self.b_row_bytes + ((lane // 8) % 2) * 16 + (lane // 16) * 32
+            b_off = row * B_ROW_BYTES + ((lane // 8) % 2) * 16 + (lane // 16) * 32
             acc.fill(0.0)
             # the team's members take contiguous K-ranges of the unit's [k0, k0 + k_count)
             per = (k_count + team - 1) // team
@@ -602,18 +584,17 @@ class StaticMoE:
     @cute.jit
     def _stream(self, fc1: cutlass.Constexpr, acc, w_unit, ka, kb, k_tiles, b_src, nch,
                 b_off, hidden, ring, mbar, steps, lane):
-        """acc += the unit's K-tiles [ka, kb) of A_unit @ B, in steps of `step` K-tiles.
+        """acc += the unit's K-tiles [ka, kb) of A_unit @ B, in steps of STEP K-tiles.
 
         Steps run through the warp's ring of DEPTH slots, each filled by bulk copies (the
         step's records, one per token row) that complete on the slot's mbarrier; the warp's
         running step count gives the slot and the phase parity, across units and phases."""
         n_tiles = kb - ka
-        step = self.cfg.step
-        n_steps = (n_tiles + step - 1) // step
+        n_steps = (n_tiles + STEP - 1) // STEP
         t0 = steps[0]
         for j in cutlass.range_constexpr(DEPTH - 1):
             if j < n_steps:
-                self._fill(fc1, t0 + j, ka + j * step, kb, w_unit, b_src, nch, hidden,
+                self._fill(fc1, t0 + j, ka + j * STEP, kb, w_unit, b_src, nch, hidden,
                            ring, mbar, lane)
         # Full steps run unrolled with no masking (ptxas if-converts a branch inside one loop
         # and issues both bodies). The last step goes to a loop of its own when it is short
@@ -621,7 +602,7 @@ class StaticMoE:
         # slabs past H hold stale bytes, so B is masked there).
         n_full = n_steps
         if n_steps > 0:
-            if n_tiles % step != 0:
+            if n_tiles % STEP != 0:
                 n_full = n_steps - 1
             if cutlass.const_expr(fc1):
                 if hidden % TILE_K != 0:
@@ -630,13 +611,13 @@ class StaticMoE:
         for j in cutlass.range(n_full, unroll=1):
             slot = self._next_step(fc1, j, t0, n_steps, ka, kb, w_unit, b_src, nch,
                                    hidden, ring, mbar, lane)
-            for i in cutlass.range_constexpr(step):
+            for i in cutlass.range_constexpr(STEP):
                 self._tile_mma(acc, slot, i, b_off, lane, False, Int32(8))
         for j in cutlass.range(n_full, n_steps, unroll=1):
             slot = self._next_step(fc1, j, t0, n_steps, ka, kb, w_unit, b_src, nch,
                                    hidden, ring, mbar, lane)
-            kt = ka + j * step
-            for i in cutlass.range(cutlass.min(kb - kt, step), unroll=1):
+            kt = ka + j * STEP
+            for i in cutlass.range(cutlass.min(kb - kt, STEP), unroll=1):
                 self._tile_mma(acc, slot, i, b_off, lane, fc1,
                                cutlass.min((hidden - (kt + i) * TILE_K) // 16, 8))
         steps[0] = t0 + n_steps
@@ -653,7 +634,7 @@ class StaticMoE:
         nxt = j + DEPTH - 1
         if nxt < n_steps:
             ptx.sync_warp()  # every lane is done with step j - 1's slot, which nxt refills
-            self._fill(fc1, t0 + nxt, ka + nxt * self.cfg.step, kb, w_unit, b_src, nch, hidden,
+            self._fill(fc1, t0 + nxt, ka + nxt * STEP, kb, w_unit, b_src, nch, hidden,
                        ring, mbar, lane)
         ptx.mbarrier_wait(mbar + sl * 8, (t >> (DEPTH.bit_length() - 1)) & 1)
         return ring + sl * SLOT_BYTES
@@ -662,14 +643,14 @@ class StaticMoE:
     def _fill(self, fc1: cutlass.Constexpr, t, kt, kb, w_unit, b_src, nch, hidden, ring,
               mbar, lane):
         """Start filling ring slot t % DEPTH (the warp's t-th step) with the unit's K-tiles
-        [kt, min(kt + step, kb)) by bulk copies: one elected lane their records and
+        [kt, min(kt + STEP, kb)) by bulk copies: one elected lane their records and
         token row 0 (ptx.bulk_copies_g2s_elected: issued from uniform registers, FC1 loop 357 ->
         338 SASS, 85968a0), lane n in 1..nch-1 token row n (FC1: only
         the columns below H)."""
         sl = t & (DEPTH - 1)
         slot = ring + sl * SLOT_BYTES
         mb = mbar + sl * 8
-        n = cutlass.min(kb - kt, self.cfg.step)
+        n = cutlass.min(kb - kt, STEP)
         rec = fm.group_tile_bytes(self.cfg.weight_format)
         row_bytes = n * (TILE_K * 2)
         if cutlass.const_expr(fc1):
@@ -678,12 +659,10 @@ class StaticMoE:
         b_kt = Int64(kt) * (TILE_K * 2)
         ptx.bulk_copies_g2s_elected(
             mb, n * rec + nch * row_bytes,
-            ((slot, w_unit + Int64(kt) * rec, n * rec),
-             (slot + self.b_off, b_row0 + b_kt, row_bytes)))
+            ((slot, w_unit + Int64(kt) * rec, n * rec), (slot + B_OFF, b_row0 + b_kt, row_bytes)))
         if lane < nch:
             if lane > 0:
-                ptx.bulk_copy_g2s(slot + self.b_off + lane * self.b_row_bytes, b_lane + b_kt,
-                                  row_bytes, mb)
+                ptx.bulk_copy_g2s(slot + B_OFF + lane * B_ROW_BYTES, b_lane + b_kt, row_bytes, mb)
 
     @cute.jit
     def _tile_mma(self, acc, slot, i, b_off, lane, masked: cutlass.Constexpr, valid):
@@ -696,7 +675,7 @@ class StaticMoE:
         words = fm.load_group_words(slot + i * fm.group_tile_bytes(fmt), lane, fmt)
         b = []
         for sp in cutlass.range_constexpr(4):  # slabs 2sp, 2sp + 1: lo and hi k-halves
-            m = ptx.ldmatrix_x4(slot + self.b_off + b_off + i * (TILE_K * 2) + sp * 64)
+            m = ptx.ldmatrix_x4(slot + B_OFF + b_off + i * (TILE_K * 2) + sp * 64)
             for h in cutlass.range_constexpr(2):
                 if cutlass.const_expr(masked):
                     ok = valid > 2 * sp + h

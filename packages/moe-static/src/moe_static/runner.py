@@ -20,7 +20,7 @@ from moe_common.types import Activation
 from moe_common.weights import MoEWeights
 
 from .compile_cache import get
-from .kernel import MEET_BYTES, STEP, WARPS, StaticOperands
+from .kernel import MEET_BYTES, WARPS, StaticOperands
 from .limits import KERNEL_NAME
 
 
@@ -60,12 +60,6 @@ def owns_rows(hidden: int, grid: int) -> bool:
     return -(-groups // grid) * grid * 100 <= groups * (100 + OWNED_ROWS_MAX_SPREAD)
 
 
-def step_tiles(tokens: int) -> int:
-    """K-tiles per ring step (StaticConfig.step): at T = 1 every expert has one routed row, so a
-    slot holds 2 * STEP K-tiles of records beside its one token row."""
-    return 2 * STEP if tokens == 1 else STEP
-
-
 def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activation,
         quant_mode: str = "w4a16", out=None, workspace=None, deterministic: bool = True):
     """The layer call in one launch. Always deterministic: each output element is summed by one
@@ -90,7 +84,7 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     limit = activation.limit if activation.limit is not None else math.inf
     teams = choose_teams(T, k, E, prep.fc1_rows // 16, -(-H // 16), grid * WARPS)
     _, kernel = get(weights.weight_format, activation.name, ids.element_size(), teams,
-                    owns_rows(H, grid), step_tiles(T))
+                    owns_rows(H, grid))
     ops = jit.operands(
         StaticOperands,
         w13=prep.w13.data_ptr(),
