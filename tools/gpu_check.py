@@ -122,7 +122,7 @@ def main():
             # second's CTA shares cutting units (20 units of 4 K-tiles for 16 warps)
             cases += [(3, 8, 2048, 256, 2, "nvfp4", "silu", "w4a16", True, False),
                       (20, 20, 2048, 512, 8, "mxfp4", "swigluoai", "w4a16", True, False),
-                      # T = 1: steps of 4 K-tiles, H = 320 ending on a masked half K-tile
+                      # T = 1, H = 320 ending on a masked half K-tile
                       (1, 8, 320, 96, 4, "nvfp4", "gelu_tanh", "w4a16", True, False)]
         rows = check_generic(cases[:args.first], args.kernel)
         sys.exit(0 if all(r["ok"] for r in rows) else 1)

@@ -110,6 +110,29 @@ def test_fc2_by_owned_rows(owned_rows):
     assert_graph_replay_matches_eager(fused_moe, tokens=24)
 
 
+def test_one_token():
+    # H = 2880 ends FC1 on a half K-tile (masked), I = 704 gives FC2 6 K-tiles
+    for n, act in enumerate(ACTS):
+        _run((1, 64, 2880, 704, 8), act, FORMATS[n % 2], n % 2 == 0)
+    _run((1, 16, 2048, 768, 8), "silu", "nvfp4", True, ep=True)  # FC2 by owned rows
+    _run((1, 16, 1024, 1088, 8), "gelu_tanh", "mxfp4", False)  # FC1 by teams of one
+
+
+def test_one_token_routed_twice_to_an_expert():
+    # a route repeated in topk_ids is two routed rows of one expert
+    from moe_common.reference import reference_moe
+    from moe_common.testing import assert_close
+    from moe_static import fused_moe
+
+    w = random_layer(16, 512, 256, bias=True)
+    x = torch.randn(1, 512, device="cuda").bfloat16()
+    ti = torch.tensor([[3, 3, 7, 3]], device="cuda", dtype=torch.int32)
+    tw = torch.tensor([[0.4, 0.3, 0.2, 0.1]], device="cuda")
+    out = torch.full((1, 512), float("nan"), device="cuda", dtype=torch.bfloat16)
+    fused_moe(x, w, tw, ti, out=out)
+    assert_close(out, reference_moe(x, w, tw, ti), "T=1, expert 3 routed three times")
+
+
 def test_swiglu_without_limit():
     _run((16, 8, 256, 128, 2), "swigluoai", "mxfp4", True, limit=None)
 
