@@ -24,6 +24,13 @@ from .kernel import MEET_BYTES, WARPS, StaticOperands
 from .limits import KERNEL_NAME
 
 
+# FC2 by owned rows where the busiest CTA's groups of H are at most this many percent above the
+# mean (owns_rows). Measured on the H200 at bb43f59, moe-static forced, same seed: by the
+# runner's choice against d3e246d (grid-wide FC2), Qwen3-30B-A3B T=1 15.0 -> 13.7 us,
+# Qwen3.5-35B 13.1 -> 11.8, T=8 -1.1% / -2.4%, T=32 within 0.7% (H = 2048: 3%); forced on the
+# uneven layers against their grid-wide FC2, T=1 / T=8: DeepSeek-V3 (18%) 63.3 / 406.1 -> 63.4 /
+# 419.0, gpt-oss-120b (47%) 24.7 / 118.7 -> 24.4 / 128.1, nemotron-relu2 (57%) 18.9 / 79.0 ->
+# 21.2 / 88.5 (benchmarks/2026-12-03-h200-bb43f59-owned-rows-*.json).
 OWNED_ROWS_MAX_SPREAD = 5
 
 
