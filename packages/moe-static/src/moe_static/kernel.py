@@ -410,21 +410,20 @@ class StaticMoE:
                 self._unit(fc1, acc, u, k0, k1 - k0, gemm, ops, inter_stride, tables, steps, wp,
                            meet_cta, s_flag, cut)
         else:
+            # Unit u goes to team u // grid of CTA u % grid: with fewer units than teams every
+            # SM still gets a share (Qwen3-30B-A3B T=1: 768 FC1 units on 5-6 teams of each of
+            # 132 CTAs, where CTA-major dealing filled 96 CTAs and left 36 SMs idle). With
+            # cta_reduce the CTA's own positions go round-robin over its teams.
+            first, stop, stride = my_team * grid + bid, n_act * n_groups, grid * teams
             if cutlass.const_expr(own):
-                # the CTA's positions round-robin over its teams
                 g0, g1 = _owned_groups(n_groups, bid, grid)
-                for p in cutlass.range(g0 * n_act + my_team, g1 * n_act, teams, unroll=1):
-                    self._unit(fc1, acc, _owned_unit(p, n_act, n_groups), Int32(0), k_tiles,
-                               gemm, ops, inter_stride, tables, steps, wp, ops.meet, Int32(0),
-                               Int32(0))
-            else:
-                # Unit u goes to team u // grid of CTA u % grid: with fewer units than teams
-                # every SM still gets a share (Qwen3-30B-A3B T=1: 768 FC1 units on 5-6 teams of
-                # each of 132 CTAs, where CTA-major dealing filled 96 CTAs and left 36 SMs idle).
-                for u in cutlass.range(my_team * grid + bid, n_act * n_groups, grid * teams,
-                                       unroll=1):
-                    self._unit(fc1, acc, u, Int32(0), k_tiles, gemm, ops, inter_stride, tables,
-                               steps, wp, ops.meet, Int32(0), Int32(0))
+                first, stop, stride = g0 * n_act + my_team, g1 * n_act, teams
+            for p in cutlass.range(first, stop, stride, unroll=1):
+                u = p
+                if cutlass.const_expr(own):
+                    u = _owned_unit(p, n_act, n_groups)
+                self._unit(fc1, acc, u, Int32(0), k_tiles, gemm, ops, inter_stride, tables,
+                           steps, wp, ops.meet, Int32(0), Int32(0))
 
     @cute.jit
     def _fc2_share(self, n_act, n_groups, k_tiles, grid):
