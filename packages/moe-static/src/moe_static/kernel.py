@@ -80,7 +80,7 @@ EXPERTS_PER_THREAD = MAX_LOCAL_EXPERTS // THREADS
 MEET_BYTES = 512
 REDUCE_BATCH = 8  # top-k routes the final reduce loads at once (k <= 8: one round trip)
 # The least gain, in percent of the busiest warp's K-tiles, for which a GEMM is split in even
-# shares (see StaticMoE._even_share)
+# shares (see StaticMoE._even_share); 5 measured level to slower (91e45ef, BENCHMARKS.md)
 EVEN_GAIN_PERCENT = 10
 
 
