@@ -101,12 +101,7 @@ def test_fc2_by_owned_rows(owned_rows):
     # for each of its 16 warps), the pieces adding into zeroed y
     _run((100, 40, 768, 512, 8), "swigluoai", "mxfp4", True)
     check_out_of_range_ids(fused_moe, 16)
-    w = random_layer(40, 768, 512, bias=True)
-    x = torch.randn(100, 768, device="cuda").bfloat16()
-    tw, ti = random_routing(100, 40, 8)
-    first = fused_moe(x, w, tw, ti)
-    for _ in range(3):
-        assert torch.equal(fused_moe(x, w, tw, ti), first)
+    _assert_bitwise_repeatable(100, 40, 768, 512)
     assert_graph_replay_matches_eager(fused_moe, tokens=24)
 
 
@@ -143,18 +138,23 @@ def test_ids_out_of_range_are_ignored():
     check_out_of_range_ids(fused_moe, 16)
 
 
-def test_deterministic_bitwise():
+def _assert_bitwise_repeatable(T, E, H, I):
+    """Four calls on one random layer and routing (top_k 8) give the same bits."""
     from moe_static import fused_moe
 
+    w = random_layer(E, H, I, bias=True)
+    x = torch.randn(T, H, device="cuda").bfloat16()
+    tw, ti = random_routing(T, E, 8)
+    first = fused_moe(x, w, tw, ti)
+    for _ in range(3):
+        assert torch.equal(fused_moe(x, w, tw, ti), first)
+
+
+def test_deterministic_bitwise():
     # on an H200: T=100 cuts FC2 units in two (their pieces add into y), T=7 FC1 units (their
     # pieces meet before the activation)
     for T, E, H, I in ((100, 64, 768, 512), (7, 128, 2048, 768)):
-        w = random_layer(E, H, I, bias=True)
-        x = torch.randn(T, H, device="cuda").bfloat16()
-        tw, ti = random_routing(T, E, 8)
-        first = fused_moe(x, w, tw, ti)
-        for _ in range(3):
-            assert torch.equal(fused_moe(x, w, tw, ti), first)
+        _assert_bitwise_repeatable(T, E, H, I)
 
 
 def test_one_workspace_across_layers_and_a_rank_with_no_route():

@@ -386,14 +386,13 @@ class StaticMoE:
             if cutlass.const_expr(fc1):
                 start = bid * n_units // grid * k_tiles + warp * share
                 end = cutlass.min(start + share, (bid + 1) * n_units // grid * k_tiles)
+            elif cutlass.const_expr(own):
+                g0, g1 = _owned_groups(n_groups, bid, grid)
+                start = g0 * n_act * k_tiles + warp * share
+                end = cutlass.min(start + share, g1 * n_act * k_tiles)
             else:
-                if cutlass.const_expr(own):
-                    g0, g1 = _owned_groups(n_groups, bid, grid)
-                    start = g0 * n_act * k_tiles + warp * share
-                    end = cutlass.min(start + share, g1 * n_act * k_tiles)
-                else:
-                    start = (bid * WARPS + warp) * share
-                    end = cutlass.min(start + share, n_units * k_tiles)
+                start = (bid * WARPS + warp) * share
+                end = cutlass.min(start + share, n_units * k_tiles)
             meet_cta = ops.meet + Int64(bid * WARPS) * MEET_BYTES
             s_flag = tables.s_base + self.flag_off
             for p in cutlass.range(start // k_tiles, (end + k_tiles - 1) // k_tiles, unroll=1):
