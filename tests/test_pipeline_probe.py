@@ -1,6 +1,7 @@
 """tools/pipeline_probe.py on the CPU: each mode's patched moe-gated kernel assembles for
 sm_90a and has changed what the mode says (the copies or the decode and wgmmas taken away, the
-weight copies made one per K-tile, a 48- or 16-token MMA width added)."""
+weight copies made one per K-tile, a 48- or 16-token MMA width added, the decode or the wgmmas
+alone taken away)."""
 from __future__ import annotations
 
 import importlib
@@ -28,7 +29,10 @@ compile_cache.compile_config(compile_cache.config("fc1", "nvfp4", "silu", "tall"
                                                  ("producer", True, False),
                                                  ("tilerec", True, True),
                                                  ("width48", True, True),
-                                                 ("width16", True, True)])
+                                                 ("width16", True, True),
+                                                 ("nodecode", True, True),
+                                                 ("nomma", True, False),
+                                                 ("mmaonly", False, True)])
 def test_each_mode_changes_what_it_says(mode, copies, wgmmas, tmp_path):
     from moe_common.testing import inline_asm_blocks, ptxas_report
 
@@ -41,10 +45,13 @@ def test_each_mode_changes_what_it_says(mode, copies, wgmmas, tmp_path):
     # the weight groups' copies: a loop over the row tile's groups holding one copy (a group's
     # record), or (tilerec) none
     looped = [b for b in inline_asm_blocks(ptx)[0] if "cp.async.bulk" in b and "bra" in b]
-    assert len(looped) == (0 if mode in ("tilerec", "consumers") else 1), looped
+    assert len(looped) == (0 if mode in ("tilerec", "consumers", "mmaonly") else 1), looped
     assert all(b.count("cp.async.bulk") == 1 for b in looped), looped
     assert ("m64n48k16" in ptx) == (mode == "width48")
     assert ("m64n16k16" in ptx) == (mode == "width16")
+    # the block-scale multiplies are the decode's last step; nomma folds the decoded registers
+    assert ("mul.rn.bf16x2" in ptx) == (mode not in ("nodecode", "mmaonly"))
+    assert ("xor.b32 nmx" in ptx) == (mode == "nomma")
 
 
 def test_unknown_mode_is_a_value_error():

@@ -24,6 +24,14 @@ Candidates for what the first three find, on the same footing:
 6. `width16`: a 16-token MMA width in the tall geometry (at 16 routed rows per expert, 1.46 MMA
    columns per routed pair instead of 2.00; ptxas spills in the consumers, see BENCHMARKS.md);
    results right, checked.
+What the consumers' own time goes to, the same way (their ratios to `consumers` split it):
+7. `nodecode`: the e2m1 decode and block-scale multiply taken away, each k16 slab's wgmmas
+   fed the raw code words as A (wgmma_decode._slab_ptx patched): the copies, the shared-memory
+   loads and the wgmmas.
+8. `nomma`: the wgmmas taken away, each slab's decoded A registers folded into an accumulator
+   by three XORs and an add (so the decode stays live) where its wgmmas were: the copies and
+   the decode.
+9. `mmaonly`: `consumers` and `nodecode` together: the wgmmas (and the stages' barriers) alone.
 Each mode runs in a process of its own with moe_gated.kernel.GatedGemm patched before anything
 compiles (compiled kernels are cached per configuration, not per patch); the shipped kernel is
 unchanged. `consumers`, `producer` and `tilerec` compute wrong results by design (no check).
@@ -35,18 +43,71 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
 
-MODES = ("full", "consumers", "producer", "tilerec", "width48", "width16")
+MODES = ("full", "consumers", "producer", "tilerec", "width48", "width16", "nodecode", "nomma",
+         "mmaonly")
 CHECKED = ("full", "width48", "width16")  # the modes whose results are right
+
+
+def _raw_codes_slab(g: int, s: int, code: str, s_r: str, s_r8: str, half: int) -> list:
+    """wgmma_decode._slab_ptx without the decode (nodecode): A registers = the raw code word."""
+    return [f"mov.b32 a{g}_{s}{j}, {code};" for j in range(4)]
+
+
+_WGMMA = re.compile(r"^wgmma\.mma_async\S* \{(\$\d+)[^}]*\}, \{([^}]*)\}, .*;$")
+
+
+def _fold_wgmmas(text: str) -> str:
+    """An inline-asm block with each wgmma replaced by XORs of its A registers added into its
+    first accumulator (nomma); other blocks unchanged."""
+    if "wgmma.mma_async" not in text:
+        return text
+    out = []
+    for line in text.split("\n"):
+        m = _WGMMA.match(line)
+        if not m:
+            out.append(line)
+            if line == "{":
+                out.append(".reg .b32 nmx; .reg .f32 nmf;")
+            continue
+        d0, regs = m.group(1), [r.strip() for r in m.group(2).split(",")]
+        out += [f"xor.b32 nmx, {regs[0]}, {regs[1]};", f"xor.b32 nmx, nmx, {regs[2]};",
+                f"xor.b32 nmx, nmx, {regs[3]};", "mov.b32 nmf, nmx;",
+                f"add.f32 {d0}, {d0}, nmf;"]
+    return "\n".join(out)
+
+
+class _RewritingLlvm:
+    """The llvm dialect module, its inline_asm text passed through `rewrite` first."""
+
+    def __init__(self, module, rewrite):
+        self._module, self._rewrite = module, rewrite
+
+    def __getattr__(self, name):
+        return getattr(self._module, name)
+
+    def inline_asm(self, res, operands, text, constraints, **kw):
+        return self._module.inline_asm(res, operands, self._rewrite(text), constraints, **kw)
 
 
 def patch(mode: str) -> None:
     """Patch moe-gated's kernel for `mode` (before anything compiles)."""
     if mode == "full":
         return
+    if mode in ("nodecode", "nomma", "mmaonly"):
+        from moe_common.cute import wgmma_decode
+
+        if mode == "nomma":
+            wgmma_decode.llvm = _RewritingLlvm(wgmma_decode.llvm, _fold_wgmmas)
+            return
+        wgmma_decode._slab_ptx = _raw_codes_slab
+        if mode == "nodecode":
+            return
+        mode = "consumers"
     import cutlass
     import cutlass.cute as cute
     from cutlass import Int64
