@@ -27,7 +27,7 @@ compile_cache.compile_config(compile_cache.config("fc1", "nvfp4", "silu", "tall"
 @pytest.mark.parametrize("mode,copies,wgmmas", [("full", True, True),
                                                  ("consumers", False, True),
                                                  ("producer", True, False),
-                                                 ("tilerec", True, True),
+                                                 ("onecopy", True, True),
                                                  ("width48", True, True),
                                                  ("width16", True, True),
                                                  ("nodecode", True, True),
@@ -42,15 +42,15 @@ def test_each_mode_changes_what_it_says(mode, copies, wgmmas, tmp_path):
     assert ("cp.async.bulk" in ptx) == copies
     assert ("wgmma.mma_async" in ptx) == wgmmas
     assert "mbarrier.arrive.expect_tx" in ptx  # the producer still completes every stage
-    # the weight groups' copies: a loop over the row tile's groups holding one copy (a group's
-    # record), or (tilerec) none
+    # the weight groups' copies: a loop over the row tile's blocks of records holding one copy
+    # (a block's), or (onecopy) none
     looped = [b for b in inline_asm_blocks(ptx)[0] if "cp.async.bulk" in b and "bra" in b]
-    assert len(looped) == (0 if mode in ("tilerec", "consumers", "mmaonly") else 1), looped
+    assert len(looped) == (0 if mode in ("onecopy", "consumers", "mmaonly") else 1), looped
     assert all(b.count("cp.async.bulk") == 1 for b in looped), looped
     assert ("m64n48k16" in ptx) == (mode == "width48")
     assert ("m64n16k16" in ptx) == (mode == "width16")
     # the block-scale multiplies are the decode's last step; nomma folds the decoded registers
-    assert ("mul.rn.bf16x2" in ptx) == (mode not in ("nodecode", "mmaonly"))
+    assert ("mul.rn.bf16x2" in ptx) == (mode not in ("producer", "nodecode", "mmaonly"))
     assert ("xor.b32 nmx" in ptx) == (mode == "nomma")
 
 

@@ -14,11 +14,11 @@ taking one side away:
 3. `producer`: the consumers wait for each stage and release it without decoding it or running
    its wgmmas: the copies alone.
 Candidates for what the first three find, on the same footing:
-4. `tilerec`: each K-tile's weights as one copy, the row tile's group records (moe_common.packed)
-   read K-tile-major from the row tile's region: the copies and bytes of a K-tile-major layout
-   (wrong results: the bytes are not the ones the consumers expect). Measured before the
-   records layout (two blobs, codes and scales): two copies per K-tile 0.88-0.96 of the
-   shipped time, one record per group and K-tile 0.91-0.98, this 0.88-0.96 (BENCHMARKS.md).
+4. `onecopy`: each K-tile's weights as one copy of the row tile's bytes, as record blocks of
+   16 groups would have them, where the records (moe_common.fragments.BLOCK_GROUPS) come in
+   blocks of 8: the tall geometry's two copies per K-tile made one (wrong results: the second
+   half's bytes are not the ones the consumers expect). As `tilerec` (one copy per K-tile
+   against one per group), before the blocks: 0.96-0.99 of the shipped time (BENCHMARKS.md).
 5. `width48`: a 48-token MMA width in the tall geometry, between 32 and 64 (at 32 routed rows
    per expert, 1.21 MMA columns per routed pair instead of 1.43); results right, checked.
 6. `width16`: a 16-token MMA width in the tall geometry (at 16 routed rows per expert, 1.46 MMA
@@ -34,7 +34,8 @@ What the consumers' own time goes to, the same way (their ratios to `consumers` 
 9. `mmaonly`: `consumers` and `nodecode` together: the wgmmas (and the stages' barriers) alone.
 Each mode runs in a process of its own with moe_gated.kernel.GatedGemm patched before anything
 compiles (compiled kernels are cached per configuration, not per patch); the shipped kernel is
-unchanged. `consumers`, `producer` and `tilerec` compute wrong results by design (no check).
+unchanged. `consumers`, `producer`, `onecopy`, `nodecode`, `nomma` and `mmaonly` compute wrong
+results by design (no check).
 Rows print as `fused-moe bench` prints them, the kernel labelled with the mode, then a summary
 of each mode's time over the shipped kernel's.
 """
@@ -48,7 +49,7 @@ import subprocess
 import sys
 import tempfile
 
-MODES = ("full", "consumers", "producer", "tilerec", "width48", "width16", "nodecode", "nomma",
+MODES = ("full", "consumers", "producer", "onecopy", "width48", "width16", "nodecode", "nomma",
          "mmaonly")
 CHECKED = ("full", "width48", "width16")  # the modes whose results are right
 
@@ -131,13 +132,13 @@ def patch(mode: str) -> None:
             return
 
         GatedGemm._mma = _mma
-    elif mode == "tilerec":
+    elif mode == "onecopy":
         @cute.jit
         def _copy_a(self, dst, kt, a_src, bar):
             records, first, k_tiles, groups_here = a_src
-            n = groups_here * self.a_group_bytes
+            block = kernel.BLOCK_GROUPS * self.a_group_bytes
             ptx.bulk_copies_g2s_elected(bar, None, [
-                (dst, records + first * self.a_group_bytes + Int64(kt) * Int64(n), n)])
+                (dst, records + (first + Int64(kt)) * block, groups_here * self.a_group_bytes)])
 
         GatedGemm._copy_a = _copy_a
     elif mode == "width48":

@@ -84,9 +84,10 @@ for fmt in ("nvfp4", "mxfp4"):
 
 def test_bulk_producer_copies_by_bulk_copies_only(tmp_path):
     """The 32-token tiles' producer (GemmConfig.producer_bulk): per K-tile one elected lane
-    arrives expecting the bytes and starts the 8 weight groups' copies (a record each), and each
-    lane its token row's copy, all completing on the full barrier (9 bulk copies in the PTX); no 16-byte cp.async,
-    commit group or wait_group is left. With a K tail it zeroes the tail itself (k_tail)."""
+    arrives expecting the bytes and starts the copy of the 8 weight groups (one block of
+    records, side by side), and each lane its token row's copy, all completing on the full
+    barrier (2 bulk copies in the PTX); no 16-byte cp.async, commit group or wait_group is
+    left. With a K tail it zeroes the tail itself (k_tail)."""
     import os
     import subprocess
     import sys
@@ -98,7 +99,7 @@ def test_bulk_producer_copies_by_bulk_copies_only(tmp_path):
     assert sorted(ptx) == sorted(f"{f}-{ph}" for f in ("nvfp4", "mxfp4")
                                  for ph in ("fc1-whole-bulk", "fc2-whole-bulk", "fc1-tail-bulk"))
     for name, text in ptx.items():
-        assert text.count("cp.async.bulk.shared::cluster.global.mbarrier") == 9, name
+        assert text.count("cp.async.bulk.shared::cluster.global.mbarrier") == 2, name
         assert "elect.sync" in text and "mbarrier.arrive.expect_tx" in text, name
         assert "cp.async.cg" not in text and "cp.async.wait_group" not in text, name
         assert text.count("bar.sync") == 1, name

@@ -21,7 +21,9 @@ from it: 9 integer instructions per 8 codes.
 Block scales follow the same tiling: per tile, [16 rows][128 / block] bytes (NVFP4: 8 per row,
 MXFP4: 4 per row); lane l reads row r's and row r+8's bytes. The kernels hold them as bf16
 (scales_to_bf16) right after the tile's codes: a group tile is one record [1 KiB codes | 16 x
-128 / block bf16 scales] (group_records), the unit every kernel copies and decodes.
+128 / block bf16 scales] (group_records), the unit every kernel copies and decodes. Records are
+K-tile-major in blocks of BLOCK_GROUPS groups (128 rows, the padding unit): a block's records of
+one K-tile lie side by side, so a CTA's row tile takes one copy per block and K-tile.
 
 Rows and K are zero-padded to the tile (16 rows, 128 K): padded codes are 0, so padded values
 are exactly 0 whatever their scale.
@@ -32,6 +34,13 @@ import torch
 
 TILE_ROWS = 16
 TILE_K = 128
+# Groups per record block: records [E, groups / BLOCK_GROUPS, K-tiles, BLOCK_GROUPS, record]
+# (group_records). A row tile of 128 or 256 rows (moe-gated, moe-generic) copies one or two
+# blocks per K-tile instead of a record per group: 0.96-0.97 of moe-gated's time at DeepSeek-V3
+# T=512-2048 (tools/pipeline_probe.py, the tilerec mode at 4458254, BENCHMARKS.md)
+BLOCK_GROUPS = 8
+BLOCK_SHIFT = 3  # log2(BLOCK_GROUPS): device code divides group counts by a shift
+assert BLOCK_GROUPS == 1 << BLOCK_SHIFT
 
 # The bf16x2 bits a decoded register fills: magnitude at 6..8 and sign at 15, in both halves.
 FIELD_BITS = (6, 7, 8, 15, 22, 23, 24, 31)
@@ -131,7 +140,7 @@ def repack_codes(packed: torch.Tensor, row_multiple: int = TILE_ROWS,
                                                    device=packed.device)
     row, kk = _fragment_index()
     row, kk = row.to(packed.device), kk.to(packed.device)
-    for i in range(e):
+    for i in range(e):  # (out may also be group_records' [Np/128, 8, Kp/128, 1024] view)
         codes = torch.stack([packed[i] & 0xF, packed[i] >> 4], dim=-1).flatten(-2)  # [N, K]
         codes = _pad_to(_pad_to(codes, 0, row_multiple), 1, TILE_K)
         tiles = codes.view(nt, TILE_ROWS, kt, TILE_K).permute(0, 2, 1, 3)
@@ -142,7 +151,7 @@ def repack_codes(packed: torch.Tensor, row_multiple: int = TILE_ROWS,
                 word |= ((frag[..., c] >> b) & 1) << WORD_BIT_POSITION[c][b]
         # little-endian bytes of each 32-bit word
         blob[i] = torch.stack([(word >> (8 * j)) & 0xFF for j in range(4)],
-                              dim=-1).to(torch.uint8).reshape(nt, kt, 1024)
+                              dim=-1).to(torch.uint8).reshape(blob.shape[1:])
         del codes, frag, word
     return blob if out is not None else blob.view(e, nt, kt, 32, 32)
 
@@ -165,18 +174,36 @@ def repack_scales(scales: torch.Tensor, block: int, row_multiple: int = TILE_ROW
 
 
 def group_records(packed: torch.Tensor, scales: torch.Tensor, block: int, weight_format: str,
-                  row_multiple: int = TILE_ROWS) -> torch.Tensor:
-    """[E, N, K/2] canonical codes and their [E, N, K/block] scale bytes -> [E, Np/16, Kp/128,
-    record] uint8: each group tile's record, its 1 KiB of codes (repack_codes) then its bf16
-    scales (scales_to_bf16), a group's records consecutive (one region per group and run of
-    K-tiles). The codes are written into the records in place: no second copy of the layer."""
+                  row_multiple: int = TILE_ROWS * BLOCK_GROUPS) -> torch.Tensor:
+    """[E, N, K/2] canonical codes and their [E, N, K/block] scale bytes -> [E, Np/128, Kp/128,
+    BLOCK_GROUPS, record] uint8: each group tile's record, its 1 KiB of codes (repack_codes)
+    then its bf16 scales (scales_to_bf16); group g's record of K-tile kt is [.., g // 8, kt,
+    g % 8] (record_index). The codes are written into the records in place: no second copy of
+    the layer."""
+    assert row_multiple % (TILE_ROWS * BLOCK_GROUPS) == 0, row_multiple
     s = scales_to_bf16(repack_scales(scales, block, row_multiple), weight_format)
     e, g, kt = s.shape[:3]
-    s = s.view(torch.uint8).reshape(e, g, kt, -1)
-    rec = torch.empty(e, g, kt, 1024 + s.shape[-1], dtype=torch.uint8, device=packed.device)
-    rec[..., 1024:] = s
-    repack_codes(packed, row_multiple, out=rec[..., :1024])
+    nb = g // BLOCK_GROUPS
+    s = s.view(torch.uint8).reshape(e, nb, BLOCK_GROUPS, kt, -1)
+    rec = torch.empty(e, nb, kt, BLOCK_GROUPS, 1024 + s.shape[-1], dtype=torch.uint8,
+                      device=packed.device)
+    by_group = rec.permute(0, 1, 3, 2, 4)  # [E, blocks, 8, K-tiles, record]
+    by_group[..., 1024:] = s
+    repack_codes(packed, row_multiple, out=by_group[..., :1024])
     return rec
+
+
+def record_index(expert: int, group: int, kt: int, groups: int, k_tiles: int) -> int:
+    """Index of group `group`'s record of K-tile kt in group_records' blob of an expert's
+    `groups` groups and `k_tiles` K-tiles (the kernels compute the same)."""
+    block, j = divmod(group, BLOCK_GROUPS)
+    return ((expert * (groups // BLOCK_GROUPS) + block) * k_tiles + kt) * BLOCK_GROUPS + j
+
+
+def group_major(records: torch.Tensor) -> torch.Tensor:
+    """group_records' blob as [E, groups, K-tiles, record] (a copy)."""
+    e, nb, kt, b, r = records.shape
+    return records.permute(0, 1, 3, 2, 4).reshape(e, nb * b, kt, r)
 
 
 def pad_rows(v: torch.Tensor, row_multiple: int) -> torch.Tensor:

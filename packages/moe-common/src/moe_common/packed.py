@@ -47,9 +47,9 @@ def _round_up(v: int, m: int) -> int:
 class Packed:
     """Weights of one layer in fragment order (see moe_common.fragments), on the device.
 
-    w13 and w2 are group records [E, groups, K-tiles, record] (fragments.group_records: each
-    16-row x 128-K group tile's 1 KiB of codes, then its bf16 block scales; record bytes
-    moe_common.cute.fragment_mma.group_tile_bytes). Gated w13 rows are in `gated_row_order`
+    w13 and w2 are group records [E, groups / 8, K-tiles, 8, record] (fragments.group_records:
+    each 16-row x 128-K group tile's 1 KiB of codes, then its bf16 block scales, K-tile-major in
+    blocks of 8 groups; record bytes moe_common.cute.fragment_mma.group_tile_bytes). Gated w13 rows are in `gated_row_order`
     (16-row groups of [8 gate; 8 up]), so group g holds intermediate columns 8g..8g+7; relu2
     w13 group g holds columns 16g..16g+15.
     """
@@ -68,11 +68,11 @@ class Packed:
 
     @property
     def fc1_rows(self) -> int:
-        return self.w13.shape[1] * 16
+        return self.w13.shape[1] * self.w13.shape[3] * 16
 
     @property
     def fc2_rows(self) -> int:
-        return self.w2.shape[1] * 16
+        return self.w2.shape[1] * self.w2.shape[3] * 16
 
 
 class Sources:

@@ -64,7 +64,7 @@ from moe_common.cute import ptx
 from moe_common.cute.storage import shared_storage
 from moe_common.cute.topk_reduce import fragment_position
 from moe_common.cute.wgmma_decode import wgmma_decode_k128
-from moe_common.fragments import TILE_K
+from moe_common.fragments import BLOCK_GROUPS, BLOCK_SHIFT, TILE_K
 from moe_common.hopper import SMEM_PER_CTA
 
 from .limits import ACTIVATIONS
@@ -182,6 +182,7 @@ class GatedGemm:
         self.b_swizzle = cfg.phase == "fc1"
         self.a_group_bytes = fm.group_tile_bytes(cfg.weight_format)
         self.groups = CONSUMER_WARPS * self.gpw  # 16-row weight groups per row tile
+        assert self.groups % BLOCK_GROUPS == 0  # whole record blocks (_copy_a)
         self.a_bytes = self.groups * self.a_group_bytes  # a K-tile's A
         ep_bytes = CONSUMER_WARPS * STG_TOKENS * 16 if cfg.phase == "fc1" else 2 * self.bn * 4
         fixed = 8 * ITEM_SLOTS + ITEM_BYTES * ITEM_SLOTS + ep_bytes
@@ -300,13 +301,17 @@ class GatedGemm:
             self._post_item(s_base, lane, i, item, e, p0, p1)
             width, per, sub, a_off, half = self._item_layout(p1 - p0)
             b_copy = width * HALF_BYTES  # each half's first (MMA width) tokens
-            # the row tile's weight groups (fewer in a partial row tile): group j's K-tile kt
-            # at (first + j x k_tiles + kt) x the record's bytes
+            # the row tile's weight groups (fewer in a partial row tile), in blocks of
+            # BLOCK_GROUPS whose records of one K-tile lie side by side (fm.record_index)
             groups_here = ops.row_groups - rt * (self.row_tile // 16)
             if groups_here > self.row_tile // 16:
                 groups_here = Int32(self.row_tile // 16)
-            first = (Int64(e) * Int64(ops.row_groups) + Int64(rt * (self.row_tile // 16))) \
-                * Int64(ops.k_tiles)
+            # the row tile's first block of records at K-tile 0, counted in blocks
+            # (fm.record_index / BLOCK_GROUPS). The same index in records (kt x BLOCK_GROUPS
+            # added per K-tile), or formed with a division, made ptxas spill 52 bytes in the wide
+            # consumers (FC1 NVFP4), whose PTX had not changed
+            first = (Int64(e) * Int64(ops.row_groups >> BLOCK_SHIFT)
+                     + Int64(rt * (self.row_tile // (16 * BLOCK_GROUPS)))) * Int64(ops.k_tiles)
             a_src = (ops.records, first, ops.k_tiles, groups_here)
             b_tile = ops.b_blocked + Int64(tile) * Int64(ops.k_tiles) * self.b_bytes
             src = (b_tile, b_copy, half, sub, a_off, a_src)
@@ -337,8 +342,8 @@ class GatedGemm:
         """Copy K-tiles kt0 .. kt0 + n_kt - 1 into stage g once its previous use is released:
         both halves of B and A (halves 0), or B's first half and A (1), or its second half (2).
         src: the item's (B tile, bytes per B half, the second half's offset, K-tile stride,
-        A's offset in a K-tile, A's source: the records, the index of the row tile's first
-        group's record at K-tile 0, K-tiles per group, groups in the row tile).
+        A's offset in a K-tile, A's source: the records, the row tile's first block of
+        records at K-tile 0 (in blocks), K-tiles per group, groups in the row tile).
 
         One elected lane issues every copy from uniform registers (ptx.bulk_copies_g2s_elected,
         ptx.bulk_copy_groups_g2s_elected). A copy per lane (lane 2j: group j's codes, 2j + 1 its
@@ -368,15 +373,17 @@ class GatedGemm:
 
     @cute.jit
     def _copy_a(self, dst, kt, a_src, bar):
-        """Copy K-tile kt of the row tile's weight groups to dst: one record (codes then
-        scales) per group. Two copies per group (codes, scales from separate blobs) measured
-        1.02-1.09x this (tools/pipeline_probe.py, the records mode at 9039796). The record's
-        address is formed here, per K-tile: the row tile's base address formed per item
-        instead made ptxas spill 52 bytes in the wide consumers (FC1 NVFP4)."""
+        """Copy K-tile kt of the row tile's weight groups to dst: one copy per block of
+        BLOCK_GROUPS records (codes then scales, group by group), blocks k_tiles x a block's
+        bytes apart. A copy per group measured 1.03-1.04x this at DeepSeek-V3 T=512-2048
+        (tools/pipeline_probe.py, the tilerec mode at 4458254). The address is formed here, per
+        K-tile: the row tile's base address formed per item instead made ptxas spill 52 bytes
+        in the wide consumers (FC1 NVFP4)."""
         records, first, k_tiles, groups_here = a_src
-        ptx.bulk_copy_groups_g2s_elected(
-            bar, dst, (records + (first + Int64(kt)) * self.a_group_bytes,), k_tiles,
-            (self.a_group_bytes,), self.groups, self.a_group_bytes, groups_here)
+        block = BLOCK_GROUPS * self.a_group_bytes
+        ptx.bulk_copy_groups_g2s_elected(bar, dst, (records + (first + Int64(kt)) * block,),
+                                         k_tiles, (block,), self.groups // BLOCK_GROUPS, block,
+                                         groups_here >> BLOCK_SHIFT)
 
     @cute.jit
     def _item_layout(self, cnt):

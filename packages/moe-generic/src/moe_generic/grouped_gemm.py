@@ -44,7 +44,7 @@ from moe_common.cute import activation as act
 from moe_common.cute import fragment_mma as fm
 from moe_common.cute.storage import shared_storage
 from moe_common.cute.topk_reduce import fragment_position
-from moe_common.fragments import TILE_K
+from moe_common.fragments import BLOCK_GROUPS, TILE_K
 
 SMEM_ROW_BYTES = fm.B_ROW_BYTES  # 272: conflict-free ldmatrix B-fragment reads
 # Columns per block of FC2's paired y order (moe_common.cute.topk_reduce): a 16-row group's rows
@@ -123,6 +123,11 @@ class GemmConfig:
 class GroupedGemm:
     def __init__(self, cfg: GemmConfig):
         assert cfg.phase in ("fc1", "fc2") and cfg.bn % 8 == 0 and cfg.bn <= 64
+        # a CTA's groups are whole record blocks or lie inside one, and so do a warp's
+        # (fm.record_index; _produce_bulk copies a block, or the CTA's part of one, per K-tile)
+        n = cfg.warps * cfg.mw
+        assert n % BLOCK_GROUPS == 0 or BLOCK_GROUPS % n == 0, cfg
+        assert BLOCK_GROUPS % cfg.mw == 0, cfg
         self.cfg = cfg
         self.nb = cfg.bn // 8
         self.b_bytes = cfg.bn * SMEM_ROW_BYTES  # padded rows: conflict-free ldmatrix
@@ -189,12 +194,11 @@ class GroupedGemm:
 
             # ---- weight stream. Record (e, group, kt) (moe_common.packed): 1 KiB of
             # fragment-ordered codes, lane l's 32 B at l * 32, then bf16 scales [16 rows]
-            # [128 / block] (NVFP4 256 B, MXFP4 128 B). Each warp copies its groups' records
-            # into its own slice of the stage.
+            # [128 / block] (NVFP4 256 B, MXFP4 128 B), at fm.record_index. Each warp copies
+            # its groups' records (side by side in one block) into its own slice of the stage.
             group0 = bidx * (cfg.warps * cfg.mw) + warp * cfg.mw
-            tile_idx0 = (Int64(e) * Int64(ops.row_groups) + Int64(group0)) * Int64(ops.k_tiles)
-            w_warp = ops.records + tile_idx0 * self.a_group_bytes
-            group_stride = Int64(ops.k_tiles) * self.a_group_bytes
+            w_warp = ops.records + fm.record_index(e, group0, 0, ops.row_groups,
+                                                   ops.k_tiles) * self.a_group_bytes
             a_warp_off = self.b_bytes + warp * cfg.mw * self.a_group_bytes
 
             acc = cute.make_rmem_tensor(cute.make_layout((cfg.mw, self.nb, 4)), Float32)
@@ -215,7 +219,7 @@ class GroupedGemm:
                 # every body's registers live: 144 per thread, one CTA per SM). The decode is the
                 # same in every body.
                 loop_args = (acc, ops.k_tiles, s_base, lane, b_lane, sources, ops.src, ops.k_real,
-                             w_warp, group_stride, a_warp_off)
+                             w_warp, a_warp_off)
                 self._by_width(cfg.live_widths, p1 - p0, loop_args)
                 ptx.cp_async_wait(0)
                 self._epilogue(ops, acc, e, p0, p1, group0, r, q)
@@ -331,7 +335,6 @@ class GroupedGemm:
         arrive (release) after the copying thread saw its own copies land."""
         cfg = self.cfg
         npw = cfg.producer_warps
-        group_stride = Int64(ops.k_tiles) * self.a_group_bytes
         ctid = pw * 32 + lane  # this thread among the producer warps'
         rows_per_pass = 16 * npw
         half = ctid % 2  # the chunks of the row this thread copies: half, half + 2, ...
@@ -340,8 +343,8 @@ class GroupedGemm:
                    for i in range(-(-cfg.bn // rows_per_pass))]
         served = [pw + npw * j for j in range(-(-cfg.warps // npw))]  # MMA warps pw + P j
         # per served warp: where its groups' records start, its stage slice
-        starts = [(Int64(e) * Int64(ops.row_groups) + Int64((bidx * cfg.warps + w) * cfg.mw))
-                  * Int64(ops.k_tiles) for w in served]
+        starts = [fm.record_index(e, (bidx * cfg.warps + w) * cfg.mw, 0, ops.row_groups,
+                                  ops.k_tiles) for w in served]
         weights = [(ops.records + t0 * self.a_group_bytes,
                     self.b_bytes + w * cfg.mw * self.a_group_bytes, w)
                    for t0, w in zip(starts, served)]
@@ -359,7 +362,7 @@ class GroupedGemm:
             for j in cutlass.range_constexpr(len(weights)):
                 w_src, a_off, w = weights[j]
                 if w < cfg.warps:
-                    self._copy_groups(kt, stage, lane, w_src, group_stride, a_off)
+                    self._copy_groups(kt, stage, lane, w_src, a_off)
             ptx.cp_async_commit()
             ptx.cp_async_wait(lag)
             if kt >= lag:
@@ -390,10 +393,13 @@ class GroupedGemm:
                     row = ptx.ld_u32(ops.order + Int64(p0 + n) * 4) // ops.row_div
                 src_row = ops.src + Int64(row) * Int64(ops.src_stride) * 2
             rows.append((n, src_row))
-        # weight tile index (expert, group, K-tile 0) of each group, in stage order
-        groups = [(Int64(e) * Int64(ops.row_groups) + Int64(bidx * cfg.warps * cfg.mw + j))
-                  * Int64(ops.k_tiles) for j in range(cfg.warps * cfg.mw)]
-        weight_bytes = len(groups) * self.a_group_bytes
+        # the record index (fm.record_index) of each block of the CTA's groups at K-tile 0, in
+        # stage order: one copy per block and K-tile
+        n_groups = cfg.warps * cfg.mw
+        block = min(n_groups, BLOCK_GROUPS) * self.a_group_bytes
+        blocks = [fm.record_index(e, bidx * n_groups + j, 0, ops.row_groups, ops.k_tiles)
+                  for j in range(0, n_groups, BLOCK_GROUPS)]
+        weight_bytes = n_groups * self.a_group_bytes
         tx_bytes = weight_bytes + live * (TILE_K * 2)
         for kt in cutlass.range(ops.k_tiles, unroll=1):
             st = kt % cfg.stages
@@ -413,10 +419,10 @@ class GroupedGemm:
                             ptx.st_shared_v4(stage + n * SMEM_ROW_BYTES + off, 0, 0, 0, 0)
                 ptx.sync_warp()
             copies = []
-            for j in cutlass.range_constexpr(len(groups)):
-                dst = stage + self.b_bytes + j * self.a_group_bytes
-                t = groups[j] + Int64(kt)
-                copies.append((dst, ops.records + t * self.a_group_bytes, self.a_group_bytes))
+            for j in cutlass.range_constexpr(len(blocks)):
+                t = blocks[j] + Int64(kt) * BLOCK_GROUPS
+                copies.append((stage + self.b_bytes + j * block,
+                               ops.records + t * self.a_group_bytes, block))
             ptx.bulk_copies_g2s_elected(bar, kt_tx_bytes, copies)
             for i in cutlass.range_constexpr(len(rows)):
                 n, src_row = rows[i]
@@ -444,14 +450,14 @@ class GroupedGemm:
 
     @cute.jit
     def _mainloop(self, live_nb: int, acc, k_tiles, s_base, lane, b_lane, sources, src, k_real,
-                  w_warp, group_stride, a_warp_off):
+                  w_warp, a_warp_off):
         """The K loop: a stages-deep cp.async ring of (B tile, A tiles), MMAs over the tile's
         first live_nb 8-token blocks (the copies always fill all bn rows, zeros past the tile)."""
         cfg = self.cfg
         for st in cutlass.range_constexpr(cfg.stages - 1):
             if st < k_tiles:
                 self._issue_stage(Int32(st), s_base + st * self.stage_bytes, lane, sources, src,
-                                  k_real, w_warp, group_stride, a_warp_off)
+                                  k_real, w_warp, a_warp_off)
             ptx.cp_async_commit()
         for kt in cutlass.range(k_tiles, unroll=1):
             ptx.cp_async_wait(cfg.stages - 2)
@@ -459,7 +465,7 @@ class GroupedGemm:
             nxt = kt + cfg.stages - 1
             if nxt < k_tiles:
                 self._issue_stage(nxt, s_base + (nxt % cfg.stages) * self.stage_bytes, lane, sources,
-                                  src, k_real, w_warp, group_stride, a_warp_off)
+                                  src, k_real, w_warp, a_warp_off)
             ptx.cp_async_commit()
             stage = s_base + (kt % cfg.stages) * self.stage_bytes
             words = [fm.load_group_words(stage + a_warp_off + g * self.a_group_bytes, lane,
@@ -503,20 +509,22 @@ class GroupedGemm:
 
     @cute.jit
     def _issue_stage(self, kt, stage, lane, sources, src, k_real,
-                     w_warp, group_stride, a_warp_off):
+                     w_warp, a_warp_off):
         """cp.async K-tile kt's token rows (whole CTA) and this warp's weight tiles into a stage."""
         for it in cutlass.range_constexpr(self.b_iters):
             self._copy_chunk(sources[it], kt, k_real, src, stage)
-        self._copy_groups(kt, stage, lane, w_warp, group_stride, a_warp_off)
+        self._copy_groups(kt, stage, lane, w_warp, a_warp_off)
 
     @cute.jit
-    def _copy_groups(self, kt, stage, lane, w_warp, group_stride, a_warp_off):
-        """cp.async K-tile kt of one warp's mw weight groups (their records) into a stage."""
+    def _copy_groups(self, kt, stage, lane, w_warp, a_warp_off):
+        """cp.async K-tile kt of one warp's mw weight groups (their records, side by side in
+        one block: fm.record_index) into a stage."""
         cfg = self.cfg
         scale_chunks = cfg.scale_bytes_per_row  # 16 rows x sbpr bytes = sbpr chunks of 16 B
         for g in cutlass.range_constexpr(cfg.mw):
             dst = stage + a_warp_off + g * self.a_group_bytes
-            rec = w_warp + Int64(g) * group_stride + Int64(kt) * self.a_group_bytes
+            rec = w_warp + Int64(kt) * (BLOCK_GROUPS * self.a_group_bytes) \
+                + g * self.a_group_bytes
             ptx.cp_async_16(dst + lane * 32, rec + Int64(lane) * 32)
             ptx.cp_async_16(dst + lane * 32 + 16, rec + Int64(lane) * 32 + 16)
             if lane < scale_chunks:

@@ -54,7 +54,7 @@ from moe_common.cute import ptx
 from moe_common.cute.routing import local_expert
 from moe_common.cute.scan import exclusive_scan2
 from moe_common.cute.storage import SharedStorage, shared_storage
-from moe_common.fragments import TILE_K
+from moe_common.fragments import BLOCK_GROUPS, TILE_K
 from moe_common.hopper import SMEM_PER_CTA
 
 
@@ -62,9 +62,8 @@ WARPS = 16
 THREADS = WARPS * 32
 CHUNK = 8  # tokens per unit chunk: one n8 MMA block (the other kernels' token tiles are bn)
 # A ring slot holds a step of up to STEP consecutive K-tiles of one unit: their group records
-# (moe_common.packed: codes then scales, consecutive in the blob, so one bulk copy) and the
-# chunk's CHUNK token rows, so the copies, the mbarrier wait and the slot bookkeeping are paid
-# once per step.
+# (moe_common.packed: codes then scales, one bulk copy each) and the chunk's CHUNK token rows,
+# so the mbarrier wait and the slot bookkeeping are paid once per step.
 STEP = 2
 B_OFF = STEP * fm.group_tile_bytes("nvfp4")  # the larger record (MXFP4's scales are half)
 B_ROW_BYTES = (STEP * TILE_K + 8) * 2  # a token row of one step, padded: conflict-free ldmatrix
@@ -494,7 +493,7 @@ class StaticMoE:
         e = ptx.ld_shared_u32(tables.s_act + a * 4)
         cnt = ptx.ld_shared_u32(tables.s_cnt + e * 4)
         first = ptx.ld_shared_u32(tables.s_off + e * 4)
-        tile0 = (Int64(e) * Int64(gemm.blob_groups) + Int64(g)) * Int64(k_tiles)
+        w_unit = gemm.w + fm.record_index(e, g, 0, gemm.blob_groups, k_tiles) * rec
         for c0 in cutlass.range(0, cnt, CHUNK, unroll=1):
             nch = cutlass.min(cnt - c0, CHUNK)
             # this lane's B column n = lane // 4 (columns past the chunk repeat column 0:
@@ -516,7 +515,7 @@ class StaticMoE:
             # (after it, every warp of a T=1 launch would wait on them at once)
             ep = self._epilogue_constants(fc1, gemm.gscale, gemm.bias, ops.route_w, e,
                                           gemm.blob_groups, g, s_ord, first + c0, nch, r, q)
-            self._stream(fc1, acc, gemm.w + tile0 * rec, ka, kb,
+            self._stream(fc1, acc, w_unit, ka, kb,
                          k_tiles, b_src, nch, b_off, ops.hidden, wp.ring, wp.mbar, steps, lane)
             if cutlass.const_expr(team > 1):
                 self._team_sum(acc, tables.s_base + self.team_off, wp.my_team, wp.member, team,
@@ -641,10 +640,10 @@ class StaticMoE:
     def _fill(self, fc1: cutlass.Constexpr, t, kt, kb, w_unit, b_src, nch, hidden, ring,
               mbar, lane):
         """Start filling ring slot t % DEPTH (the warp's t-th step) with the unit's K-tiles
-        [kt, min(kt + STEP, kb)) by bulk copies: one elected lane their records and
-        token row 0 (ptx.bulk_copies_g2s_elected: issued from uniform registers, FC1 loop 357 ->
-        338 SASS, 85968a0), lane n in 1..nch-1 token row n (FC1: only
-        the columns below H)."""
+        [kt, min(kt + STEP, kb)) by bulk copies: one elected lane token row 0 and their records
+        (BLOCK_GROUPS records apart, fm.record_index; ptx.bulk_copies_g2s_elected: issued from
+        uniform registers, FC1 loop 357 -> 338 SASS, 85968a0), lane n in 1..nch-1 token row n
+        (FC1: only the columns below H)."""
         sl = t & (DEPTH - 1)
         slot = ring + sl * SLOT_BYTES
         mb = mbar + sl * 8
@@ -655,9 +654,10 @@ class StaticMoE:
             row_bytes = cutlass.min(hidden - kt * TILE_K, n * TILE_K) * 2
         b_lane, b_row0 = b_src
         b_kt = Int64(kt) * (TILE_K * 2)
-        ptx.bulk_copies_g2s_elected(
-            mb, n * rec + nch * row_bytes,
-            ((slot, w_unit + Int64(kt) * rec, n * rec), (slot + B_OFF, b_row0 + b_kt, row_bytes)))
+        ptx.bulk_copies_g2s_elected(mb, n * rec + nch * row_bytes,
+                                    ((slot + B_OFF, b_row0 + b_kt, row_bytes),))
+        ptx.bulk_copy_groups_g2s_elected(mb, slot, (w_unit + Int64(kt) * (BLOCK_GROUPS * rec),),
+                                         BLOCK_GROUPS, (rec,), STEP, rec, n)
         if lane < nch:
             if lane > 0:
                 ptx.bulk_copy_g2s(slot + B_OFF + lane * B_ROW_BYTES, b_lane + b_kt, row_bytes, mb)

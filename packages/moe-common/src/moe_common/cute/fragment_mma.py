@@ -11,7 +11,9 @@ These are plain trace-time helpers (static control flow only), inlined where the
 """
 from __future__ import annotations
 
-from ..fragments import TILE_K
+from cutlass import Int64
+
+from ..fragments import BLOCK_GROUPS, TILE_K
 from . import ptx
 from .decode import decode_fragment_word
 
@@ -25,6 +27,14 @@ def scale_bytes_per_row(weight_format: str) -> int:
 
 def group_tile_bytes(weight_format: str) -> int:
     return 1024 + 16 * scale_bytes_per_row(weight_format)
+
+
+def record_index(e, group, kt, groups, k_tiles):
+    """fragments.record_index on the device (Int64): group `group`'s record of K-tile kt in
+    expert e's blob of `groups` groups and k_tiles K-tiles. The next K-tile's record is
+    BLOCK_GROUPS records further on; the next group's (inside its block of 8) the next one."""
+    return ((Int64(e) * Int64(groups // BLOCK_GROUPS) + Int64(group // BLOCK_GROUPS))
+            * Int64(k_tiles) + Int64(kt)) * BLOCK_GROUPS + Int64(group % BLOCK_GROUPS)
 
 
 def load_group_words(ga, lane, weight_format: str):
