@@ -654,10 +654,12 @@ class StaticMoE:
             row_bytes = cutlass.min(hidden - kt * TILE_K, n * TILE_K) * 2
         b_lane, b_row0 = b_src
         b_kt = Int64(kt) * (TILE_K * 2)
-        ptx.bulk_copies_g2s_elected(mb, n * rec + nch * row_bytes,
-                                    ((slot + B_OFF, b_row0 + b_kt, row_bytes),))
-        ptx.bulk_copy_groups_g2s_elected(mb, slot, (w_unit + Int64(kt) * (BLOCK_GROUPS * rec),),
-                                         BLOCK_GROUPS, (rec,), STEP, rec, n)
+        w_kt = w_unit + Int64(kt) * (BLOCK_GROUPS * rec)
+        ptx.bulk_copies_g2s_elected(
+            mb, n * rec + nch * row_bytes,
+            [(slot + B_OFF, b_row0 + b_kt, row_bytes)]
+            + [(slot + i * rec, w_kt + i * (BLOCK_GROUPS * rec), rec, n - i) if i else
+               (slot, w_kt, rec) for i in range(STEP)])
         if lane < nch:
             if lane > 0:
                 ptx.bulk_copy_g2s(slot + B_OFF + lane * B_ROW_BYTES, b_lane + b_kt, row_bytes, mb)

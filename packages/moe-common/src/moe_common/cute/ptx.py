@@ -596,20 +596,31 @@ def bulk_copy_groups_g2s_elected(mbar, dst, srcs, group_stride, nbytes, groups: 
 def bulk_copies_g2s_elected(mbar, tx_bytes, copies, *, loc=None, ip=None):
     """One lane of a converged warp, chosen by elect.sync, arrives on the mbarrier expecting
     tx_bytes (None: no arrival) and starts the bulk copies (global -> shared) `copies`,
-    (dst, src, nbytes) each, that complete on it. Every lane passes the same operands. Under
+    (dst, src, nbytes) each, or (dst, src, nbytes, when): only where the run-time Int32 `when`
+    is positive; they complete on the mbarrier. Every lane passes the same operands. Under
     elect.sync ptxas issues each copy once from uniform registers; under `if lane == 0` it wraps
     each in a loop over the active lanes' values (~25 SASS instructions a copy, moe-static's
     _fill)."""
     ops = [Int32(mbar).ir_value(loc=loc, ip=ip)]
-    text = ["{", ".reg .pred p;", "elect.sync _|p, 0xffffffff;"]
+    cons = ["r"]
+    text = ["{", ".reg .pred p, q;" if any(len(c) == 4 for c in copies) else ".reg .pred p;",
+            "elect.sync _|p, 0xffffffff;"]
     if tx_bytes is not None:
         ops.append(_i32(tx_bytes, loc, ip))
+        cons.append("r")
         text[2:2] = [".reg .b64 st;"]
         text.append("@p mbarrier.arrive.expect_tx.shared::cta.b64 st, [$0], $1;")
-    for dst, src, n in copies:
+    for copy in copies:
+        dst, src, n = copy[:3]
         k = len(ops)
         ops += [Int32(dst).ir_value(loc=loc, ip=ip), Int64(src).ir_value(loc=loc, ip=ip),
                 _i32(n, loc, ip)]
-        text.append(f"@p {_BULK_G2S} [${k}], [${k + 1}], ${k + 2}, [$0];")
-    _stmt(ops, "\n".join(text + ["}"]), ",".join(["r"] * (len(ops) - 3 * len(copies))
-                                                  + ["r", "l", "r"] * len(copies)))
+        cons += ["r", "l", "r"]
+        pred = "p"
+        if len(copy) == 4:
+            ops.append(_i32(copy[3], loc, ip))
+            cons.append("r")
+            text.append(f"setp.gt.and.s32 q, ${k + 3}, 0, p;")
+            pred = "q"
+        text.append(f"@{pred} {_BULK_G2S} [${k}], [${k + 1}], ${k + 2}, [$0];")
+    _stmt(ops, "\n".join(text + ["}"]), ",".join(cons))
