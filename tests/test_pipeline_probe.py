@@ -67,3 +67,27 @@ def test_summary_is_each_mode_over_the_shipped_kernel():
     assert pipeline_probe.summary(rows).splitlines() == [
         "preset T full_us consumers/full producer/full",
         "qwen3-30b-a3b 512 200.0 0.75 0.95"]
+
+
+def test_clock_samples_are_read_under_load():
+    """--clocks: nvidia-smi's lines parsed (partial and N/A lines skipped), the clock and power
+    taken over the samples near the highest power (the bench's replays, not its setup)."""
+    text = "1980, 80.5\n1980, 76.0\n[N/A], [N/A]\n1545, 694.0\n1530, 699.9\n1560, 690.1\n19"
+    samples = pipeline_probe.parse_samples(text)
+    assert samples == [(1980.0, 80.5), (1980.0, 76.0), (1545.0, 694.0), (1530.0, 699.9),
+                       (1560.0, 690.1)]
+    assert pipeline_probe.under_load(samples) == (1545.0, 694.0)
+    assert pipeline_probe.under_load([]) is None
+
+
+def test_summary_lists_the_clocks_when_sampled():
+    rows = [{"shape": "deepseek-v3", "T": 1024, "kernel": f"moe-gated {m}", "time_us": us,
+             "sm_mhz": mhz, "power_w": w}
+            for m, us, mhz, w in (("full", 2710.3, 1538.0, 694.0),
+                                  ("consumers", 2188.7, 1980.0, 640.0))]
+    assert pipeline_probe.summary(rows).splitlines() == [
+        "preset T full_us consumers/full",
+        "deepseek-v3 1024 2710.3 0.81",
+        "preset T mode us sm_mhz power_w",
+        "deepseek-v3 1024 full 2710.3 1538 694",
+        "deepseek-v3 1024 consumers 2188.7 1980 640"]

@@ -10,7 +10,7 @@
 #        bulk-widths, split-small, mid-widths, mid-small, rows-256, mw4, ncu-routing,
 #        land-generic (land-tests, land-sanitize), auto-ab (auto-all, band-ab: AB_DIRS, AB_TOKENS),
 #        check-ab (AB_DIRS, CHECK_PRESETS, CHECK_TOKENS),
-#        dispatch-points (static-points, cutover-points); pipeline-probe (PROBE_PRESETS, PROBE_TOKENS, PROBE_MODES);
+#        dispatch-points (static-points, cutover-points); pipeline-probe (PROBE_PRESETS, PROBE_TOKENS, PROBE_MODES, PROBE_CLOCKS);
 #        all-tests, all-tests-par; verify (GPU tests + sanitizers), serving (soak + hf bench); ncu-tensor (NCU_LAYERS); A/B in one run against older
 #        trees (AB_DIRS): static-ab, kernel-ab (AB_KERNEL), ncu-static-ab (PROFILE_ARGS)
 set -u
@@ -260,7 +260,7 @@ for s in "$@"; do
                      # the copies alone) and three candidates, against the kernel as shipped
                      # (tools/pipeline_probe.py: modes full consumers producer onecopy width48
                      # width16 nodecode nomma mmaonly)
-      step pipeline-probe 560 python3 tools/pipeline_probe.py --preset ${PROBE_PRESETS:-deepseek-v3 qwen3-30b-a3b} --tokens ${PROBE_TOKENS:-512 1024 2048} ${PROBE_MODES:+--modes $PROBE_MODES} --seed 1 --json "$OUT/pipeline-probe.json" ;;
+      step pipeline-probe 560 python3 tools/pipeline_probe.py --preset ${PROBE_PRESETS:-deepseek-v3 qwen3-30b-a3b} --tokens ${PROBE_TOKENS:-512 1024 2048} ${PROBE_MODES:+--modes $PROBE_MODES} ${PROBE_CLOCKS:+--clocks} --seed 1 --json "$OUT/pipeline-probe.json" ;;
     profile) step profile 200 python3 tools/profile_split.py --preset deepseek-v3 --tokens 8192 ;;
     ncu-band)  # where the band's time goes, per SASS line: FC1 and FC2 of one call at each of
                # BAND_LAYERS (kernel:preset:T), warp stalls and smem wavefronts by line

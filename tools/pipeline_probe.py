@@ -32,6 +32,11 @@ What the consumers' own time goes to, the same way (their ratios to `consumers` 
    by three XORs and an add (so the decode stays live) where its wgmmas were: the copies and
    the decode.
 9. `mmaonly`: `consumers` and `nodecode` together: the wgmmas (and the stages' barriers) alone.
+With `--clocks` each (preset, T) is also timed beside `nvidia-smi`'s SM clock and board power
+(every 50 ms, ClockSampler), summarized over the samples near the point's highest power (its
+bench replays): a mode that takes work away can also raise the clock the rest runs at, since
+these points run at the GPU's power cap (BENCHMARKS.md: 1538 MHz at 700 W with the weight
+stream, 1980 MHz without, DeepSeek-V3 T=1024).
 Each mode runs in a process of its own with moe_gated.kernel.GatedGemm patched before anything
 compiles (compiled kernels are cached per configuration, not per patch); the shipped kernel is
 unchanged. `consumers`, `producer`, `onecopy`, `nodecode`, `nomma` and `mmaonly` compute wrong
@@ -43,8 +48,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import contextlib
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -149,19 +156,71 @@ def patch(mode: str) -> None:
         raise ValueError(f"mode {mode!r}; allowed: {', '.join(MODES)}")
 
 
-def run_mode(mode: str, presets, tokens, seed: int) -> list:
-    """This process: patch, then time moe-gated forced at every (preset, T)."""
+def parse_samples(text: str) -> list:
+    """nvidia-smi's `clocks.sm,power.draw` CSV lines (no header, no units) -> [(MHz, W)]; lines
+    that do not parse (a first partial line, "[N/A]") are skipped."""
+    samples = []
+    for line in text.splitlines():
+        try:
+            mhz, watts = (float(v) for v in line.split(","))
+        except ValueError:
+            continue
+        samples.append((mhz, watts))
+    return samples
+
+
+def under_load(samples, within: float = 0.9):
+    """(median MHz, median W) over the samples whose power is at least `within` of the highest
+    (a bench's replays, not its setup), or None without samples."""
+    if not samples:
+        return None
+    top = max(w for _, w in samples)
+    hot = [(mhz, w) for mhz, w in samples if w >= within * top]
+    return statistics.median(m for m, _ in hot), statistics.median(w for _, w in hot)
+
+
+class ClockSampler:
+    """`nvidia-smi`'s SM clock and board power of this process's GPU every 50 ms while the
+    block runs; `samples` after it."""
+
+    def __enter__(self):
+        import torch
+
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+        gpu = visible.split(",")[0] if visible else str(torch.cuda.current_device())
+        self.proc = subprocess.Popen(
+            ["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
+             "-lms", "50", "-i", gpu], stdout=subprocess.PIPE, text=True)
+        self.samples = []
+        return self
+
+    def __exit__(self, *exc):
+        self.proc.terminate()
+        out, _ = self.proc.communicate(timeout=10)
+        self.samples = parse_samples(out)
+
+
+def run_mode(mode: str, presets, tokens, seed: int, clocks: bool = False) -> list:
+    """This process: patch, then time moe-gated forced at every (preset, T); with `clocks`,
+    each point on its own beside a ClockSampler (its rows get sm_mhz and power_w)."""
     patch(mode)
     from dispatcher.bench import bench_preset, format_row
     from dispatcher.presets import PRESETS
 
     rows = []
     for name in presets:
-        for r in bench_preset(PRESETS[name], tokens, kernels=["moe-gated"], seed=seed,
-                              check=mode in CHECKED, log=lambda s: None):
-            r["kernel"] = f"moe-gated {mode}"
-            print(format_row(r), flush=True)
-            rows.append(r)
+        for batch in ([[t] for t in tokens] if clocks else [tokens]):
+            sampler = ClockSampler() if clocks else contextlib.nullcontext()
+            with sampler:
+                got = bench_preset(PRESETS[name], batch, kernels=["moe-gated"], seed=seed,
+                                   check=mode in CHECKED, log=lambda s: None)
+            load = under_load(sampler.samples) if clocks else None
+            for r in got:
+                r["kernel"] = f"moe-gated {mode}"
+                if load:
+                    r["sm_mhz"], r["power_w"] = load
+                print(format_row(r), flush=True)
+                rows.append(r)
     return rows
 
 
@@ -173,12 +232,15 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json")
     ap.add_argument("--mode-timeout", type=float, default=150.0, help="seconds per mode")
+    ap.add_argument("--clocks", action="store_true",
+                    help="sample the SM clock and power beside each point (nvidia-smi)")
     ap.add_argument("--one", choices=MODES, help=argparse.SUPPRESS)  # a child process's mode
     args = ap.parse_args(argv)
     common = ["--preset", *args.preset, "--tokens", *map(str, args.tokens),
-              "--seed", str(args.seed)]
+              "--seed", str(args.seed)] + (["--clocks"] if args.clocks else [])
     if args.one:
-        _write_json(args.json, run_mode(args.one, args.preset, args.tokens, args.seed))
+        _write_json(args.json, run_mode(args.one, args.preset, args.tokens, args.seed,
+                                        args.clocks))
         return 0
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -221,6 +283,11 @@ def summary(rows) -> str:
         cells = [f"{by_mode[m] / full:.2f}" if full and m in by_mode else "-"
                  for m in modes if m != "full"]
         lines.append(f"{shape} {t} {full if full is None else round(full, 1)} " + " ".join(cells))
+    clocked = [r for r in rows if "sm_mhz" in r]
+    if clocked:  # --clocks: each mode's clock and power under load
+        lines.append("preset T mode us sm_mhz power_w")
+        lines += [f"{r['shape']} {r['T']} {r['kernel'].split()[-1]} {r['time_us']:.1f} "
+                  f"{r['sm_mhz']:.0f} {r['power_w']:.0f}" for r in clocked]
     return "\n".join(lines)
 
 
