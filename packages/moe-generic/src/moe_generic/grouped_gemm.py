@@ -25,7 +25,8 @@ and feeds the tensor cores: mma.sync.m16n8k16 with B fragments by ldmatrix from 
 With GemmConfig.producer_warps (compile_cache.config: the 32- and 48-token tiles) extra warps
 issue every copy and hand the stages over by mbarriers instead of a CTA barrier per K-tile; with
 GemmConfig.producer_bulk that warp's copies are bulk copies whose bytes complete the stage's full
-barrier (_produce_bulk; with GemmConfig.k_tail it zeroes the last K-tile past the real K itself).
+barrier (_produce_bulk: the CTA's weight groups of a K-tile are one block of records, side by
+side, so one copy; with GemmConfig.k_tail it zeroes the last K-tile past the real K itself).
 Epilogues apply the fp32 global scale (x the activation global scale in w4a4) and bias; FC1
 applies the activation with gate (row r) and up (row r + 8) of the same j in the same lane
 (weights repacked so), FC2 the router weight and writes each (pair, h) exactly once, with y's
