@@ -36,8 +36,8 @@ TILE_ROWS = 16
 TILE_K = 128
 # Groups per record block: records [E, groups / BLOCK_GROUPS, K-tiles, BLOCK_GROUPS, record]
 # (group_records). A row tile of 128 or 256 rows (moe-gated, moe-generic) copies one or two
-# blocks per K-tile instead of a record per group: 0.96-0.97 of moe-gated's time at DeepSeek-V3
-# T=512-2048 (tools/pipeline_probe.py, the tilerec mode at 4458254, BENCHMARKS.md)
+# blocks per K-tile instead of a record per group: moe-gated's band points 0.3-3.6% faster,
+# moe-static's decode up to 1.5% slower (8fc9d6c against b55d70a, BENCHMARKS.md)
 BLOCK_GROUPS = 8
 BLOCK_SHIFT = 3  # log2(BLOCK_GROUPS): device code divides group counts by a shift
 assert BLOCK_GROUPS == 1 << BLOCK_SHIFT

@@ -49,9 +49,9 @@ class Packed:
 
     w13 and w2 are group records [E, groups / 8, K-tiles, 8, record] (fragments.group_records:
     each 16-row x 128-K group tile's 1 KiB of codes, then its bf16 block scales, K-tile-major in
-    blocks of 8 groups; record bytes moe_common.cute.fragment_mma.group_tile_bytes). Gated w13 rows are in `gated_row_order`
-    (16-row groups of [8 gate; 8 up]), so group g holds intermediate columns 8g..8g+7; relu2
-    w13 group g holds columns 16g..16g+15.
+    blocks of 8 groups; record bytes moe_common.cute.fragment_mma.group_tile_bytes). Gated w13
+    rows are in `gated_row_order` (16-row groups of [8 gate; 8 up]), so group g holds
+    intermediate columns 8g..8g+7; relu2 w13 group g holds columns 16g..16g+15.
     """
 
     hidden: int

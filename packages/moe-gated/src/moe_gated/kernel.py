@@ -375,8 +375,8 @@ class GatedGemm:
     def _copy_a(self, dst, kt, a_src, bar):
         """Copy K-tile kt of the row tile's weight groups to dst: one copy per block of
         BLOCK_GROUPS records (codes then scales, group by group), blocks k_tiles x a block's
-        bytes apart. A copy per group measured 1.03-1.04x this at DeepSeek-V3 T=512-2048
-        (tools/pipeline_probe.py, the tilerec mode at 4458254). The address is formed here, per
+        bytes apart. A copy per group was 0.3-3.6% slower at the band's points (b55d70a
+        against 8fc9d6c, BENCHMARKS.md). The address is formed here, per
         K-tile: the row tile's base address formed per item instead made ptxas spill 52 bytes
         in the wide consumers (FC1 NVFP4)."""
         records, first, k_tiles, groups_here = a_src

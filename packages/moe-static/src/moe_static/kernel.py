@@ -655,11 +655,12 @@ class StaticMoE:
         b_lane, b_row0 = b_src
         b_kt = Int64(kt) * (TILE_K * 2)
         w_kt = w_unit + Int64(kt) * (BLOCK_GROUPS * rec)
+        # K-tile i of the step is copied where n - i > 0 (the first always)
         ptx.bulk_copies_g2s_elected(
             mb, n * rec + nch * row_bytes,
-            [(slot + B_OFF, b_row0 + b_kt, row_bytes)]
-            + [(slot + i * rec, w_kt + i * (BLOCK_GROUPS * rec), rec, n - i) if i else
-               (slot, w_kt, rec) for i in range(STEP)])
+            [(slot + B_OFF, b_row0 + b_kt, row_bytes), (slot, w_kt, rec)]
+            + [(slot + i * rec, w_kt + i * (BLOCK_GROUPS * rec), rec, n - i)
+               for i in range(1, STEP)])
         if lane < nch:
             if lane > 0:
                 ptx.bulk_copy_g2s(slot + B_OFF + lane * B_ROW_BYTES, b_lane + b_kt, row_bytes, mb)
