@@ -23,7 +23,8 @@ Candidates for what the first three find, on the same footing:
    per expert, 1.21 MMA columns per routed pair instead of 1.43); results right, checked.
 6. `width16`: a 16-token MMA width in the tall geometry (at 16 routed rows per expert, 1.46 MMA
    columns per routed pair instead of 2.00; ptxas spills in the consumers, see BENCHMARKS.md);
-   results right, checked.
+   results right, checked. `width80`: an 80-token width between 64 and 96 (at 64 routed rows
+   per expert, ~1.13 MMA columns per routed pair instead of ~1.24); results right, checked.
 What the consumers' own time goes to, the same way (their ratios to `consumers` split it):
 7. `nodecode`: the e2m1 decode and block-scale multiply taken away, each k16 slab's wgmmas
    fed the raw code words as A (wgmma_decode._slab_ptx patched): the copies, the shared-memory
@@ -56,9 +57,9 @@ import subprocess
 import sys
 import tempfile
 
-MODES = ("full", "consumers", "producer", "onecopy", "width48", "width16", "nodecode", "nomma",
-         "mmaonly")
-CHECKED = ("full", "width48", "width16")  # the modes whose results are right
+MODES = ("full", "consumers", "producer", "onecopy", "width48", "width16", "width80",
+         "nodecode", "nomma", "mmaonly")
+CHECKED = ("full", "width48", "width16", "width80")  # the modes whose results are right
 
 
 def _raw_codes_slab(g: int, s: int, code: str, s_r: str, s_r8: str, half: int) -> list:
@@ -152,6 +153,8 @@ def patch(mode: str) -> None:
         kernel.WIDTHS[128] = (128, 96, 64, 48, 32)
     elif mode == "width16":
         kernel.WIDTHS[128] = (128, 96, 64, 32, 16)
+    elif mode == "width80":
+        kernel.WIDTHS[128] = (128, 96, 80, 64, 32)
     else:
         raise ValueError(f"mode {mode!r}; allowed: {', '.join(MODES)}")
 
