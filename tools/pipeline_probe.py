@@ -24,7 +24,9 @@ Candidates for what the first three find, on the same footing:
 6. `width16`: a 16-token MMA width in the tall geometry (at 16 routed rows per expert, 1.46 MMA
    columns per routed pair instead of 2.00; ptxas spills in the consumers, see BENCHMARKS.md);
    results right, checked. `width80`: an 80-token width between 64 and 96 (at 64 routed rows
-   per expert, ~1.13 MMA columns per routed pair instead of ~1.24); results right, checked.
+   per expert, ~1.13 MMA columns per routed pair instead of ~1.24); results right, checked;
+   measured 2-4% faster there and shipped since e999638 (the mode is then the shipped kernel).
+   Each of these adds its width to the tall tile's shipped ones (moe_gated.kernel.WIDTHS).
 What the consumers' own time goes to, the same way (their ratios to `consumers` split it):
 7. `nodecode`: the e2m1 decode and block-scale multiply taken away, each k16 slab's wgmmas
    fed the raw code words as A (wgmma_decode._slab_ptx patched): the copies, the shared-memory
@@ -149,12 +151,9 @@ def patch(mode: str) -> None:
                 (dst, records + (first + Int64(kt)) * block, groups_here * self.a_group_bytes)])
 
         GatedGemm._copy_a = _copy_a
-    elif mode == "width48":
-        kernel.WIDTHS[128] = (128, 96, 64, 48, 32)
-    elif mode == "width16":
-        kernel.WIDTHS[128] = (128, 96, 64, 32, 16)
-    elif mode == "width80":
-        kernel.WIDTHS[128] = (128, 96, 80, 64, 32)
+    elif mode in ("width48", "width16", "width80"):  # the tall tile's widths and this one
+        kernel.WIDTHS[128] = tuple(sorted(set(kernel.WIDTHS[128]) | {int(mode[5:])},
+                                          reverse=True))
     else:
         raise ValueError(f"mode {mode!r}; allowed: {', '.join(MODES)}")
 
