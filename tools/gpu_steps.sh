@@ -257,9 +257,9 @@ for s in "$@"; do
       step relu2-tests 300 python3 -m pytest packages/moe-gated -m gpu -q -k "relu2 or geometry"
       step relu2-bench 400 "${BENCH[@]}" --preset nemotron-relu2 --tokens 256 512 1024 2048 8192 --kernels auto moe-gated moe-generic --no-check --json "$OUT/relu2-bench.json" ;;
     pipeline-probe)  # moe-gated with one side of its pipeline taken away (the consumers alone,
-                     # the copies alone) and three candidates, against the kernel as shipped
+                     # the copies alone) and candidates, against the kernel as shipped
                      # (tools/pipeline_probe.py: modes full consumers producer onecopy width48
-                     # width16 nodecode nomma mmaonly)
+                     # width16 width80 nodecode nomma mmaonly)
       step pipeline-probe 560 python3 tools/pipeline_probe.py --preset ${PROBE_PRESETS:-deepseek-v3 qwen3-30b-a3b} --tokens ${PROBE_TOKENS:-512 1024 2048} ${PROBE_MODES:+--modes $PROBE_MODES} ${PROBE_CLOCKS:+--clocks} --seed 1 --json "$OUT/pipeline-probe.json" ;;
     profile) step profile 200 python3 tools/profile_split.py --preset deepseek-v3 --tokens 8192 ;;
     ncu-band)  # where the band's time goes, per SASS line: FC1 and FC2 of one call at each of

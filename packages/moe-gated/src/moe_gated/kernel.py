@@ -82,8 +82,8 @@ GEOMETRIES = {"wide": (288, 1), "tall": (128, 2)}
 # MMA widths per tile size: a tile's token count is rounded up to one of these. Widths above
 # 256 issue two wgmmas per slab, 256 + the rest, on one decoded A; beside them, a 192 width
 # made ptxas serialize the wgmmas (C7512) or spill (every width is its own mainloop). The tall
-# tile's 80 serves experts of ~64 routed rows, whose tiles of 65-80 tokens ran at 96: 2-3%
-# faster there (tools/pipeline_probe.py width80, BENCHMARKS.md)
+# tile's 80 serves experts of ~64 routed rows, whose tiles of 65-80 tokens ran at 96: 2.3-3.9%
+# faster there in two same-run A/Bs (e999638, BENCHMARKS.md)
 WIDTHS = {128: (128, 96, 80, 64, 32), 288: (288, 256, 128, 64, 32)}
 MAX_STAGES = 4  # (2 stages measured 29-32% slower at T=8192: BENCHMARKS.md, 8f0f6f9)
 # B (tokens) in shared memory and in the tile-blocked buffers: per K-tile two 64-column halves
