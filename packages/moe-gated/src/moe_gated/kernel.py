@@ -84,7 +84,8 @@ GEOMETRIES = {"wide": (288, 1), "tall": (128, 2)}
 # made ptxas serialize the wgmmas (C7512) or spill (every width is its own mainloop). The tall
 # tile's 80 serves experts of ~64 routed rows, whose tiles of 65-80 tokens ran at 96: 2.3-3.9%
 # faster there in two same-run A/Bs (e999638, BENCHMARKS.md)
-WIDTHS = {128: (128, 96, 80, 64, 32), 288: (288, 256, 128, 64, 32)}
+WIDTHS = {128: (128, 96, 80, 64, 48, 32), 288: (288, 256, 128, 64, 32)}
+FC1_ONLY_WIDTHS = (48,)
 MAX_STAGES = 4  # (2 stages measured 29-32% slower at T=8192: BENCHMARKS.md, 8f0f6f9)
 # B (tokens) in shared memory and in the tile-blocked buffers: per K-tile two 64-column halves
 # (HALF_BYTES x tokens apart), each 8 tokens x 64 columns = 1024 bytes per 8-token group: FC1's
@@ -172,7 +173,8 @@ class GatedGemm:
         self.cfg = cfg
         self.bn, self.gpw = GEOMETRIES[cfg.geometry]
         self.row_tile = row_tile(cfg.geometry)
-        self.widths = WIDTHS[self.bn]
+        self.widths = tuple(w for w in WIDTHS[self.bn]
+                            if cfg.phase == "fc1" or w not in FC1_ONLY_WIDTHS)
         # wgmma slabs left in flight when a K-tile's block returns. wide: 2, measured 1.2-1.7%
         # faster than 1 at T=8192 (BENCHMARKS.md, 6073ca8), except at MMA widths above 256 (1).
         # tall: 1. Where the accumulators and 3 slabs' A registers do not fit (two groups per
