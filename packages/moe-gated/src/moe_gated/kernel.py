@@ -83,7 +83,9 @@ GEOMETRIES = {"wide": (288, 1), "tall": (128, 2)}
 # 256 issue two wgmmas per slab, 256 + the rest, on one decoded A; beside them, a 192 width
 # made ptxas serialize the wgmmas (C7512) or spill (every width is its own mainloop). The tall
 # tile's 80 serves experts of ~64 routed rows, whose tiles of 65-80 tokens ran at 96: 2.3-3.9%
-# faster there in two same-run A/Bs (e999638, BENCHMARKS.md)
+# faster there in two same-run A/Bs (e999638), and its 48 those of ~32, whose tiles of 33-48
+# ran at 64: 1.7-3.2% faster there. FC2 leaves the 48 out (FC1_ONLY_WIDTHS): with it FC2's
+# tall consumers spilled 8 bytes and the ~64-row points ran 0.8-2.2% slower (BENCHMARKS.md)
 WIDTHS = {128: (128, 96, 80, 64, 48, 32), 288: (288, 256, 128, 64, 32)}
 FC1_ONLY_WIDTHS = (48,)
 MAX_STAGES = 4  # (2 stages measured 29-32% slower at T=8192: BENCHMARKS.md, 8f0f6f9)
