@@ -37,6 +37,8 @@ MEASURED = [
     # after moe-gated's producer issued its copies from one elected lane: moe-generic against
     # moe-gated at T = 512-2048
     "2026-12-03-h200-361f507-cutover.json",
+    # after moe-gated's group records and its 80- and 48-token tall widths: the same points
+    "2026-12-04-h200-fc08658-cutover.json",
 ]
 # file -> {row kernel label: tile width}: moe-generic with its width forced, one run of the tree
 # named; at ea2bbc3 the dispatcher ran 32-token tiles below 64 routed rows per expert, and

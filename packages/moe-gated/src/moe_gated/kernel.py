@@ -23,8 +23,8 @@ Per CTA: a producer warp (in a third warpgroup, see THREADS) and 2 consumer warp
 warp w owns gpw weight groups (16 rows each) of the row tile. Per 128-deep K-tile each consumer
 warpgroup issues, per k16 slab, gpw wgmma m64nNk16 with A (the weights, decoded e2m1 -> bf16 and
 scaled in registers) from registers and B (the tokens) from shared memory; N is the tile's token
-count rounded up to one of WIDTHS (past wgmma's 256, a second wgmma per slab for the rest, on
-the same A registers). The decode (9 integer instructions and 4 bf16x2 multiplies per 8
+count rounded up to one of WIDTHS (FC2 without FC1_ONLY_WIDTHS; past wgmma's 256, a second
+wgmma per slab for the rest, on the same A registers). The decode (9 integer instructions and 4 bf16x2 multiplies per 8
 weights) is paid once per weight tile and token tile, so the wider the token tile, the less
 decode per FLOP: GEOMETRIES has the two tile shapes, 128 rows x 288 tokens ("wide") and
 256 x 128 ("tall").
@@ -84,8 +84,9 @@ GEOMETRIES = {"wide": (288, 1), "tall": (128, 2)}
 # made ptxas serialize the wgmmas (C7512) or spill (every width is its own mainloop). The tall
 # tile's 80 serves experts of ~64 routed rows, whose tiles of 65-80 tokens ran at 96: 2.3-3.9%
 # faster there in two same-run A/Bs (e999638), and its 48 those of ~32, whose tiles of 33-48
-# ran at 64: 1.7-3.2% faster there. FC2 leaves the 48 out (FC1_ONLY_WIDTHS): with it FC2's
-# tall consumers spilled 8 bytes and the ~64-row points ran 0.8-2.2% slower (BENCHMARKS.md)
+# ran at 64: 1.7-4.8% faster there in two (fc08658). FC2 leaves the 48 out (FC1_ONLY_WIDTHS):
+# with it FC2's tall consumers spilled 8 bytes and the points of 64-128 routed rows per expert
+# ran 0.4-2.2% slower in three (6dbfc3c, BENCHMARKS.md)
 WIDTHS = {128: (128, 96, 80, 64, 48, 32), 288: (288, 256, 128, 64, 32)}
 FC1_ONLY_WIDTHS = (48,)
 MAX_STAGES = 4  # (2 stages measured 29-32% slower at T=8192: BENCHMARKS.md, 8f0f6f9)

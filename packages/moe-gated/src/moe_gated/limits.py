@@ -17,12 +17,13 @@ DIM_MULTIPLE = 32
 # Mean routed rows per local expert (T * top_k / E) from which moe-gated bids above moe-generic.
 # Below 256 rows per expert its tiles are 128 tokens wide (MMA 32..128 wide, the tall geometry);
 # below about a quarter tile per expert moe-generic's narrow tiles win. Measured on the H200,
-# each kernel forced in one run of 361f507 (`tools/gpu_steps.sh cutover-points`,
-# benchmarks/2026-12-03-h200-361f507-cutover.json), moe-gated's time over moe-generic's: at 16
-# rows 1.14-1.18 (DeepSeek-V3, gpt-oss-120b, Qwen3.5-35B), at 24 rows 1.02 (nemotron-relu2
-# T=512), at 32 rows 0.88-0.93 on all four presets there (DeepSeek-V3 T=1024 3021 against 3286
-# us), at 48 rows and more 0.55-0.76. relu2 layers take the same cutover. It was 48 before
-# moe-gated's producer issued its copies from one elected lane (at 32 rows 1.05-1.10, b7f4ca8).
+# each kernel forced in one run of fc08658 (`tools/gpu_steps.sh cutover-points`,
+# benchmarks/2026-12-04-h200-fc08658-cutover.json), moe-gated's time over moe-generic's: at 16
+# rows 1.09-1.16 (DeepSeek-V3, gpt-oss-120b, Qwen3.5-35B), at 24 rows 0.97 (nemotron-relu2
+# T=512; one point, within the dispatcher's 3%), at 32 rows 0.84-0.88 on all four presets there
+# (DeepSeek-V3 T=1024 2720 against 3112 us), at 48 rows and more 0.51-0.70. relu2 layers take
+# the same cutover. It was 48 before moe-gated's producer issued its copies from one elected
+# lane (at 32 rows 1.05-1.10, b7f4ca8; 0.88-0.93 at 361f507, just after).
 CUTOVER_ROWS_PER_EXPERT = 32
 
 
