@@ -21,7 +21,7 @@ Candidates for what the first three find, on the same footing:
    against one per group), before the blocks: 0.96-0.99 of the shipped time (BENCHMARKS.md).
 5. `width48`: a 48-token MMA width in the tall geometry, between 32 and 64 (at 32 routed rows
    per expert, 1.21 MMA columns per routed pair instead of 1.43); results right, checked.
-   Shipped in FC1 since the width was measured 1.7-3.2% faster at ~32 rows (BENCHMARKS.md), so
+   Shipped in FC1 since the width was measured 1.7-4.8% faster at ~32 rows (BENCHMARKS.md), so
    the mode now adds it to FC2 alone (kernel.FC1_ONLY_WIDTHS).
 6. `width16`: a 16-token MMA width in the tall geometry (at 16 routed rows per expert, 1.46 MMA
    columns per routed pair instead of 2.00; ptxas spills in the consumers, see BENCHMARKS.md);
