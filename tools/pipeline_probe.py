@@ -28,7 +28,8 @@ Candidates for what the first three find, on the same footing:
    results right, checked. `width80`: an 80-token width between 64 and 96 (at 64 routed rows
    per expert, ~1.13 MMA columns per routed pair instead of ~1.24); results right, checked;
    measured 2-4% faster there and shipped since e999638 (the mode is then the shipped kernel).
-   Each of these adds its width to the tall tile's shipped ones (moe_gated.kernel.WIDTHS).
+   Each of these adds its width to the tall tile's shipped ones (moe_gated.kernel.WIDTHS), in
+   FC1 and FC2 alike.
 What the consumers' own time goes to, the same way (their ratios to `consumers` split it):
 7. `nodecode`: the e2m1 decode and block-scale multiply taken away, each k16 slab's wgmmas
    fed the raw code words as A (wgmma_decode._slab_ptx patched): the copies, the shared-memory
@@ -154,8 +155,9 @@ def patch(mode: str) -> None:
 
         GatedGemm._copy_a = _copy_a
     elif mode in ("width48", "width16", "width80"):  # the tall tile's widths and this one
-        kernel.WIDTHS[128] = tuple(sorted(set(kernel.WIDTHS[128]) | {int(mode[5:])},
-                                          reverse=True))
+        width = int(mode[5:])  # in FC1 and FC2 (FC1_ONLY_WIDTHS would keep it from FC2)
+        kernel.WIDTHS[128] = tuple(sorted(set(kernel.WIDTHS[128]) | {width}, reverse=True))
+        kernel.FC1_ONLY_WIDTHS = tuple(w for w in kernel.FC1_ONLY_WIDTHS if w != width)
     else:
         raise ValueError(f"mode {mode!r}; allowed: {', '.join(MODES)}")
 
