@@ -14,7 +14,8 @@ Two ways, the same tables:
   thread loads its BATCH ids at once; a histogram with shared-memory atomics, whose returns are
   the pairs' ranks inside their experts; a warp-shuffle scan over the experts (one thread per
   expert, E <= 1024) for the pair and tile offsets and the tile table; then each pair's position
-  is its expert's first position plus its rank.
+  is its expert's first position plus its rank, `order` gathered in shared memory and written
+  out in position order.
 - Split over G CTAs (large batches, `split_ctas`): RoutingSlices counts each CTA's slice of
   the pairs into hist[g][e]; RoutingScan (one CTA) turns hist into each (CTA, expert)'s first
   position, writes the tile table and each expert's slot shift into hist[MAX_SPLIT_CTAS][e];
@@ -63,10 +64,11 @@ assert MAX_EXPERTS < NO_EXPERT and ONE_CTA_MAX_PAIRS << RANK_SHIFT < 1 << 31
 def _storage(kernel: str) -> SharedStorage:
     """The shared memory of each routing kernel, int32 arrays: per expert its pair count
     (`counts`), first sorted position (`first`) and slot shift (`shift`); `scan`, the expert
-    scan's scratch (exclusive_scan2)."""
+    scan's scratch (exclusive_scan2); RoutingKernel's `order` staged whole (`order`, its
+    length in `total`)."""
     mem = cute.struct.MemRange
-    regions = {"one_cta": (("counts", THREADS), ("scan", THREADS), ("first", THREADS),
-                           ("shift", THREADS)),
+    regions = {"one_cta": (("counts", THREADS), ("scan", 2 * THREADS // 32), ("first", THREADS),
+                           ("shift", THREADS), ("total", 4), ("order", ONE_CTA_MAX_PAIRS)),
                "slices": (("counts", MAX_EXPERTS), ("shift", MAX_EXPERTS)),
                "scan": (("counts", THREADS), ("scan", THREADS))}[kernel]
     fields = {name: mem[cutlass.Int32, n] for name, n in regions}
@@ -175,6 +177,7 @@ class RoutingKernel(_PairIds):
         ptx.grid_dependency_wait()  # first: see jit.PDL
         sh = _shared("one_cta")
         s_cnt, s_til, s_first, s_shift = sh["counts"], sh["scan"], sh["first"], sh["shift"]
+        s_total, s_order = sh["total"], sh["order"]
         ptx.st_shared_u32(s_cnt + tid * 4, 0)
         cute.arch.sync_threads()
         # 1. one batch of ids per thread (pairs <= ONE_CTA_MAX_PAIRS); the histogram's atomic
@@ -195,17 +198,30 @@ class RoutingKernel(_PairIds):
         start, shift = _expert_table(tid, cnt, s_til, experts, bn, tables)
         ptx.st_shared_u32(s_first + tid * 4, start)
         ptx.st_shared_u32(s_shift + tid * 4, shift)
+        if tid == experts - 1:
+            ptx.st_shared_u32(s_total, start + cnt)
         cute.arch.sync_threads()
-        # 3. each pair at its expert's first position + its rank
+        # 3. each pair at its expert's first position + its rank: its slot straight to memory
+        #    (slots is in pair order, so a warp's stores are contiguous), its `order` entry
+        #    into shared memory, where positions are scattered
         for u in cutlass.range_constexpr(BATCH):
             p = tid + u * THREADS
             e = held[u] & NO_EXPERT
             if e != NO_EXPERT:
                 pos = ptx.ld_shared_u32(s_first + e * 4) + (held[u] >> RANK_SHIFT)
-                _place(order, slots, pos, ptx.ld_shared_u32(s_shift + e * 4), p)
+                ptx.st_shared_u32(s_order + pos * 4, p)
+                ptx.st_u32(slots + Int64(p) * 4, pos + ptx.ld_shared_u32(s_shift + e * 4))
             else:
                 if p < pairs:
                     ptx.st_u32(slots + Int64(p) * 4, -1)
+        cute.arch.sync_threads()
+        # 4. `order` out in position order, a warp's stores contiguous. Scattered from each
+        #    pair's thread they were one 32-byte write each, all issued by this one SM
+        total = ptx.ld_shared_u32(s_total)
+        for u in cutlass.range_constexpr(BATCH):
+            q = tid + u * THREADS
+            if q < total:
+                ptx.st_u32(order + Int64(q) * 4, ptx.ld_shared_u32(s_order + q * 4))
 
 
 # ---------------------------------------------------------------- split path (G CTAs)
