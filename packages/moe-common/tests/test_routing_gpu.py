@@ -14,7 +14,7 @@ pytestmark = pytest.mark.gpu
 
 @pytest.mark.parametrize("tokens,top_k,experts,offset,bn,dtype", [
     (3, 2, 8, 0, 8, torch.int32),                       # decode, one CTA
-    (1000, 8, 128, 0, 64, torch.int64),                 # split (8000 pairs), int64 ids
+    (1000, 8, 128, 0, 64, torch.int64),                 # one CTA (8000 pairs), int64 ids
     (ONE_CTA_MAX_PAIRS // 8, 8, 256, 0, 48, torch.int32),  # one CTA's largest batch (forced)
     (-(-SPLIT_MIN_PAIRS // 4), 4, 256, 0, 128, torch.int32),  # the split path's smallest
     (8192, 8, 128, 64, 128, torch.int64),               # split, expert-parallel slice

@@ -29,9 +29,7 @@ from moe_common.cute import jit, ptx
 
 from moe_common.fragments import TILE_K
 
-# 4 warps (one source row each) per CTA: at T=512 the grid spans 128 of the 132 SMs, where 8
-# put the scatter's stores on 64
-SCATTER_WARPS = 4
+SCATTER_WARPS = 8
 SEG = 8  # 16-byte chunks per lane per pass: a warp moves 4 KiB of its row per pass
 
 

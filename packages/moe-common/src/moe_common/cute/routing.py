@@ -47,10 +47,11 @@ BATCH = 8
 SPLIT_THREADS = 512  # per CTA of the histogram and scatter kernels
 MAX_SPLIT_CTAS = 32  # RoutingScan holds one hist value per CTA in registers (1024 threads)
 ONE_CTA_MAX_PAIRS = THREADS * BATCH  # RoutingKernel: one batch of ids per thread
-# From here the split path: `tools/routing_bench.py` at 9a3aa2f (CUDA-graph replay, E = 128 /
-# 256): one CTA 7.1 / 7.2 us at 4096 pairs against split 8.7 / 8.6, 9.1 / 9.4 at 6144 against
-# 8.5 / 8.6, 11.2 / 11.7 at 8192 against 8.5 / 8.7
-SPLIT_MIN_PAIRS = 6144
+# The split path past the one-CTA kernel's capacity only: `tools/routing_bench.py` (CUDA-graph
+# replay, E = 128 / 256) since 4329626 (`order` staged in shared memory) one CTA 4.4 / 4.5 us at
+# 4096 pairs, 4.8 / 4.9 at 6144, 5.3 / 5.4 at 8192, against split 8.5 / 8.7 at each (one CTA
+# before: 7.1 / 7.2, 9.1 / 9.4, 11.3 / 11.7, when the split path started at 6144)
+SPLIT_MIN_PAIRS = ONE_CTA_MAX_PAIRS + 1
 assert SPLIT_MIN_PAIRS <= ONE_CTA_MAX_PAIRS + 1
 PAIRS_PER_SPLIT_CTA = 2048
 # RoutingKernel keeps a pair's rank (< ONE_CTA_MAX_PAIRS) and expert (< MAX_EXPERTS) in one
