@@ -86,7 +86,8 @@ GEOMETRIES = {"wide": (288, 1), "tall": (128, 2)}
 # faster there in two same-run A/Bs (e999638), and its 48 those of ~32, whose tiles of 33-48
 # ran at 64: 1.7-4.8% faster there in two (fc08658). FC2 leaves the 48 out (FC1_ONLY_WIDTHS):
 # with it FC2's tall consumers spilled 8 bytes and the points of 64-128 routed rows per expert
-# ran 0.4-2.2% slower in three (6dbfc3c, BENCHMARKS.md)
+# ran 0.4-2.2% slower in three (6dbfc3c); without the spill (pair indices staged by cp.async,
+# e453874) FC2's 48 was level, -1.6% to +1.2% (BENCHMARKS.md)
 WIDTHS = {128: (128, 96, 80, 64, 48, 32), 288: (288, 256, 128, 64, 32)}
 FC1_ONLY_WIDTHS = (48,)
 MAX_STAGES = 4  # (2 stages measured 29-32% slower at T=8192: BENCHMARKS.md, 8f0f6f9)
