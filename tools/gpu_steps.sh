@@ -6,7 +6,7 @@
 # Steps: gated-quick gated-tests sanitize-gated racecheck-gated (RACE_CASES) bench-gated
 #        bench-gated-q bench-gated-all
 #        static-quick static-tests generic-tests sanitize-static sanitize-generic sanitize-reduce
-#        bench-static bench-generic-large profile ncu-band routing-shape band candidates bulk-band bulk-wide relu2;
+#        bench-static bench-generic-large profile ncu-band routing (AB_DIRS) routing-shape band candidates bulk-band bulk-wide relu2;
 #        bulk-widths, split-small, mid-widths, mid-small, rows-256, mw4, ncu-routing,
 #        land-generic (land-tests, land-sanitize), auto-ab (auto-all, band-ab: AB_DIRS, AB_TOKENS),
 #        check-ab (AB_DIRS, CHECK_PRESETS, CHECK_TOKENS),
@@ -66,7 +66,8 @@ for s in "$@"; do
                     # suite is mostly compiles, which the GPU machine's 16 cores run side by side;
                     # at 4458254 the three suites took 131 / 426 / 213 s as three processes, the
                     # config candidates being 100 of moe-generic's 163; as these five, 200 s at
-                    # 968d650)
+                    # 968d650, 210 s and more at 851a088: a call that runs it after the
+                    # five-preset table needs ~250 s left)
       step tests-kernels 560 python3 -m pytest packages/moe-common packages/moe-gated packages/moe-static -m gpu -q &
       step tests-generic 560 python3 -m pytest packages/moe-generic -m gpu -q -k "not config_candidates" &
       step tests-generic-c01 560 python3 -m pytest packages/moe-generic -m gpu -q -k "config_candidates and (case0 or case1)" &
@@ -80,7 +81,12 @@ for s in "$@"; do
     bench-gated) step bench-gated 500 "${BENCH[@]}" --preset deepseek-v3 qwen3-30b-a3b gpt-oss-120b --tokens 2048 8192 --kernels moe-gated moe-generic --no-check --json "$OUT/bench-gated.json" ;;
     bench-gated-all) step bench-gated-all 400 "${BENCH[@]}" --preset qwen3-30b-a3b qwen3.5-35b deepseek-v3 gpt-oss-120b --tokens 128 512 2048 8192 16384 --kernels auto moe-gated moe-generic --no-check --json "$OUT/bench-gated-all.json" --plot "$OUT/bench-gated-all.png" ;;
     bench-gated-q) step bench-gated-q 400 "${BENCH[@]}" --preset deepseek-v3 qwen3-30b-a3b gpt-oss-120b qwen3.5-35b --tokens 2048 8192 --kernels moe-gated --no-check --json "$OUT/bench-gated-q.json" ;;
-    routing) step routing 200 python3 tools/routing_bench.py
+    routing)  # the routing's bench for each tree in $AB_DIRS (its moe-common first, log
+              # routing-<dir name>) and for this one, then its GPU tests and memcheck
+      for d in ${AB_DIRS:-}; do
+        step "routing-$(basename $d)" 200 env PYTHONPATH="$(tree_path $d moe-common)" python3 tools/routing_bench.py
+      done
+      step routing 200 python3 tools/routing_bench.py
       step routing-tests 200 python3 -m pytest packages/moe-common -m gpu -q
       step sanitize-routing 300 compute-sanitizer --tool memcheck --report-api-errors no python3 -m pytest packages/moe-common/tests/test_routing_gpu.py -q ;;
     auto-512) step auto-512 200 "${BENCH[@]}" --preset qwen3-30b-a3b qwen3.5-35b deepseek-v3 gpt-oss-120b --tokens 512 --kernels auto --no-check --json "$OUT/auto-512.json" ;;
