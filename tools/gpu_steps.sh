@@ -11,7 +11,7 @@
 #        land-generic (land-tests, land-sanitize), auto-ab (auto-all, band-ab: AB_DIRS, AB_TOKENS),
 #        check-ab (AB_DIRS, CHECK_PRESETS, CHECK_TOKENS),
 #        dispatch-points (static-points, cutover-points); pipeline-probe (PROBE_PRESETS, PROBE_TOKENS, PROBE_MODES, PROBE_CLOCKS);
-#        all-tests, all-tests-par; verify (GPU tests + sanitizers), serving (soak + hf bench); ncu-tensor (NCU_LAYERS); A/B in one run against older
+#        all-tests, all-tests-par; pack (last: $OUT as one results.tgz); verify (GPU tests + sanitizers), serving (soak + hf bench); ncu-tensor (NCU_LAYERS); A/B in one run against older
 #        trees (AB_DIRS): static-ab, kernel-ab (AB_KERNEL), ncu-static-ab (PROFILE_ARGS)
 set -u
 OUT=${OUT:-/tmp/out}
@@ -285,6 +285,10 @@ for s in "$@"; do
         IFS=: read -r pre tok <<< "$pt"
         step ncu-tensor-$pre-$tok 240 ncu --clock-control none --kernel-name regex:GatedGemm --launch-skip 2 -c 2 --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --metrics "regex:sm__pipe_tensor.*_cycles_active.avg.pct_of_peak_sustained_active,regex:sm__inst_executed_pipe_tensor.*\.sum,smsp__issue_active.avg.pct_of_peak_sustained_active" python3 tools/profile_split.py --kernel gated --preset $pre --tokens $tok --calls 1 --no-profiler
       done ;;
+    pack)  # last: every file under $OUT into one results.tgz (a device call brings back at
+           # most 8 files; the A/B calls of e453874 and 4329626 lost JSONs to that)
+      tar -czf /tmp/results.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete &&
+        mv /tmp/results.tgz "$OUT/" && echo "== pack: $OUT/results.tgz" ;;
     *) echo "unknown step $s" ;;
   esac
 done
