@@ -7,7 +7,7 @@
 #        bench-gated-q bench-gated-all
 #        static-quick static-tests generic-tests sanitize-static sanitize-generic sanitize-reduce
 #        bench-static bench-generic-large profile ncu-band routing (AB_DIRS) routing-shape band candidates bulk-band bulk-wide relu2;
-#        bulk-widths, split-small, mid-widths, mid-small, rows-256, mw4, ncu-routing,
+#        bulk-widths, split-small, mid-widths, mid-small, rows-256, mw4, generic-warps, ncu-routing,
 #        land-generic (land-tests, land-sanitize), auto-ab (auto-all, band-ab: AB_DIRS, AB_TOKENS),
 #        check-ab (AB_DIRS, CHECK_PRESETS, CHECK_TOKENS),
 #        dispatch-points (static-points, cutover-points); pipeline-probe (PROBE_PRESETS, PROBE_TOKENS, PROBE_MODES, PROBE_CLOCKS);
@@ -167,6 +167,14 @@ for s in "$@"; do
       step hf-bench 300 python3 tools/hf_bench.py --preset qwen3-30b-a3b --layers 4 --shapes 1x1 32x1 512x1 1x2048 --json "$OUT/hf-bench.json" ;;
     band)  # moe-generic's tile widths forced against the dispatcher's choice in the 128..2048 band
       step band 400 python3 tools/band_probe.py --preset ${BAND_PRESETS:-deepseek-v3 qwen3-30b-a3b qwen3.5-35b gpt-oss-120b nemotron-relu2} --tokens ${BAND_TOKENS:-128 256 512 1024 2048} --bn 8 16 32 64 --kernels auto ${AB_SEED:+--seed $AB_SEED} --json "$OUT/band.json" ;;
+    generic-warps)  # moe-generic's 32-token tiles as 8 MMA warps x 1 group against 4 x 2: ptxas
+                    # (sm_90a, on the CPU) gives FC1 56 registers (4 CTAs, 32 MMA warps per SM)
+                    # and FC2 NVFP4 72 (3 CTAs) against 96 (4 CTAs, 16 MMA warps), at 11% more
+                    # instructions per weight (the B fragments' loads are per warp). Its GPU test
+                    # forced against the reference, then timed at 4-24 routed rows per expert,
+                    # in both GEMMs and in each alone
+      step generic-warps-tests 300 python3 -m pytest -q -m gpu $(for c in 0 1 2 3; do echo "packages/moe-generic/tests/test_generic_gpu.py::test_config_candidates_match_reference[case$c-32-mw=1,warps=8]"; done)
+      step generic-warps 400 python3 tools/band_probe.py --preset $FIVE --tokens ${BAND_TOKENS:-128 256 512} --bn --kernels auto --config '32:mw=1,warps=8' '32/fc1:mw=1,warps=8' '32/fc2:mw=1,warps=8' --seed ${AB_SEED:-1} --json "$OUT/generic-warps.json" ;;
     candidates)  # moe-generic's config candidates (tests/test_generic_gpu.py) forced against
                  # the reference, then timed against the defaults in the band
       step candidates-tests 300 python3 -m pytest packages/moe-generic -m gpu -q -k config_candidates
