@@ -1,7 +1,7 @@
 """tools/pipeline_probe.py on the CPU: each mode's patched moe-gated kernel assembles for
 sm_90a and has changed what the mode says (the copies or the decode and wgmmas taken away, the
 weight copies made one per K-tile, a 16-token MMA width added, the decode or the wgmmas
-alone taken away)."""
+alone taken away, the epilogues taken away)."""
 from __future__ import annotations
 
 import importlib
@@ -32,7 +32,8 @@ compile_cache.compile_config(compile_cache.config("fc1", "nvfp4", "silu", "tall"
                                                  ("width16", True, True),
                                                  ("nodecode", True, True),
                                                  ("nomma", True, False),
-                                                 ("mmaonly", False, True)])
+                                                 ("mmaonly", False, True),
+                                                 ("noepilogue", True, True)])
 def test_each_mode_changes_what_it_says(mode, copies, wgmmas, tmp_path):
     from moe_common.testing import inline_asm_blocks, ptxas_report
 
@@ -52,6 +53,8 @@ def test_each_mode_changes_what_it_says(mode, copies, wgmmas, tmp_path):
     # the block-scale multiplies are the decode's last step; nomma folds the decoded registers
     assert ("mul.rn.bf16x2" in ptx) == (mode not in ("producer", "nodecode", "mmaonly"))
     assert ("xor.b32 nmx" in ptx) == (mode == "nomma")
+    # FC1's epilogue: silu's hardware exp2 (moe_common.cute.activation)
+    assert ("ex2.approx" in ptx) == (mode != "noepilogue")
 
 
 def test_unknown_mode_is_a_value_error():

@@ -273,7 +273,7 @@ for s in "$@"; do
     pipeline-probe)  # moe-gated with one side of its pipeline taken away (the consumers alone,
                      # the copies alone) and candidates, against the kernel as shipped
                      # (tools/pipeline_probe.py: modes full consumers producer onecopy width48
-                     # width16 width80 nodecode nomma mmaonly)
+                     # width16 width80 nodecode nomma mmaonly noepilogue)
       step pipeline-probe 560 python3 tools/pipeline_probe.py --preset ${PROBE_PRESETS:-deepseek-v3 qwen3-30b-a3b} --tokens ${PROBE_TOKENS:-512 1024 2048} ${PROBE_MODES:+--modes $PROBE_MODES} ${PROBE_CLOCKS:+--clocks} --seed 1 --json "$OUT/pipeline-probe.json" ;;
     profile) step profile 200 python3 tools/profile_split.py --preset deepseek-v3 --tokens 8192 ;;
     ncu-band)  # where the band's time goes, per SASS line: FC1 and FC2 of one call at each of

@@ -38,6 +38,11 @@ What the consumers' own time goes to, the same way (their ratios to `consumers` 
    by three XORs and an add (so the decode stays live) where its wgmmas were: the copies and
    the decode.
 9. `mmaonly`: `consumers` and `nodecode` together: the wgmmas (and the stages' barriers) alone.
+10. `noepilogue`: the epilogues taken away (FC1's scale, bias, activation and its staged
+   stores of the intermediate; FC2's scale, bias and y stores): each consumer thread adds up its
+   accumulators and stores nothing unless the sum is -3e38 (so the wgmmas stay live), FC2's
+   token table and its barrier kept. The consumers' share that runs between items, when a CTA's
+   wgmmas stop: what overlapping the epilogue with the next item's mainloop could win at most.
 With `--clocks` each (preset, T) is also timed beside `nvidia-smi`'s SM clock and board power
 (every 50 ms, ClockSampler), summarized over the samples near the point's highest power (its
 bench replays): a mode that takes work away can also raise the clock the rest runs at, since
@@ -45,8 +50,8 @@ these points run at the GPU's power cap (BENCHMARKS.md: 1538 MHz at 700 W with t
 stream, 1980 MHz without, DeepSeek-V3 T=1024).
 Each mode runs in a process of its own with moe_gated.kernel.GatedGemm patched before anything
 compiles (compiled kernels are cached per configuration, not per patch); the shipped kernel is
-unchanged. `consumers`, `producer`, `onecopy`, `nodecode`, `nomma` and `mmaonly` compute wrong
-results by design (no check).
+unchanged. `consumers`, `producer`, `onecopy`, `nodecode`, `nomma`, `mmaonly` and `noepilogue`
+compute wrong results by design (no check).
 Rows print as `fused-moe bench` prints them, the kernel labelled with the mode, then a summary
 of each mode's time over the shipped kernel's.
 """
@@ -63,7 +68,7 @@ import sys
 import tempfile
 
 MODES = ("full", "consumers", "producer", "onecopy", "width48", "width16", "width80",
-         "nodecode", "nomma", "mmaonly")
+         "nodecode", "nomma", "mmaonly", "noepilogue")
 CHECKED = ("full", "width48", "width16", "width80")  # the modes whose results are right
 
 
@@ -154,6 +159,32 @@ def patch(mode: str) -> None:
                 (dst, records + (first + Int64(kt)) * block, groups_here * self.a_group_bytes)])
 
         GatedGemm._copy_a = _copy_a
+    elif mode == "noepilogue":
+        from cutlass import Float32, Int32
+
+        @cute.jit
+        def _keep_live(self, acc, out):
+            """acc summed; one store, never taken, keeps the wgmmas that fill it."""
+            v = Float32(0.0)
+            for gi in cutlass.range_constexpr(self.gpw):
+                for j in cutlass.range_constexpr(self.bn // 8):
+                    for q in cutlass.range_constexpr(4):
+                        v = v + acc[gi, j, q]
+            if v == Float32(-3.0e38):
+                ptx.st_u32(out, Int32(0))
+
+        @cute.jit
+        def _epilogue_fc1(self, acc, tile, p0, p1, group0, gscale, bv, stg, lane, out,
+                          out_stride, act_alpha, act_beta, act_limit):
+            _keep_live(self, acc, out)
+
+        @cute.jit
+        def _epilogue_fc2(self, acc, p0, p1, group0, gscale, bv, tok, lane, out, out_stride,
+                          out_rows):
+            _keep_live(self, acc, out)
+
+        GatedGemm._epilogue_fc1 = _epilogue_fc1
+        GatedGemm._epilogue_fc2 = _epilogue_fc2
     elif mode in ("width48", "width16", "width80"):  # the tall tile's widths and this one
         width = int(mode[5:])  # in FC1 and FC2 (FC1_ONLY_WIDTHS would keep it from FC2)
         kernel.WIDTHS[128] = tuple(sorted(set(kernel.WIDTHS[128]) | {width}, reverse=True))
