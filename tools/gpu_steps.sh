@@ -6,7 +6,7 @@
 # Steps: gated-quick gated-tests sanitize-gated racecheck-gated (RACE_CASES) bench-gated
 #        bench-gated-q bench-gated-all
 #        static-quick static-tests generic-tests sanitize-static sanitize-generic sanitize-reduce
-#        bench-static bench-generic-large profile ncu-band routing (AB_DIRS) routing-shape band candidates bulk-band bulk-wide relu2;
+#        bench-static bench-generic-large profile ncu-band routing (AB_DIRS) racecheck-routing routing-shape band candidates bulk-band bulk-wide relu2;
 #        bulk-widths, split-small, mid-widths, mid-small, rows-256, mw4, generic-warps, ncu-routing,
 #        land-generic (land-tests, land-sanitize), auto-ab (auto-all, band-ab: AB_DIRS, AB_TOKENS),
 #        check-ab (AB_DIRS, CHECK_PRESETS, CHECK_TOKENS),
@@ -89,6 +89,9 @@ for s in "$@"; do
       step routing 200 python3 tools/routing_bench.py
       step routing-tests 200 python3 -m pytest packages/moe-common -m gpu -q
       step sanitize-routing 300 compute-sanitizer --tool memcheck --report-api-errors no python3 -m pytest packages/moe-common/tests/test_routing_gpu.py -q ;;
+    racecheck-routing)  # the routing's shared memory (since 4329626 its `order` is staged there
+                        # between two CTA barriers) under racecheck, on its GPU test
+      step racecheck-routing 300 compute-sanitizer --tool racecheck --report-api-errors no --error-exitcode 9 python3 -m pytest packages/moe-common/tests/test_routing_gpu.py -q ;;
     auto-512) step auto-512 200 "${BENCH[@]}" --preset qwen3-30b-a3b qwen3.5-35b deepseek-v3 gpt-oss-120b --tokens 512 --kernels auto --no-check --json "$OUT/auto-512.json" ;;
     gated-vs-generic) step gated-vs-generic 300 "${BENCH[@]}" --preset qwen3.5-35b qwen3-30b-a3b deepseek-v3 gpt-oss-120b --tokens 2048 --kernels moe-gated moe-generic --no-check --json "$OUT/gated-vs-generic.json" ;;
     ncu-gated) step ncu-gated 400 ncu --clock-control none --kernel-name regex:GatedGemm --launch-skip 2 -c 1 --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section Occupancy --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active" python3 tools/profile_layer.py --kernel gated --tokens 4096 --experts 32 --calls 1 ;;
