@@ -52,7 +52,6 @@ ONE_CTA_MAX_PAIRS = THREADS * BATCH  # RoutingKernel: one batch of ids per threa
 # 4096 pairs, 4.8 / 4.9 at 6144, 5.3 / 5.4 at 8192, against split 8.5 / 8.7 at each (one CTA
 # before: 7.1 / 7.2, 9.1 / 9.4, 11.3 / 11.7, when the split path started at 6144)
 SPLIT_MIN_PAIRS = ONE_CTA_MAX_PAIRS + 1
-assert SPLIT_MIN_PAIRS <= ONE_CTA_MAX_PAIRS + 1
 PAIRS_PER_SPLIT_CTA = 2048
 # RoutingKernel keeps a pair's rank (< ONE_CTA_MAX_PAIRS) and expert (< MAX_EXPERTS) in one
 # register: the expert in the low RANK_SHIFT bits, all ones for a pair not routed here
