@@ -113,6 +113,9 @@ ENTRY_REGS = 65536 // THREADS // 8 * 8  # 168 (a multiple of 8)
 CONSUMER_REGS = (THREADS * ENTRY_REGS - 128 * PRODUCER_REGS) // (32 * CONSUMER_WARPS) // 8 * 8
 assert CONSUMER_REGS == 232
 STG_TOKENS = 32  # FC1 epilogue: tokens per staged chunk (512 bytes per warp)
+# FC2 epilogue: tokens per block of y stores, per tile size (a block past the tile's pairs is
+# skipped); 32 in the wide tile made ptxas spill 4 bytes (NVFP4), 48 does not
+Y_STORE_TOKENS = {128: 32, 288: 48}
 ITEM_SLOTS = 8  # work-item ring from the producer to the consumers (it leads by <= stages items)
 # a ring slot: (item, expert, first pair, end pair), the tile facts the producer has loaded
 # anyway, so a consumer starts an item without a global round trip
@@ -224,6 +227,7 @@ class GatedGemm:
         self.smem_bytes = off["end"]
         assert self.stages >= 3 and self.smem_bytes <= SMEM_PER_CTA, (self.stages, self.smem_bytes)
         assert self.bn % STG_TOKENS == 0 and self.bn <= 512  # FC1's epilogue blocks; wgmma
+        assert self.bn % Y_STORE_TOKENS[self.bn] == 0
         assert self.gpw in (1, 2)  # FC2 stores a token's values with one 4- or 8-byte store
 
     def stage_layout(self, width: int) -> tuple:
@@ -665,20 +669,26 @@ class GatedGemm:
         # the warp's groups are one block (out_rows is a multiple of 32: a block is in or out)
         row0 = group0 * 16
         col = fragment_position(row0, r, 0, 0, self.gpw)  # values (gi, h) at col + 2 gi + h
-        # Straight-line code, stores predicated: with a branch per token, each token's table
-        # load, address and store ran in turn (~17 instructions and a shared-load latency per
-        # token); without, the table loads (two tokens' pairs at once) issue ahead of the
-        # stores. Slots past the tile's pairs read stale table entries, never used.
-        for nb in cutlass.range_constexpr(self.bn // 8):
-            pairs = ptx.ld_shared_v2(tok + (nb * 8 + 2 * q) * 4)
-            for c in cutlass.range_constexpr(2):
-                n = nb * 8 + 2 * q + c
-                dst = out + (Int64(pairs[c]) * Int64(out_stride) + Int64(col)) * 2
-                v = [ptx.bf16x2_from_f32(acc[gi, nb, c] * gscale + bv[2 * gi],
-                                         acc[gi, nb, 2 + c] * gscale + bv[2 * gi + 1])
-                     for gi in range(self.gpw)]
-                ok = Int32(p0 + n < p1) & Int32(row0 < out_rows)
-                if cutlass.const_expr(self.gpw == 1):
-                    ptx.st_u32_if(dst, v[0], ok)
-                else:
-                    ptx.st_v2_if(dst, v[0], v[1], ok)
+        # Straight-line code in blocks of Y_STORE_TOKENS tokens, stores predicated: with a branch
+        # per token, each token's table load, address and store ran in turn (~17 instructions
+        # and a shared-load latency per token); without, the table loads (two tokens' pairs at
+        # once) issue ahead of the stores. A block past the tile's pairs is skipped: unguarded,
+        # the tall epilogue issued all 128 tokens' ~420 SASS (tools/sass_loops.py) for items
+        # of 16-48 pairs, as much as a quarter of a 6-K-tile mainloop. Slots past the tile's
+        # pairs in the last block read stale table entries, never used.
+        blk = Y_STORE_TOKENS[self.bn]
+        for m in cutlass.range_constexpr(self.bn // blk):
+            if p0 + m * blk < p1:
+                for nb in cutlass.range_constexpr(m * blk // 8, (m + 1) * blk // 8):
+                    pairs = ptx.ld_shared_v2(tok + (nb * 8 + 2 * q) * 4)
+                    for c in cutlass.range_constexpr(2):
+                        n = nb * 8 + 2 * q + c
+                        dst = out + (Int64(pairs[c]) * Int64(out_stride) + Int64(col)) * 2
+                        v = [ptx.bf16x2_from_f32(acc[gi, nb, c] * gscale + bv[2 * gi],
+                                                 acc[gi, nb, 2 + c] * gscale + bv[2 * gi + 1])
+                             for gi in range(self.gpw)]
+                        ok = Int32(p0 + n < p1) & Int32(row0 < out_rows)
+                        if cutlass.const_expr(self.gpw == 1):
+                            ptx.st_u32_if(dst, v[0], ok)
+                        else:
+                            ptx.st_v2_if(dst, v[0], v[1], ok)
