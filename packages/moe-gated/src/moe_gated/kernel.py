@@ -188,6 +188,7 @@ class GatedGemm:
         # warp; 288 tokens), 2 makes ptxas serialize every wgmma (C7512, checked by
         # tests/test_gated_cpu.py)
         self.pending = 2 if self.gpw == 1 else 1
+        self.overwrite_first = self.gpw == 2  # an item's first slab overwrites acc (_work_item)
         self.b_bytes = self.bn * TILE_K * 2  # a K-tile's B in the tile-blocked buffers
         # FC1's B is 128B-swizzled (read by a swizzled descriptor from 1024-byte aligned halves)
         self.b_swizzle = cfg.phase == "fc1"
@@ -443,7 +444,7 @@ class GatedGemm:
                 at = self._wait_stage(s_base, g)
                 words = self._load_words(at + a_off + warp_a_off, lane)
                 if active:
-                    self._mma(n_tok, acc, words, at, 0, range(4))
+                    self._mma(n_tok, acc, words, at, 0, range(4), Int32(kt > 0))
                 if kt > 0:
                     self._release(s_base, lane, g - 1)
                 at = self._wait_stage(s_base, g + 1)
@@ -459,10 +460,11 @@ class GatedGemm:
                 stage = self._wait_stage(s_base, g)
                 if active:
                     if cutlass.const_expr(per == 1):
-                        self._ktile(n_tok, acc, stage, lane, warp_a_off)
+                        self._ktile(n_tok, acc, stage, lane, warp_a_off, Int32(j > 0))
                     else:
                         for q in cutlass.range(cutlass.min(per, k_tiles - j * per), unroll=1):
-                            self._ktile(n_tok, acc, stage + q * sub, lane, warp_a_off)
+                            self._ktile(n_tok, acc, stage + q * sub, lane, warp_a_off,
+                                        Int32(j * per + q > 0))
                 # at most `pending` slabs of stage g's last K-tile are in flight: g - 1 is done
                 if j > 0:
                     self._release(s_base, lane, g - 1)
@@ -470,11 +472,11 @@ class GatedGemm:
             self._release(s_base, lane, g0 + n_stages - 1)
 
     @cute.jit
-    def _ktile(self, n_tok: cutlass.Constexpr, acc, at, lane, warp_a_off):
-        """acc += this warp's groups x the first n_tok tokens of the whole K-tile at `at`."""
+    def _ktile(self, n_tok: cutlass.Constexpr, acc, at, lane, warp_a_off, accumulate):
+        """acc (+)= this warp's groups x the first n_tok tokens of the whole K-tile at `at`."""
         _, _, a_off, half = self.stage_layout(n_tok)
         words = self._load_words(at + a_off + warp_a_off, lane)
-        self._mma(n_tok, acc, words, at, half, range(8))
+        self._mma(n_tok, acc, words, at, half, range(8), accumulate)
 
     @cute.jit
     def _wait_stage(self, s_base, g):
@@ -490,14 +492,17 @@ class GatedGemm:
 
     @cute.jit
     def _mma(self, n_tok: cutlass.Constexpr, acc, words, b_at, half: cutlass.Constexpr,
-             slabs: cutlass.Constexpr):
+             slabs: cutlass.Constexpr, accumulate=None):
         """acc += this warp's decoded groups (words) x B at b_at (second half `half` further
-        on, see wgmma_decode_k128) over `slabs`, the wgmmas left in flight (`pending`)."""
+        on, see wgmma_decode_k128) over `slabs`, the wgmmas left in flight (`pending`); with
+        accumulate 0 (an item's first K-tile) the first slab overwrites acc instead."""
         accs = [[acc[gi, j // 4, j % 4] for j in range(n_tok // 2)] for gi in range(self.gpw)]
+        if cutlass.const_expr(not self.overwrite_first):
+            accumulate = None
         res = wgmma_decode_k128(accs, [w[:8] for w in words], [w[8:] for w in words],
                                 self.cfg.weight_format, b_at, n_tok,
                                 pending=self.pending if n_tok <= 256 else 1, b_half=half,
-                                b_swizzle=self.b_swizzle, slabs=slabs)
+                                b_swizzle=self.b_swizzle, slabs=slabs, accumulate=accumulate)
         _store_fragments(acc, res)
 
     @cute.jit
@@ -553,8 +558,12 @@ class GatedGemm:
         # instead of after it, when both warpgroups would wait on them with the tensor cores idle
         gscale, bv = self._epilogue_constants(e, group0, lane, ops.gscale, ops.bias, ops.row_groups)
 
+        # tall: not zeroed, an item's first K-tile overwrites its MMA's columns (_mma's
+        # accumulate; the epilogue never stores the rest), 64 register moves per item fewer.
+        # wide: zeroed (without, ptxas spills 4 bytes around the 288-wide NVFP4 FC2 mainloop)
         acc = cute.make_rmem_tensor(cute.make_layout((self.gpw, self.bn // 8, 4)), Float32)
-        acc.fill(0.0)
+        if cutlass.const_expr(not self.overwrite_first):
+            acc.fill(0.0)
         # An expert's last tile is usually partly filled (DeepSeek-V3 at T=8192: ~256 +- 16
         # tokens per expert): the MMA runs only as wide as the tile's tokens, rounded up.
         cnt = p1 - p0

@@ -57,7 +57,8 @@ def _slab_ptx(g: int, s: int, code: str, s_r: str, s_r8: str, half: int) -> list
 @dsl_user_op
 def wgmma_decode_k128(accs, codes, scales, weight_format: str, b_smem, n: int, pending=None,
                       b_lbo=None, b_sbo: int = 128, b_half=None,
-                      b_swizzle: bool = False, slabs=range(8), *, loc=None, ip=None):
+                      b_swizzle: bool = False, slabs=range(8), accumulate=None, *, loc=None,
+                      ip=None):
     """accs[g] (64 x n fp32) += decode(codes[g], scales[g]) (64 x 128) @ B (128 x n).
 
     pending=None: one commit group for the tile and a wait for all of it before returning.
@@ -80,6 +81,10 @@ def wgmma_decode_k128(accs, codes, scales, weight_format: str, b_smem, n: int, p
     n > 256 (wgmma's widest): each slab issues a second wgmma for tokens 256..n - 1, sharing
     the decoded A registers (the decode is paid once for the n tokens); its B starts 32 groups
     (32 b_sbo bytes) further on.
+    accumulate (a run-time Int32, not None): where it is 0, the first slab's wgmmas overwrite
+    accs instead of adding to them (wgmma's scale-d), so a K loop's first call needs no zeroed
+    accumulators: the caller skips filling them (64 register moves per item in moe-gated's
+    tall tile).
 
     codes[g]: the 8 fragment-ordered code words of this lane (one per k16 slab); scales[g]: the
     bf16 block-scale words of rows r and r + 8 (NVFP4: 4 + 4 words, slab s in half s % 2 of word
@@ -104,6 +109,8 @@ def wgmma_decode_k128(accs, codes, scales, weight_format: str, b_smem, n: int, p
     ins = [w for g in range(G) for w in list(codes[g]) + list(scales[g])]
     ops += [Int32(x).ir_value(loc=loc, ip=ip) for x in ins]
     ops += [Int32(b_smem).ir_value(loc=loc, ip=ip), Int32(1).ir_value(loc=loc, ip=ip)]
+    if accumulate is not None:
+        ops.append(Int32(accumulate).ir_value(loc=loc, ip=ip))
     base = 2 * G * h  # outputs, tied inputs, then the words
     per_g = 8 + 2 * nsw
     addr, one = base + G * per_g, base + G * per_g + 1
@@ -115,7 +122,10 @@ def wgmma_decode_k128(accs, codes, scales, weight_format: str, b_smem, n: int, p
             halves += [f"{r}{t}" for r in _SLAB_HALVES]
     lines = ["{", ".reg .pred p;", ".reg .b64 d0, ds;" if n <= 256 else ".reg .b64 d0, ds, d1;",
              f".reg .b32 {', '.join(regs)};", f".reg .b16 {', '.join(halves)};",
-             f"setp.ne.b32 p, ${one}, 0;",
+             f"setp.ne.b32 p, ${one}, 0;"]
+    if accumulate is not None:
+        lines += [".reg .pred pa;", f"setp.ne.b32 pa, ${one + 1}, 0;"]
+    lines += [
              f"cvt.u64.u32 d0, ${addr};", "shr.u64 d0, d0, 4;", "and.b64 d0, d0, 16383;",
              f"or.b64 d0, d0, {((b_lbo >> 4) << 16) | ((b_sbo >> 4) << 32) | (layout << 62)};"]
     for s in slabs:
@@ -141,14 +151,16 @@ def wgmma_decode_k128(accs, codes, scales, weight_format: str, b_smem, n: int, p
                 if doff:
                     lines.append(f"add.s64 d1, ds, {doff};")
                     desc = "d1"
+                scale_d = "pa" if accumulate is not None and s == slabs[0] else "p"
                 lines.append(f"wgmma.mma_async.sync.aligned.m64n{w}k16.f32.bf16.bf16 "
-                             f"{{{d}}}, {{{av}}}, {desc}, p, 1, 1, 0;")
+                             f"{{{d}}}, {{{av}}}, {desc}, {scale_d}, 1, 1, 0;")
         if pending is not None:
             lines += ["wgmma.commit_group.sync.aligned;", f"wgmma.wait_group.sync.aligned {int(pending)};"]
     if pending is None:
         lines += ["wgmma.commit_group.sync.aligned;", "wgmma.wait_group.sync.aligned 0;"]
     lines.append("}")
-    cons = ",".join(["=f"] * (G * h) + [str(i) for i in range(G * h)] + ["r"] * (G * per_g) + ["r", "r"])
+    cons = ",".join(["=f"] * (G * h) + [str(i) for i in range(G * h)] + ["r"] * (G * per_g)
+                    + ["r"] * (2 if accumulate is None else 3))
     st = llvm.inline_asm(llvm.StructType.get_literal([T.f32()] * (G * h)), ops, "\n".join(lines), cons,
                          has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
     res = [Float32(llvm.extractvalue(T.f32(), st, [i])) for i in range(G * h)]
