@@ -58,6 +58,7 @@ def test_wgmma_runs_asynchronously(index, tmp_path):
     _check_elected_copies(ptx)
     if index == 0:
         _check_second_wgmma(ptx)
+    _check_first_slab_overwrites(ptx, tall=index >= 10)
     if index in (9, 19):
         _check_bf16_y_stores(ptx)
 
@@ -97,6 +98,27 @@ def _check_elected_copies(ptx: str):
     for asm in copies:
         assert "elect.sync" in asm, asm
     assert len(copies) >= 2, len(copies)  # B's halves and the weight groups
+
+
+def _check_first_slab_overwrites(ptx: str, tall: bool):
+    """The tall tile does not zero its accumulators per item (1c058ce): in each mainloop
+    (one per MMA width) the K-tile's first slab takes wgmma's scale-d from the run-time
+    `accumulate` predicate (pa: 0 on an item's first K-tile), every other slab accumulates (p).
+    The wide tile zeroes them and always accumulates."""
+    lines = [ln.strip() for ln in ptx.splitlines()]
+    starts = [i for i, ln in enumerate(lines) if ln.startswith("setp.ne.b32 pa,")]
+    if not tall:
+        assert not starts and not any(", pa, 1, 1, 0;" in ln for ln in lines)
+        return
+    assert starts
+    for i in starts:
+        first = lines.index("wgmma.commit_group.sync.aligned;", i)
+        mmas = [ln for ln in lines[i:first] if ln.startswith("wgmma.mma_async")]
+        assert mmas and all(ln.endswith(", pa, 1, 1, 0;") for ln in mmas), mmas
+        end = next((j for j in range(first, len(lines)) if lines[j].startswith("setp.ne.b32 p,")),
+                   len(lines))
+        rest = [ln for ln in lines[first:end] if ln.startswith("wgmma.mma_async")]
+        assert rest and all(ln.endswith(", p, 1, 1, 0;") for ln in rest)
 
 
 def _check_second_wgmma(ptx: str):
