@@ -175,7 +175,8 @@ for s in "$@"; do
                     # and FC2 NVFP4 72 (3 CTAs) against 96 (4 CTAs, 16 MMA warps), at 11% more
                     # instructions per weight (the B fragments' loads are per warp). Its GPU test
                     # forced against the reference, then timed at 4-24 routed rows per expert,
-                    # in both GEMMs and in each alone
+                    # in both GEMMs and in each alone. At 1c58373: slower at all 15 points, 1-8%
+                    # (dropped)
       step generic-warps-tests 300 python3 -m pytest -q -m gpu $(for c in 0 1 2 3; do echo "packages/moe-generic/tests/test_generic_gpu.py::test_config_candidates_match_reference[case$c-32-mw=1,warps=8]"; done)
       step generic-warps 400 python3 tools/band_probe.py --preset $FIVE --tokens ${BAND_TOKENS:-128 256 512} --bn --kernels auto --config '32:mw=1,warps=8' '32/fc1:mw=1,warps=8' '32/fc2:mw=1,warps=8' --seed ${AB_SEED:-1} --json "$OUT/generic-warps.json" ;;
     candidates)  # moe-generic's config candidates (tests/test_generic_gpu.py) forced against

@@ -646,8 +646,9 @@ class GatedGemm:
         stmatrix.trans turns the fragment (thread: column r, tokens 2q, 2q + 1) of 32 tokens into
         token rows in shared memory; the warp then copies them out 16 bytes per lane, 128
         contiguous bytes per 8 tokens. Token slots past the tile's pairs (in the last 32-token
-        block) get value() of whatever their B columns held; FC2 never stores a result from
-        those columns."""
+        block) get value() of whatever their B columns held, and past the MMA's width of the
+        tall tile's unzeroed accumulators (possibly not finite); a column of FC2's MMA depends
+        on its own token's B column alone, and FC2 never stores a result from those columns."""
         for m in cutlass.range_constexpr(self.bn // STG_TOKENS):
             if p0 + m * STG_TOKENS < p1:
                 regs = []
@@ -682,8 +683,8 @@ class GatedGemm:
         # per token, each token's table load, address and store ran in turn (~17 instructions
         # and a shared-load latency per token); without, the table loads (two tokens' pairs at
         # once) issue ahead of the stores. A block past the tile's pairs is skipped: unguarded,
-        # the tall epilogue issued all 128 tokens' ~420 SASS (tools/sass_loops.py) for items
-        # of 16-48 pairs, as much as a quarter of a 6-K-tile mainloop. Slots past the tile's
+        # the tall epilogue issued all 128 tokens' ~420 SASS (cuobjdump of the sm_90a build,
+        # 1c58373) for items of 16-48 pairs, a quarter of a 6-K-tile mainloop. Slots past the tile's
         # pairs in the last block read stale table entries, never used.
         blk = Y_STORE_TOKENS[self.bn]
         for m in cutlass.range_constexpr(self.bn // blk):
