@@ -43,6 +43,11 @@ What the consumers' own time goes to, the same way (their ratios to `consumers` 
    accumulators and stores nothing unless the sum is -3e38 (so the wgmmas stay live), FC2's
    token table and its barrier kept. The consumers' share that runs between items, when a CTA's
    wgmmas stop: what overlapping the epilogue with the next item's mainloop could win at most.
+11. `nob`: the token rows (B) not copied: the producer copies and expects the weights alone and
+   the consumers multiply whatever B the stage holds: what B's L2 -> shared-memory traffic
+   costs (a K-tile's B is 8 KB at 32 tokens beside 18 KB of weights in the tall tile). Two CTAs
+   of a cluster sharing B by TMA multicast (the queue handing out pairs of row tiles of one
+   token tile) would save at most half of it.
 With `--clocks` each (preset, T) is also timed beside `nvidia-smi`'s SM clock and board power
 (every 50 ms, ClockSampler), summarized over the samples near the point's highest power (its
 bench replays): a mode that takes work away can also raise the clock the rest runs at, since
@@ -50,8 +55,8 @@ these points run at the GPU's power cap (BENCHMARKS.md: 1538 MHz at 700 W with t
 stream, 1980 MHz without, DeepSeek-V3 T=1024).
 Each mode runs in a process of its own with moe_gated.kernel.GatedGemm patched before anything
 compiles (compiled kernels are cached per configuration, not per patch); the shipped kernel is
-unchanged. `consumers`, `producer`, `onecopy`, `nodecode`, `nomma`, `mmaonly` and `noepilogue`
-compute wrong results by design (no check).
+unchanged. `consumers`, `producer`, `onecopy`, `nodecode`, `nomma`, `mmaonly`, `noepilogue`
+and `nob` compute wrong results by design (no check).
 Rows print as `fused-moe bench` prints them, the kernel labelled with the mode, then a summary
 of each mode's time over the shipped kernel's.
 """
@@ -68,7 +73,7 @@ import sys
 import tempfile
 
 MODES = ("full", "consumers", "producer", "onecopy", "width48", "width16", "width80",
-         "nodecode", "nomma", "mmaonly", "noepilogue")
+         "nodecode", "nomma", "mmaonly", "noepilogue", "nob")
 CHECKED = ("full", "width48", "width16", "width80")  # the modes whose results are right
 
 
@@ -141,6 +146,23 @@ def patch(mode: str) -> None:
             s = g % self.stages
             ptx.mbarrier_wait(s_base + self.empty_off + s * 8, ((g // self.stages) % 2) ^ 1)
             ptx.bulk_copies_g2s_elected(s_base + self.full_off + s * 8, 0, [])
+
+        GatedGemm._produce = _produce
+    elif mode == "nob":
+        @cute.jit
+        def _produce(self, s_base, g, kt0, n_kt, halves: cutlass.Constexpr, src):
+            """GatedGemm._produce with the B copies left out (A with B's first half)."""
+            _, _, _, sub, a_off, a_src = src
+            s = g % self.stages
+            ptx.mbarrier_wait(s_base + self.empty_off + s * 8, ((g // self.stages) % 2) ^ 1)
+            bar = s_base + self.full_off + s * 8
+            with_a = halves < 2
+            ptx.bulk_copies_g2s_elected(bar, n_kt * (a_src[3] * self.a_group_bytes if with_a
+                                                     else 0), [])
+            if cutlass.const_expr(with_a):
+                for q in cutlass.range(n_kt, unroll=1):
+                    self._copy_a(s_base + s * self.stage_bytes + q * sub + a_off, kt0 + q,
+                                 a_src, bar)
 
         GatedGemm._produce = _produce
     elif mode == "producer":
