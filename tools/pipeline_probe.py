@@ -45,9 +45,9 @@ What the consumers' own time goes to, the same way (their ratios to `consumers` 
    wgmmas stop: what overlapping the epilogue with the next item's mainloop could win at most.
 11. `nob`: the token rows (B) not copied: the producer copies and expects the weights alone and
    the consumers multiply whatever B the stage holds: what B's L2 -> shared-memory traffic
-   costs (a K-tile's B is 8 KB at 32 tokens beside 18 KB of weights in the tall tile). Two CTAs
-   of a cluster sharing B by TMA multicast (the queue handing out pairs of row tiles of one
-   token tile) would save at most half of it.
+   costs (a K-tile's B is 8 KB at 32 tokens beside 18-20 KB of weight records in the tall
+   tile). Two CTAs of a cluster sharing B by TMA multicast (the queue handing out pairs of row
+   tiles of one token tile) would save at most half of it.
 With `--clocks` each (preset, T) is also timed beside `nvidia-smi`'s SM clock and board power
 (every 50 ms, ClockSampler), summarized over the samples near the point's highest power (its
 bench replays): a mode that takes work away can also raise the clock the rest runs at, since
