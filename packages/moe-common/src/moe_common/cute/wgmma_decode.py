@@ -120,12 +120,11 @@ def wgmma_decode_k128(accs, codes, scales, weight_format: str, b_smem, n: int, p
             t = f"{g}_{s}"
             regs += [f"{r}{t}" for r in _SLAB_REGS] + [f"a{t}{j}" for j in range(4)]
             halves += [f"{r}{t}" for r in _SLAB_HALVES]
+    # pa (accumulate given): the first slab's scale-d; p: every other wgmma's (1)
+    first_pred = [] if accumulate is None else [".reg .pred pa;", f"setp.ne.b32 pa, ${one + 1}, 0;"]
     lines = ["{", ".reg .pred p;", ".reg .b64 d0, ds;" if n <= 256 else ".reg .b64 d0, ds, d1;",
              f".reg .b32 {', '.join(regs)};", f".reg .b16 {', '.join(halves)};",
-             f"setp.ne.b32 p, ${one}, 0;"]
-    if accumulate is not None:
-        lines += [".reg .pred pa;", f"setp.ne.b32 pa, ${one + 1}, 0;"]
-    lines += [
+             f"setp.ne.b32 p, ${one}, 0;", *first_pred,
              f"cvt.u64.u32 d0, ${addr};", "shr.u64 d0, d0, 4;", "and.b64 d0, d0, 16383;",
              f"or.b64 d0, d0, {((b_lbo >> 4) << 16) | ((b_sbo >> 4) << 32) | (layout << 62)};"]
     for s in slabs:
