@@ -1,7 +1,8 @@
 """tools/pipeline_probe.py on the CPU: each mode's patched moe-gated kernel assembles for
 sm_90a and has changed what the mode says (the copies or the decode and wgmmas taken away, the
 weight copies made one per K-tile, a 16-token MMA width added, the decode or the wgmmas
-alone taken away, the epilogues taken away, the token rows' copies taken away)."""
+alone taken away, the epilogues taken away, the token rows' copies taken away, the records
+at the checkpoint's size, with or without the one-byte scales' conversion)."""
 from __future__ import annotations
 
 import importlib
@@ -34,7 +35,9 @@ compile_cache.compile_config(compile_cache.config("fc1", "nvfp4", "silu", "tall"
                                                  ("nomma", True, False),
                                                  ("mmaonly", False, True),
                                                  ("noepilogue", True, True),
-                                                 ("nob", True, True)])
+                                                 ("nob", True, True),
+                                                 ("smallrec", True, True),
+                                                 ("bytescales", True, True)])
 def test_each_mode_changes_what_it_says(mode, copies, wgmmas, tmp_path):
     from moe_common.testing import inline_asm_blocks, ptxas_report
 
@@ -58,6 +61,11 @@ def test_each_mode_changes_what_it_says(mode, copies, wgmmas, tmp_path):
     # the block-scale multiplies are the decode's last step; nomma folds the decoded registers
     assert ("mul.rn.bf16x2" in ptx) == (mode not in ("producer", "nodecode", "mmaonly"))
     assert ("xor.b32 nmx" in ptx) == (mode == "nomma")
+    # a block of 8 NVFP4 records: 8 x 1280 bytes, in the checkpoint's size 8 x 1152; bytescales
+    # masks the scale fields in place (0x0FF00FF0)
+    small = mode in ("smallrec", "bytescales")
+    assert ("9216" in ptx) == small and not (small and "10240" in ptx)
+    assert (str(0x0FF00FF0) in ptx) == (mode == "bytescales")
     # FC1's epilogue: silu's hardware exp2 (moe_common.cute.activation)
     assert ("ex2.approx" in ptx) == (mode != "noepilogue")
 

@@ -48,6 +48,17 @@ What the consumers' own time goes to, the same way (their ratios to `consumers` 
    costs (a K-tile's B is 8 KB at 32 tokens beside 18-20 KB of weight records in the tall
    tile). Two CTAs of a cluster sharing B by TMA multicast (the queue handing out pairs of row
    tiles of one token tile) would save at most half of it.
+What one-byte block scales would buy (the records hold bf16 scales: NVFP4's 1280-byte record
+is 11% larger than the checkpoint's codes and e4m3 scales, MXFP4's 1152 6%):
+12. `smallrec`: records of the checkpoint's size (1152 / 1088 bytes: the scale bytes as they
+   come instead of bf16) copied, decoded as if they were bf16 (the same loads and multiplies):
+   the bytes saved without the conversion's instructions.
+13. `bytescales`: `smallrec` with the conversion a one-byte format needs: a lane loads its rows'
+   16 (NVFP4) or 8 (MXFP4) scale bytes in one load and makes each bf16x2 scale word of two
+   fields in place (one LOP3: mask, OR the exponent's offset) or after a rotation by 8 (SHF,
+   LOP3): 12 instructions for NVFP4's 8 words, 6 for MXFP4's 4, where bf16 scales take a
+   second 16-byte load.
+`smallrec`, `bytescales` and `full` also run moe-generic (`--kernel moe-generic`).
 With `--clocks` each (preset, T) is also timed beside `nvidia-smi`'s SM clock and board power
 (every 50 ms, ClockSampler), summarized over the samples near the point's highest power (its
 bench replays): a mode that takes work away can also raise the clock the rest runs at, since
@@ -73,7 +84,8 @@ import sys
 import tempfile
 
 MODES = ("full", "consumers", "producer", "onecopy", "width48", "width16", "width80",
-         "nodecode", "nomma", "mmaonly", "noepilogue", "nob")
+         "nodecode", "nomma", "mmaonly", "noepilogue", "nob", "smallrec", "bytescales")
+ANY_KERNEL = ("full", "smallrec", "bytescales")  # modes that patch moe-common, not moe-gated
 CHECKED = ("full", "width48", "width16", "width80")  # the modes whose results are right
 
 
@@ -118,9 +130,44 @@ class _RewritingLlvm:
         return self._module.inline_asm(res, operands, self._rewrite(text), constraints, **kw)
 
 
+def _load_byte_scale_words(ga, lane, weight_format: str):
+    """fragment_mma.load_group_words for one-byte scale fields (bytescales): the same code
+    words, then this lane's rows' scale bytes in one load, each word giving two bf16x2 scale
+    words: its fields at bits 4..11 and 20..27 (NVFP4: exponent offset and 3 mantissa bits;
+    MXFP4 7..14 and 23..30, the exponent) masked in place, and the other two after a rotation
+    by 8 (the values are not the shipped ones' scales: the probe times, it does not check)."""
+    from cutlass import Int32
+
+    from moe_common.cute import ptx
+
+    codes = ptx.ld_shared_v4(ga + lane * 32) + ptx.ld_shared_v4(ga + lane * 32 + 16)
+    if weight_format == "nvfp4":
+        raw = ptx.ld_shared_v4(ga + 1024 + (lane // 4) * 16)
+        mask, offset = 0x0FF00FF0, 0x60006000
+    else:
+        raw = ptx.ld_shared_v2(ga + 1024 + (lane // 4) * 8)
+        mask, offset = 0x7F807F80, 0
+    words = []
+    for w in raw:
+        words += [ptx.or_and(Int32(offset), w, Int32(mask)),
+                  ptx.or_and(Int32(offset), ptx.rotl(w, 8), Int32(mask))]
+    return codes + tuple(words)
+
+
 def patch(mode: str) -> None:
-    """Patch moe-gated's kernel for `mode` (before anything compiles)."""
+    """Patch moe-gated's kernel (or, `ANY_KERNEL`, moe-common's weight records) for `mode`
+    (before anything compiles)."""
     if mode == "full":
+        return
+    if mode in ("smallrec", "bytescales"):
+        from moe_common import fragments
+        from moe_common.cute import fragment_mma
+
+        fragments.scales_to_bf16 = lambda tiles, weight_format: tiles  # the bytes as they come
+        fragment_mma.scale_bytes_per_row = lambda weight_format: (
+            8 if weight_format == "nvfp4" else 4)
+        if mode == "bytescales":
+            fragment_mma.load_group_words = _load_byte_scale_words
         return
     if mode in ("nodecode", "nomma", "mmaonly"):
         from moe_common.cute import wgmma_decode
@@ -259,8 +306,9 @@ class ClockSampler:
         self.samples = parse_samples(out)
 
 
-def run_mode(mode: str, presets, tokens, seed: int, clocks: bool = False) -> list:
-    """This process: patch, then time moe-gated forced at every (preset, T); with `clocks`,
+def run_mode(mode: str, presets, tokens, seed: int, clocks: bool = False,
+             kernel: str = "moe-gated") -> list:
+    """This process: patch, then time `kernel` forced at every (preset, T); with `clocks`,
     each point on its own beside a ClockSampler (its rows get sm_mhz and power_w)."""
     patch(mode)
     from dispatcher.bench import bench_preset, format_row
@@ -271,11 +319,11 @@ def run_mode(mode: str, presets, tokens, seed: int, clocks: bool = False) -> lis
         for batch in ([[t] for t in tokens] if clocks else [tokens]):
             sampler = ClockSampler() if clocks else contextlib.nullcontext()
             with sampler:
-                got = bench_preset(PRESETS[name], batch, kernels=["moe-gated"], seed=seed,
+                got = bench_preset(PRESETS[name], batch, kernels=[kernel], seed=seed,
                                    check=mode in CHECKED, log=lambda s: None)
             load = under_load(sampler.samples) if clocks else None
             for r in got:
-                r["kernel"] = f"moe-gated {mode}"
+                r["kernel"] = f"{kernel} {mode}"
                 if load:
                     r["sm_mhz"], r["power_w"] = load
                 print(format_row(r), flush=True)
@@ -291,15 +339,20 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json")
     ap.add_argument("--mode-timeout", type=float, default=150.0, help="seconds per mode")
+    ap.add_argument("--kernel", default="moe-gated", choices=("moe-gated", "moe-generic"),
+                    help=f"the kernel forced (moe-generic: modes {', '.join(ANY_KERNEL)})")
     ap.add_argument("--clocks", action="store_true",
                     help="sample the SM clock and power beside each point (nvidia-smi)")
     ap.add_argument("--one", choices=MODES, help=argparse.SUPPRESS)  # a child process's mode
     args = ap.parse_args(argv)
+    if args.kernel != "moe-gated" and not set(args.modes) <= set(ANY_KERNEL):
+        ap.error(f"--kernel {args.kernel} runs the modes {', '.join(ANY_KERNEL)} alone")
     common = ["--preset", *args.preset, "--tokens", *map(str, args.tokens),
-              "--seed", str(args.seed)] + (["--clocks"] if args.clocks else [])
+              "--seed", str(args.seed), "--kernel", args.kernel] + (
+                  ["--clocks"] if args.clocks else [])
     if args.one:
         _write_json(args.json, run_mode(args.one, args.preset, args.tokens, args.seed,
-                                        args.clocks))
+                                        args.clocks, args.kernel))
         return 0
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
