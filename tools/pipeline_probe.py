@@ -58,7 +58,7 @@ is 11% larger than the checkpoint's codes and e4m3 scales, MXFP4's 1152 6%):
    fields in place (one LOP3: mask, OR the exponent's offset) or after a rotation by 8 (SHF,
    LOP3): 12 instructions for NVFP4's 8 words, 6 for MXFP4's 4, where bf16 scales take a
    second 16-byte load.
-`smallrec`, `bytescales` and `full` also run moe-generic (`--kernel moe-generic`).
+`smallrec`, `bytescales` and `full` also run moe-generic or moe-static (`--kernel`).
 With `--clocks` each (preset, T) is also timed beside `nvidia-smi`'s SM clock and board power
 (every 50 ms, ClockSampler), summarized over the samples near the point's highest power (its
 bench replays): a mode that takes work away can also raise the clock the rest runs at, since
@@ -339,7 +339,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json")
     ap.add_argument("--mode-timeout", type=float, default=150.0, help="seconds per mode")
-    ap.add_argument("--kernel", default="moe-gated", choices=("moe-gated", "moe-generic"),
+    ap.add_argument("--kernel", default="moe-gated",
+                    choices=("moe-gated", "moe-generic", "moe-static"),
                     help=f"the kernel forced (moe-generic: modes {', '.join(ANY_KERNEL)})")
     ap.add_argument("--clocks", action="store_true",
                     help="sample the SM clock and power beside each point (nvidia-smi)")
