@@ -346,7 +346,8 @@ def main(argv=None) -> int:
                     help="sample the SM clock and power beside each point (nvidia-smi)")
     ap.add_argument("--one", choices=MODES, help=argparse.SUPPRESS)  # a child process's mode
     args = ap.parse_args(argv)
-    if args.kernel != "moe-gated" and not set(args.modes) <= set(ANY_KERNEL):
+    if args.kernel != "moe-gated" and not set([args.one] if args.one else args.modes) <= set(
+            ANY_KERNEL):
         ap.error(f"--kernel {args.kernel} runs the modes {', '.join(ANY_KERNEL)} alone")
     common = ["--preset", *args.preset, "--tokens", *map(str, args.tokens),
               "--seed", str(args.seed), "--kernel", args.kernel] + (
