@@ -2,7 +2,7 @@
 sm_90a and has changed what the mode says (the copies or the decode and wgmmas taken away, the
 weight copies made one per K-tile, a 16-token MMA width added, the decode or the wgmmas
 alone taken away, the epilogues taken away, the token rows' copies taken away, the records
-at the checkpoint's size, with or without the one-byte scales' conversion)."""
+at the checkpoint's size with the one-byte scales' conversion)."""
 from __future__ import annotations
 
 import importlib
@@ -36,7 +36,6 @@ compile_cache.compile_config(compile_cache.config("fc1", "nvfp4", "silu", "tall"
                                                  ("mmaonly", False, True),
                                                  ("noepilogue", True, True),
                                                  ("nob", True, True),
-                                                 ("smallrec", True, True),
                                                  ("bytescales", True, True)])
 def test_each_mode_changes_what_it_says(mode, copies, wgmmas, tmp_path):
     from moe_common.testing import inline_asm_blocks, ptxas_report
@@ -61,10 +60,9 @@ def test_each_mode_changes_what_it_says(mode, copies, wgmmas, tmp_path):
     # the block-scale multiplies are the decode's last step; nomma folds the decoded registers
     assert ("mul.rn.bf16x2" in ptx) == (mode not in ("producer", "nodecode", "mmaonly"))
     assert ("xor.b32 nmx" in ptx) == (mode == "nomma")
-    # a block of 8 NVFP4 records at the checkpoint's size: 8 x 1152 bytes (else 8 x 1280); bytescales
-    # masks the scale fields in place (0x0FF00FF0)
-    small = mode in ("smallrec", "bytescales")
-    assert ("9216" in ptx) == small
+    # bytescales: a block of 8 NVFP4 records at the checkpoint's size (8 x 1152 bytes, else
+    # 8 x 1280), the scale fields masked in place (0x0FF00FF0)
+    assert ("9216" in ptx) == (mode == "bytescales")
     assert (str(0x0FF00FF0) in ptx) == (mode == "bytescales")
     # FC1's epilogue: silu's hardware exp2 (moe_common.cute.activation)
     assert ("ex2.approx" in ptx) == (mode != "noepilogue")

@@ -50,24 +50,23 @@ What the consumers' own time goes to, the same way (their ratios to `consumers` 
    tiles of one token tile) would save at most half of it.
 What one-byte block scales would buy (the records hold bf16 scales: NVFP4's 1280-byte record
 is 11% larger than the checkpoint's codes and e4m3 scales, MXFP4's 1152 6%):
-12. `smallrec`: records of the checkpoint's size (1152 / 1088 bytes: the scale bytes as they
-   come instead of bf16) copied, decoded as if they were bf16 (the same loads and multiplies):
-   the bytes saved without the conversion's instructions.
-13. `bytescales`: `smallrec` with the conversion a one-byte format needs: a lane loads its rows'
-   16 (NVFP4) or 8 (MXFP4) scale bytes in one load and makes each bf16x2 scale word of two
-   fields in place (one LOP3: mask, OR the exponent's offset) or after a rotation by 8 (SHF,
-   LOP3): 12 instructions for NVFP4's 8 words, 6 for MXFP4's 4, where bf16 scales take a
-   second 16-byte load.
-`smallrec`, `bytescales` and `full` also run moe-generic or moe-static (`--kernel`).
+12. `bytescales`: records of the checkpoint's size (1152 / 1088 bytes: the scale bytes as they
+   come, so the values are wrong) with the conversion a one-byte format needs: a lane loads its
+   rows' 16 (NVFP4) or 8 (MXFP4) scale bytes in one load and makes each bf16x2 scale word of
+   two fields in place (one LOP3: mask, OR the exponent's offset) or after a rotation by 8
+   (SHF, LOP3): 12 instructions for NVFP4's 8 words, 6 for MXFP4's 4, where bf16 scales take a
+   second 16-byte load (measured: BENCHMARKS.md, not built).
+`bytescales` and `full` also run moe-generic or moe-static (`--kernel`).
 With `--clocks` each (preset, T) is also timed beside `nvidia-smi`'s SM clock and board power
 (every 50 ms, ClockSampler), summarized over the samples near the point's highest power (its
 bench replays): a mode that takes work away can also raise the clock the rest runs at, since
 these points run at the GPU's power cap (BENCHMARKS.md: 1538 MHz at 700 W with the weight
 stream, 1980 MHz without, DeepSeek-V3 T=1024).
-Each mode runs in a process of its own with moe_gated.kernel.GatedGemm patched before anything
-compiles (compiled kernels are cached per configuration, not per patch); the shipped kernel is
-unchanged. `consumers`, `producer`, `onecopy`, `nodecode`, `nomma`, `mmaonly`, `noepilogue`
-and `nob` compute wrong results by design (no check).
+Each mode runs in a process of its own with moe_gated.kernel.GatedGemm (bytescales: moe-common's
+records and their loads) patched before anything compiles (compiled kernels are cached per
+configuration, not per patch); the shipped kernel is unchanged. `consumers`, `producer`,
+`onecopy`, `nodecode`, `nomma`, `mmaonly`, `noepilogue`, `nob` and `bytescales` compute wrong
+results by design (no check).
 Rows print as `fused-moe bench` prints them, the kernel labelled with the mode, then a summary
 of each mode's time over the shipped kernel's.
 """
@@ -84,8 +83,8 @@ import sys
 import tempfile
 
 MODES = ("full", "consumers", "producer", "onecopy", "width48", "width16", "width80",
-         "nodecode", "nomma", "mmaonly", "noepilogue", "nob", "smallrec", "bytescales")
-ANY_KERNEL = ("full", "smallrec", "bytescales")  # modes that patch moe-common, not moe-gated
+         "nodecode", "nomma", "mmaonly", "noepilogue", "nob", "bytescales")
+ANY_KERNEL = ("full", "bytescales")  # modes that patch moe-common, not moe-gated
 CHECKED = ("full", "width48", "width16", "width80")  # the modes whose results are right
 
 
@@ -159,15 +158,14 @@ def patch(mode: str) -> None:
     (before anything compiles)."""
     if mode == "full":
         return
-    if mode in ("smallrec", "bytescales"):
+    if mode == "bytescales":
         from moe_common import fragments
         from moe_common.cute import fragment_mma
 
         fragments.scales_to_bf16 = lambda tiles, weight_format: tiles  # the bytes as they come
         fragment_mma.scale_bytes_per_row = lambda weight_format: (
             8 if weight_format == "nvfp4" else 4)
-        if mode == "bytescales":
-            fragment_mma.load_group_words = _load_byte_scale_words
+        fragment_mma.load_group_words = _load_byte_scale_words
         return
     if mode in ("nodecode", "nomma", "mmaonly"):
         from moe_common.cute import wgmma_decode
