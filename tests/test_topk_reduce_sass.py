@@ -31,7 +31,7 @@ def test_a_batch_is_two_round_trips(ids_bytes, paired, weighted, tmp_path):
 
     report = ptxas_report(_PROBE, [ids_bytes, paired, int(weighted)], "*TopkReduce*.ptx",
                           tmp_path)
-    assert "spill" not in report or "0 bytes spill stores" in report, report
+    assert "0 bytes spill stores" in report, report
     disassembler = sass_loops._cuobjdump(ptxas())
     if disassembler is None:
         pytest.skip("no cuobjdump")
