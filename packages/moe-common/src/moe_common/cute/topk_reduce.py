@@ -108,9 +108,8 @@ class TopkReduce:
         if i < items:
             t = i // (hidden // 8)
             c0 = (i - t * (hidden // 8)) * 8  # the chunk's first position in the y row
-            per_block = self.paired // 8  # chunks per block
             # the chunk's first column: its block's, plus 64 / paired per chunk before it
-            col0 = c0 - c0 % self.paired + (c0 % self.paired) // 8 * (8 // per_block)
+            col0 = c0 - c0 % self.paired + (c0 % self.paired) // 8 * (64 // self.paired)
             acc = cute.make_rmem_tensor(cute.make_layout(8), Float32)
             acc.fill(0.0)
             for j0 in cutlass.range(0, top_k, ROUTE_BATCH, unroll=1):
