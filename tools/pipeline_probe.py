@@ -339,7 +339,7 @@ def main(argv=None) -> int:
     ap.add_argument("--mode-timeout", type=float, default=150.0, help="seconds per mode")
     ap.add_argument("--kernel", default="moe-gated",
                     choices=("moe-gated", "moe-generic", "moe-static"),
-                    help=f"the kernel forced (moe-generic: modes {', '.join(ANY_KERNEL)})")
+                    help=f"the kernel forced (other than moe-gated: modes {', '.join(ANY_KERNEL)})")
     ap.add_argument("--clocks", action="store_true",
                     help="sample the SM clock and power beside each point (nvidia-smi)")
     ap.add_argument("--one", choices=MODES, help=argparse.SUPPRESS)  # a child process's mode
