@@ -43,6 +43,7 @@ from cutlass import Float32, Int32, Int64
 from moe_common.cute import jit, ptx
 from moe_common.cute import activation as act
 from moe_common.cute import fragment_mma as fm
+from moe_common.cute.ring import StageRing
 from moe_common.cute.storage import shared_storage
 from moe_common.cute.topk_reduce import fragment_position
 from moe_common.fragments import BLOCK_GROUPS, TILE_K
@@ -301,31 +302,30 @@ class GroupedGemm:
         3. an MMA warp runs the same decode and MMAs per K-tile as _mainloop, waiting only for
            that stage's copies, then releases it (_consume), and writes its rows (_epilogue)."""
         cfg = self.cfg
-        full = s_base + self.storage.offsets["full"]
-        empty = s_base + self.storage.offsets["empty"]
+        off = self.storage.offsets
+        ring = StageRing(cfg.stages, self.stage_bytes, s_base + off["full"],
+                         s_base + off["empty"], (s_base, off["stages"]))
         if warp == 0:
             if lane == 0:
-                for st in cutlass.range_constexpr(cfg.stages):
-                    # bulk copies: one arrival (expect_tx) and the bytes; else each copying thread
-                    ptx.mbarrier_init(full + st * 8,
-                                      1 if cfg.producer_bulk else cfg.producer_warps * 32)
-                    ptx.mbarrier_init(empty + st * 8, cfg.warps * 32)
+                # full: with bulk copies one arrival (expect_tx) and the bytes, else each copying
+                # thread's arrival; empty: every MMA thread's release
+                ring.init(1 if cfg.producer_bulk else cfg.producer_warps * 32, cfg.warps * 32)
                 ptx.fence_mbarrier_init()
         cute.arch.sync_threads()
         if warp >= cfg.warps:
             if cutlass.const_expr(cfg.producer_bulk):
-                self._produce_bulk(ops, lane, bidx, e, p0, p1, s_base, full, empty)
+                self._produce_bulk(ops, lane, bidx, e, p0, p1, ring)
             else:
-                self._produce(ops, warp - cfg.warps, lane, bidx, e, p0, p1, s_base, full, empty)
+                self._produce(ops, warp - cfg.warps, lane, bidx, e, p0, p1, ring)
         else:
             a_warp_off = self.b_bytes + warp * cfg.mw * self.a_group_bytes
             group0 = (bidx * cfg.warps + warp) * cfg.mw
             self._by_width(cfg.live_widths, p1 - p0,
-                           (acc, ops, s_base, lane, b_lane, a_warp_off, full, empty, e, p0, p1,
+                           (acc, ops, ring, lane, b_lane, a_warp_off, e, p0, p1,
                             group0, r, q))
 
     @cute.jit
-    def _produce(self, ops, pw, lane, bidx, e, p0, p1, s_base, full, empty):
+    def _produce(self, ops, pw, lane, bidx, e, p0, p1, ring):
         """Producer warp pw: per K-tile, wait until the stage is free, cp.async into it its share
         of the token rows (two copying threads per row, each 32-byte sector of a row read whole
         by one instruction: thread j of the P warps' 32 P takes row j // 2 + 16 P i, chunks
@@ -351,9 +351,8 @@ class GroupedGemm:
                    for t0, w in zip(starts, served)]
         lag = max(0, cfg.stages - 2)
         for kt in cutlass.range(ops.k_tiles, unroll=1):
-            st = kt % cfg.stages
-            ptx.mbarrier_wait(empty + st * 8, ((kt // cfg.stages) % 2) ^ 1)
-            stage = s_base + st * self.stage_bytes
+            ring.wait_empty(kt)
+            stage = ring.at(kt)
             for i in cutlass.range_constexpr(len(row_src)):
                 if ctid // 2 + rows_per_pass * i < cfg.bn:
                     base, dst, ch0, ok = row_src[i]
@@ -367,16 +366,16 @@ class GroupedGemm:
             ptx.cp_async_commit()
             ptx.cp_async_wait(lag)
             if kt >= lag:
-                ptx.mbarrier_arrive(full + ((kt - lag) % cfg.stages) * 8)
+                ring.arrive_full(kt - lag)
         # the last `lag` stages, once every copy has landed
         ptx.cp_async_wait(0)
         for i in cutlass.range_constexpr(lag):
             kt = ops.k_tiles - lag + i
             if kt >= 0:
-                ptx.mbarrier_arrive(full + (kt % cfg.stages) * 8)
+                ring.arrive_full(kt)
 
     @cute.jit
-    def _produce_bulk(self, ops, lane, bidx, e, p0, p1, s_base, full, empty):
+    def _produce_bulk(self, ops, lane, bidx, e, p0, p1, ring):
         """The producer warp with cfg.producer_bulk: per K-tile, wait until the stage is free;
         one elected lane arrives on its full barrier expecting the stage's bytes and bulk copies
         every MMA warp's weight groups (one record per group); lane n copies
@@ -403,10 +402,9 @@ class GroupedGemm:
         weight_bytes = n_groups * self.a_group_bytes
         tx_bytes = weight_bytes + live * (TILE_K * 2)
         for kt in cutlass.range(ops.k_tiles, unroll=1):
-            st = kt % cfg.stages
-            ptx.mbarrier_wait(empty + st * 8, ((kt // cfg.stages) % 2) ^ 1)
-            stage = s_base + st * self.stage_bytes
-            bar = full + st * 8
+            ring.wait_empty(kt)
+            stage = ring.at(kt)
+            bar = ring.full_bar(kt)
             kt_row_bytes, kt_tx_bytes = TILE_K * 2, tx_bytes
             if cutlass.const_expr(cfg.k_tail):
                 # the last K-tile: its real columns by bulk copy, zeros past them by this lane's
@@ -432,7 +430,7 @@ class GroupedGemm:
                                       src_row + Int64(kt) * (TILE_K * 2), kt_row_bytes, bar)
 
     @cute.jit
-    def _consume(self, live_nb: int, acc, ops, s_base, lane, b_lane, a_warp_off, full, empty, e,
+    def _consume(self, live_nb: int, acc, ops, ring, lane, b_lane, a_warp_off, e,
                  p0, p1, group0, r, q):
         """An MMA warp with producer warps: the K loop (wait for the stage's copies, decode and
         MMA as _mainloop does, release the stage: every thread arrives after its own
@@ -440,13 +438,12 @@ class GroupedGemm:
         then the epilogue."""
         cfg = self.cfg
         for kt in cutlass.range(ops.k_tiles, unroll=1):
-            st = kt % cfg.stages
-            ptx.mbarrier_wait(full + st * 8, (kt // cfg.stages) % 2)
-            stage = s_base + st * self.stage_bytes
+            ring.wait_full(kt)
+            stage = ring.at(kt)
             words = [fm.load_group_words(stage + a_warp_off + gi * self.a_group_bytes, lane,
                                          cfg.weight_format) for gi in range(cfg.mw)]
             fm.mma_ktile(acc, words, stage + b_lane, live_nb, cfg.weight_format)
-            ptx.mbarrier_arrive(empty + st * 8)
+            ring.release(kt)
         self._epilogue(ops, acc, e, p0, p1, group0, r, q)
 
     @cute.jit
