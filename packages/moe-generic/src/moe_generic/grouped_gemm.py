@@ -229,47 +229,87 @@ class GroupedGemm:
 
     # ------------------------------------------------------------------ pieces
     @cute.jit
+    def _bias(self, ops, e, group, r):
+        """The biases of rows r and r + 8 of 16-row group `group` of expert e (always read,
+        zeros when the layer has none: one less compile variant)."""
+        brow = ops.bias + (Int64(e) * Int64(ops.row_groups * 16) + Int64(group * 16 + r)) * 4
+        return ptx.ld_nc_f32(brow), ptx.ld_nc_f32(brow + 32)
+
+    @cute.jit
     def _epilogue(self, ops, acc, e, p0, p1, group0, r, q):
         """Global scale, bias; FC1 the activation into the intermediate, FC2 the router weight
         into y (each (pair, row) written once)."""
         cfg = self.cfg
         gscale = ptx.ld_nc_f32(ops.gscale + Int64(e) * 4)
         if cutlass.const_expr(cfg.phase == "fc2"):
-            # every column's pair (clamped into the tile) and router weight before the first
-            # store, not 2 serial round trips per column after it (Qwen3-30B-A3B T=512 -4.5%)
-            pairs = [ptx.ld_u32(ops.pair_orig + Int64(cutlass.min(p0 + nb * 8 + 2 * q + c,
-                                                                  p1 - 1)) * 4)
-                     for nb in range(self.nb) for c in range(2)]
-            cols = [(pair, ptx.ld_nc_f32(ops.route_w + Int64(pair) * 4)) for pair in pairs]
-        for g in cutlass.range_constexpr(cfg.mw):
-            row0 = (group0 + g) * 16 + r  # blob row of acc[..., 0/1]; +8 for acc[..., 2/3]
-            # bias is always read (zeros when the layer has none): one less compile variant
-            brow = ops.bias + (Int64(e) * Int64(ops.row_groups * 16) + Int64(row0)) * 4
-            b_lo = ptx.ld_nc_f32(brow)
-            b_hi = ptx.ld_nc_f32(brow + 32)
-            for nb in cutlass.range_constexpr(self.nb):
-                for c in cutlass.range_constexpr(2):
-                    p = p0 + nb * 8 + 2 * q + c
-                    if p < p1:
-                        v_lo = acc[g, nb, c] * gscale + b_lo
-                        v_hi = acc[g, nb, 2 + c] * gscale + b_hi
-                        if cutlass.const_expr(cfg.phase == "fc1"):
-                            self._fc1_store(ops.out, ops.out_stride, p, group0 + g, r, v_lo, v_hi,
-                                           ops.act_alpha, ops.act_beta, ops.act_limit)
-                        else:
-                            self._fc2_store(ops, cols[2 * nb + c], group0 + g, r, v_lo, v_hi)
+            self._epilogue_fc2(ops, acc, gscale, e, p0, p1, group0, r, q)
+        else:
+            self._epilogue_fc1(ops, acc, gscale, e, p0, p1, group0, r, q)
 
     @cute.jit
-    def _fc2_store(self, ops, route, group, r, v_lo, v_hi):
-        """y rows r and r + 8 of 16-row group `group`, times the router weight, as one bf16x2
-        word: y's rows are in the paired order of Y_BLOCK (moe_common.cute.topk_reduce), where
-        they sit side by side, so a warp instruction writes 4 tokens x 32 contiguous bytes (a
-        sector each). out_rows is a multiple of 32: a group is in or out."""
-        pair, wgt = route
-        if group * 16 < ops.out_rows:
-            col = fragment_position(group * 16, r, 0, 0, 1)
-            dst = ops.out + (Int64(pair) * Int64(ops.out_stride) + Int64(col)) * 2
-            ptx.st_u32(dst, ptx.bf16x2_from_f32(v_lo * wgt, v_hi * wgt))
+    def _epilogue_fc1(self, ops, acc, gscale, e, p0, p1, group0, r, q):
+        """inter[p] = act(acc x gscale + bias) in bf16: per column (token slot) the address of
+        its intermediate row at this thread's first group (the next group's is an immediate
+        offset on), then per group its biases and one store per column (relu2: two), each
+        predicated on the column holding one of the tile's pairs (no branch per column; a
+        dead column's activation runs on whatever its accumulators hold and is not stored).
+        Gated: gate (row r) and up (row r + 8) of intermediate column 8 group + r; relu2:
+        rows r and r + 8 are intermediate columns 16 group + r and + 8."""
+        cfg = self.cfg
+        per_group = 8 if cfg.gated else 16  # intermediate columns per 16-row group
+        rows = [ops.out + (Int64(p0 + nb * 8 + 2 * q + c) * Int64(ops.out_stride)
+                           + Int64(group0 * per_group + r)) * 2
+                for nb in range(self.nb) for c in range(2)]
+        for g in cutlass.range_constexpr(cfg.mw):
+            b_lo, b_hi = self._bias(ops, e, group0 + g, r)
+            for nb in cutlass.range_constexpr(self.nb):
+                for c in cutlass.range_constexpr(2):
+                    live = p0 + nb * 8 + 2 * q + c < p1
+                    v_lo = acc[g, nb, c] * gscale + b_lo
+                    v_hi = acc[g, nb, 2 + c] * gscale + b_hi
+                    dst = rows[2 * nb + c] + 2 * per_group * g
+                    if cutlass.const_expr(cfg.gated):
+                        h = act.gated(cfg.activation, v_lo, v_hi, ops.act_alpha, ops.act_beta,
+                                      ops.act_limit)
+                        ptx.st_u16_if(dst, ptx.bf16x2_from_f32(h, h), live)
+                    else:
+                        a, b = act.relu2(v_lo), act.relu2(v_hi)
+                        ptx.st_u16_if(dst, ptx.bf16x2_from_f32(a, a), live)
+                        ptx.st_u16_if(dst + 16, ptx.bf16x2_from_f32(b, b), live)
+
+    @cute.jit
+    def _epilogue_fc2(self, ops, acc, gscale, e, p0, p1, group0, r, q):
+        """y = (acc x gscale + bias) x router weight, rows r and r + 8 of each group as one
+        bf16x2 word: y's rows are in the paired order of Y_BLOCK (moe_common.cute.topk_reduce),
+        where they sit side by side, so a warp instruction writes 4 tokens x 32 contiguous
+        bytes (a sector each). Steps:
+        1. per column (token slot): its pair (clamped into the tile) and router weight, every
+           load issued before the first store (not 2 serial round trips per column after it:
+           Qwen3-30B-A3B T=512 -4.5%), and the address of its y row at this thread's first
+           group's columns (the next group's are 32 bytes on: an immediate offset);
+        2. per group inside y's rows (out_rows is a multiple of 32: a group is in or out, one
+           warp-uniform branch): its biases, then one store per column, predicated on the
+           column holding one of the tile's pairs (no branch per column)."""
+        cfg = self.cfg
+        cols = []
+        for nb in cutlass.range_constexpr(self.nb):
+            for c in cutlass.range_constexpr(2):
+                p = p0 + nb * 8 + 2 * q + c
+                pair = ptx.ld_u32(ops.pair_orig + Int64(cutlass.min(p, p1 - 1)) * 4)
+                cols.append((p, pair, ptx.ld_nc_f32(ops.route_w + Int64(pair) * 4)))
+        col0 = fragment_position(group0 * 16, r, 0, 0, 1)
+        dsts = [ops.out + (Int64(pair) * Int64(ops.out_stride) + Int64(col0)) * 2
+                for _, pair, _ in cols]
+        for g in cutlass.range_constexpr(cfg.mw):
+            if (group0 + g) * 16 < ops.out_rows:
+                b_lo, b_hi = self._bias(ops, e, group0 + g, r)
+                for nb in cutlass.range_constexpr(self.nb):
+                    for c in cutlass.range_constexpr(2):
+                        p, _, wgt = cols[2 * nb + c]
+                        v_lo = acc[g, nb, c] * gscale + b_lo
+                        v_hi = acc[g, nb, 2 + c] * gscale + b_hi
+                        ptx.st_u32_if(dsts[2 * nb + c] + 32 * g,
+                                      ptx.bf16x2_from_f32(v_lo * wgt, v_hi * wgt), p < p1)
 
     @cute.jit
     def _by_width(self, widths: tuple, width, loop_args):
@@ -530,15 +570,3 @@ class GroupedGemm:
             ptx.cp_async_16(dst + lane * 32 + 16, rec + Int64(lane) * 32 + 16)
             if lane < scale_chunks:
                 ptx.cp_async_16(dst + 1024 + lane * 16, rec + 1024 + Int64(lane) * 16)
-
-    @cute.jit
-    def _fc1_store(self, out, out_stride, p, group, r, v_lo, v_hi, alpha, beta, limit):
-        cfg = self.cfg
-        row = out + Int64(p) * Int64(out_stride) * 2
-        if cutlass.const_expr(cfg.gated):
-            h = act.gated(cfg.activation, v_lo, v_hi, alpha, beta, limit)
-            ptx.st_u16(row + Int64(group * 8 + r) * 2, ptx.bf16x2_from_f32(h, h))
-        else:  # relu2: rows r and r + 8 are intermediate rows 16*group + r and + 8
-            a, b = act.relu2(v_lo), act.relu2(v_hi)
-            ptx.st_u16(row + Int64(group * 16 + r) * 2, ptx.bf16x2_from_f32(a, a))
-            ptx.st_u16(row + Int64(group * 16 + 8 + r) * 2, ptx.bf16x2_from_f32(b, b))

@@ -242,6 +242,14 @@ def st_v4_f32(addr, a, b, c, d, *, loc=None, ip=None):
 
 
 @dsl_user_op
+def st_u16_if(addr, a, pred, *, loc=None, ip=None):
+    """st_u16 where pred != 0 (predicated, no branch)."""
+    _stmt([Int64(addr).ir_value(loc=loc, ip=ip), _i32(pred, loc, ip), _i32(a, loc, ip)],
+          "{\n.reg .pred p;\n.reg .b16 t;\nsetp.ne.u32 p, $1, 0;\ncvt.u16.u32 t, $2;\n"
+          "@p st.global.u16 [$0], t;\n}", "l,r,r")
+
+
+@dsl_user_op
 def st_u32_if(addr, a, pred, *, loc=None, ip=None):
     """4-byte global store where pred != 0 (predicated, no branch)."""
     _stmt([Int64(addr).ir_value(loc=loc, ip=ip), _i32(pred, loc, ip), _i32(a, loc, ip)],
