@@ -85,9 +85,12 @@ for fmt in ("nvfp4", "mxfp4"):
 def test_bulk_producer_copies_by_bulk_copies_only(tmp_path):
     """The 32-token tiles' producer (GemmConfig.producer_bulk): per K-tile one elected lane
     arrives expecting the bytes and starts the copy of the 8 weight groups (one block of
-    records, side by side), and each lane its token row's copy, all completing on the full
+    records, side by side); in FC1 each lane its token row's copy, in FC2 the elected lane the
+    tile's rows of the intermediate as one run (grouped_gemm.INTERMEDIATE_ROW: no copy from
+    lane-varying addresses, which ptxas serializes over the lanes), all completing on the full
     barrier (2 bulk copies in the PTX); no 16-byte cp.async, commit group or wait_group is
     left. With a K tail it zeroes the tail itself (k_tail)."""
+    from moe_common.testing import inline_asm_blocks
     import os
     import subprocess
     import sys
@@ -103,6 +106,10 @@ def test_bulk_producer_copies_by_bulk_copies_only(tmp_path):
         assert "elect.sync" in text and "mbarrier.arrive.expect_tx" in text, name
         assert "cp.async.cg" not in text and "cp.async.wait_group" not in text, name
         assert text.count("bar.sync") == 1, name
+        copying = [b for b in inline_asm_blocks(text)[0] if "cp.async.bulk" in b]
+        elected = [b for b in copying if "elect.sync" in b]
+        assert len(elected) == 1, name
+        assert elected[0].count("cp.async.bulk") == (2 if "fc2" in name else 1), name
         # a tail: the producer zeroes the last K-tile's columns past K, then the warp barrier
         # orders those stores before the elected arrival
         tail = "tail" in name

@@ -48,6 +48,15 @@ from moe_common.cute.topk_reduce import fragment_position
 from moe_common.fragments import BLOCK_GROUPS, TILE_K
 
 SMEM_ROW_BYTES = fm.B_ROW_BYTES  # 272: conflict-free ldmatrix B-fragment reads
+# The intermediate FC1 writes and FC2 reads: K-tile-major blocks of rows padded as B's rows are
+# in shared memory, element (p, k) at (k // 128) x P x SMEM_ROW_BYTES + p x SMEM_ROW_BYTES +
+# (k % 128) x 2 (the runner's buffer [Ip / 128, P, SMEM_ROW_BYTES / 2]). A tile's rows p0 ..
+# p0 + live - 1 of one K-tile are then one run of live x SMEM_ROW_BYTES bytes: FC2's bulk
+# producer copies them with one copy from the elected lane, where rows of [P, Ip] took a bulk
+# copy per row, each issued by its own lane, which ptxas serializes over the active lanes
+# (ELECT, 3 R2UR, UBLKCP, ...: 9 SASS per row and K-tile, ~290 for 32 rows beside the 4 MMA
+# warps' 4 x 319). The 8 padding columns of a row are copied and never read.
+INTERMEDIATE_ROW = SMEM_ROW_BYTES // 2  # elements
 # Columns per block of FC2's paired y order (moe_common.cute.topk_reduce): a 16-row group's rows
 # r and r + 8, which one thread holds, sit side by side, so they go out as one bf16x2 store.
 Y_BLOCK = 16
@@ -59,14 +68,16 @@ launch (FC1 or FC2), in kernel-parameter order: the runner builds them per launc
 with jit.example(GemmOperands).""", [
     # (first jit.GROUPED_GEMM_FIELDS: the GEMM's packed weights and the routing's tiles)
     # B's rows: FC1 token row order[p] // row_div of src (w4a16: x, row_div = k; w4a4: the
-    # pairs' quantized rows, 1), FC2 row p of the intermediate; the row stride in elements, the
+    # pairs' quantized rows, 1), FC2 row p of the intermediate; the row stride in elements and
+    # (FC2) the bytes from one K-tile's block of rows to the next (INTERMEDIATE_ROW); the
     # real K (columns past it read as 0), the K-tiles and the 16-row weight groups per expert
-    ("row_div", Int32), ("src", Int64), ("src_stride", Int32), ("k_real", Int32),
-    ("k_tiles", Int32), ("row_groups", Int32),
-    # the output: FC1 the bf16 intermediate [P, Ip], FC2 y [P, H] bf16 (stride, rows), with
-    # FC2's original pair index per sorted position and the router weights (fp32 [P])
-    ("out", Int64), ("out_stride", Int32), ("out_rows", Int32), ("pair_orig", Int64),
-    ("route_w", Int64),
+    ("row_div", Int32), ("src", Int64), ("src_stride", Int32), ("src_kt_bytes", Int32),
+    ("k_real", Int32), ("k_tiles", Int32), ("row_groups", Int32),
+    # the output: FC1 the bf16 intermediate (INTERMEDIATE_ROW: row stride, K-tile block
+    # bytes), FC2 y [P, H] bf16 (stride H; out_kt_bytes unused), its rows, with FC2's original
+    # pair index per sorted position and the router weights (fp32 [P])
+    ("out", Int64), ("out_stride", Int32), ("out_kt_bytes", Int32), ("out_rows", Int32),
+    ("pair_orig", Int64), ("route_w", Int64),
     # the activation's run-time parameters (FC1; moe_common.types.Activation)
     ("act_alpha", Float32), ("act_beta", Float32), ("act_limit", Float32),
 ])
@@ -209,7 +220,7 @@ class GroupedGemm:
 
             if cutlass.const_expr(cfg.producer_warps == 0):
                 sources = [self._chunk_source(tidx + it * self.threads, p0, p1, ops.order, ops.row_div,
-                                              ops.src, ops.src_stride)
+                                              ops.src, ops.src_stride, self._b_kt_bytes(ops))
                            for it in range(self.b_iters)]
 
                 # ---- mainloop, specialised on the tile's live width: an expert's last tile is
@@ -254,20 +265,22 @@ class GroupedGemm:
         predicated on the column holding one of the tile's pairs (no branch per column; a
         dead column's activation runs on whatever its accumulators hold and is not stored).
         Gated: gate (row r) and up (row r + 8) of intermediate column 8 group + r; relu2:
-        rows r and r + 8 are intermediate columns 16 group + r and + 8."""
+        rows r and r + 8 are intermediate columns 16 group + r and + 8. A group's columns lie in
+        one K-tile block of the intermediate (INTERMEDIATE_ROW)."""
         cfg = self.cfg
         per_group = 8 if cfg.gated else 16  # intermediate columns per 16-row group
-        rows = [ops.out + (Int64(p0 + nb * 8 + 2 * q + c) * Int64(ops.out_stride)
-                           + Int64(group0 * per_group + r)) * 2
+        rows = [ops.out + (Int64(p0 + nb * 8 + 2 * q + c) * Int64(ops.out_stride) + Int64(r)) * 2
                 for nb in range(self.nb) for c in range(2)]
         for g in cutlass.range_constexpr(cfg.mw):
             b_lo, b_hi = self._bias(ops, e, group0 + g, r)
+            col = (group0 + g) * per_group  # the group's first intermediate column
+            at = Int64(col // TILE_K) * Int64(ops.out_kt_bytes) + Int64(col % TILE_K) * 2
             for nb in cutlass.range_constexpr(self.nb):
                 for c in cutlass.range_constexpr(2):
                     live = p0 + nb * 8 + 2 * q + c < p1
                     v_lo = acc[g, nb, c] * gscale + b_lo
                     v_hi = acc[g, nb, 2 + c] * gscale + b_hi
-                    dst = rows[2 * nb + c] + 2 * per_group * g
+                    dst = rows[2 * nb + c] + at
                     if cutlass.const_expr(cfg.gated):
                         h = act.gated(cfg.activation, v_lo, v_hi, ops.act_alpha, ops.act_beta,
                                       ops.act_limit)
@@ -380,7 +393,8 @@ class GroupedGemm:
         rows_per_pass = 16 * npw
         half = ctid % 2  # the chunks of the row this thread copies: half, half + 2, ...
         row_src = [self._chunk_source((ctid // 2 + rows_per_pass * i) * 16 + half, p0, p1,
-                                      ops.order, ops.row_div, ops.src, ops.src_stride)
+                                      ops.order, ops.row_div, ops.src, ops.src_stride,
+                                      self._b_kt_bytes(ops))
                    for i in range(-(-cfg.bn // rows_per_pass))]
         served = [pw + npw * j for j in range(-(-cfg.warps // npw))]  # MMA warps pw + P j
         # per served warp: where its groups' records start, its stage slice
@@ -396,10 +410,10 @@ class GroupedGemm:
             stage = s_base + st * self.stage_bytes
             for i in cutlass.range_constexpr(len(row_src)):
                 if ctid // 2 + rows_per_pass * i < cfg.bn:
-                    base, dst, ch0, ok = row_src[i]
+                    base, dst, ch0, ok, kt_bytes = row_src[i]
                     for j in cutlass.range_constexpr(TILE_K // 16):
-                        self._copy_chunk((base + Int64(j * 32), dst + j * 32, ch0 + 2 * j, ok),
-                                         kt, ops.k_real, ops.src, stage)
+                        self._copy_chunk((base + Int64(j * 32), dst + j * 32, ch0 + 2 * j, ok,
+                                          kt_bytes), kt, ops.k_real, ops.src, stage)
             for j in cutlass.range_constexpr(len(weights)):
                 w_src, a_off, w = weights[j]
                 if w < cfg.warps:
@@ -419,21 +433,24 @@ class GroupedGemm:
     def _produce_bulk(self, ops, lane, bidx, e, p0, p1, s_base, full, empty):
         """The producer warp with cfg.producer_bulk: per K-tile, wait until the stage is free;
         one elected lane arrives on its full barrier expecting the stage's bytes and bulk copies
-        every MMA warp's weight groups (one record per group); lane n copies
-        live token row n (one 256-byte copy; with cfg.k_tail the last K-tile's real bytes, and
-        zeros past them). The barrier completes when the bytes have landed."""
+        every MMA warp's weight groups (one record per group) and, in FC2, the tile's live rows
+        of the intermediate (one run: INTERMEDIATE_ROW); in FC1 lane n copies live token row
+        n (one 256-byte copy; with cfg.k_tail the last K-tile's real bytes, and zeros past them).
+        The barrier completes when the bytes have landed."""
         cfg = self.cfg
+        fc2 = cfg.phase == "fc2"
         live = cutlass.min(p1 - p0, cfg.bn)
-        rows = []  # per pass over the tile's rows: (row n, its source row's address)
-        for i in cutlass.range_constexpr(-(-cfg.bn // 32)):
+        rows = []  # FC1, per pass over the tile's rows: (row n, its source row's address)
+        for i in cutlass.range_constexpr(0 if fc2 else -(-cfg.bn // 32)):
             n = i * 32 + lane
             src_row = ops.src  # never read past the tile
             if n < live:
-                row = p0 + n  # FC2 reads the intermediate in sorted order
-                if cutlass.const_expr(cfg.phase == "fc1"):
-                    row = ptx.ld_u32(ops.order + Int64(p0 + n) * 4) // ops.row_div
+                row = ptx.ld_u32(ops.order + Int64(p0 + n) * 4) // ops.row_div
                 src_row = ops.src + Int64(row) * Int64(ops.src_stride) * 2
             rows.append((n, src_row))
+        # FC2: the tile's rows p0 .. p0 + live - 1 at K-tile 0, contiguous rows of SMEM_ROW_BYTES
+        run_src = ops.src + Int64(p0) * Int64(ops.src_stride) * 2
+        run_bytes = live * SMEM_ROW_BYTES
         # the record index (fm.record_index) of each block of the CTA's groups at K-tile 0, in
         # stage order: one copy per block and K-tile
         n_groups = cfg.warps * cfg.mw
@@ -441,7 +458,7 @@ class GroupedGemm:
         blocks = [fm.record_index(e, bidx * n_groups + j, 0, ops.row_groups, ops.k_tiles)
                   for j in range(0, n_groups, BLOCK_GROUPS)]
         weight_bytes = n_groups * self.a_group_bytes
-        tx_bytes = weight_bytes + live * (TILE_K * 2)
+        tx_bytes = weight_bytes + (run_bytes if fc2 else live * (TILE_K * 2))
         for kt in cutlass.range(ops.k_tiles, unroll=1):
             st = kt % cfg.stages
             ptx.mbarrier_wait(empty + st * 8, ((kt // cfg.stages) % 2) ^ 1)
@@ -464,6 +481,8 @@ class GroupedGemm:
                 t = blocks[j] + Int64(kt) * BLOCK_GROUPS
                 copies.append((stage + self.b_bytes + j * block,
                                ops.records + t * self.a_group_bytes, block))
+            if cutlass.const_expr(fc2):
+                copies.append((stage, run_src + Int64(kt) * Int64(ops.src_kt_bytes), run_bytes))
             ptx.bulk_copies_g2s_elected(bar, kt_tx_bytes, copies)
             for i in cutlass.range_constexpr(len(rows)):
                 n, src_row = rows[i]
@@ -513,9 +532,15 @@ class GroupedGemm:
                                          cfg.weight_format) for g in range(cfg.mw)]
             fm.mma_ktile(acc, words, stage + b_lane, live_nb, cfg.weight_format)
 
+    def _b_kt_bytes(self, ops):
+        """Bytes from one K-tile of B's source rows to the next: FC1 reads row-major rows (x or
+        the w4a4 rows), FC2 the intermediate's K-tile blocks (INTERMEDIATE_ROW)."""
+        return TILE_K * 2 if self.cfg.phase == "fc1" else ops.src_kt_bytes
+
     @cute.jit
-    def _chunk_source(self, c, p0, p1, order, row_div, src, src_stride):
-        """Where B chunk c (a token row's 16-byte piece ch of each K-tile) comes from and goes to.
+    def _chunk_source(self, c, p0, p1, order, row_div, src, src_stride, kt_bytes):
+        """Where B chunk c (a token row's 16-byte piece ch of each K-tile) comes from and goes to,
+        and the bytes from one K-tile's piece to the next (_b_kt_bytes).
 
         Computed once per tile, outside the K loop: the row gather (order[p] // row_div) is a
         dependent global load that would otherwise stall every K-tile's copies.
@@ -534,17 +559,17 @@ class GroupedGemm:
                 row = ptx.ld_u32(order + Int64(p) * 4) // row_div
             base = src + (Int64(row) * Int64(src_stride) + Int64(ch * 8)) * 2
             ok = Int32(1)
-        return base, dst, ch, ok
+        return base, dst, ch, ok, kt_bytes
 
     @cute.jit
     def _copy_chunk(self, source, kt, k_real, src, stage_base):
-        base, dst, ch, ok = source
+        base, dst, ch, ok, kt_bytes = source
         k0 = kt * TILE_K + ch * 8
         nbytes = Int32(0)
         gaddr = src  # any valid address when nothing is read (zero-fill)
         if ok != Int32(0):
             if k0 < k_real:
-                gaddr = base + Int64(kt) * (TILE_K * 2)
+                gaddr = base + Int64(kt) * Int64(kt_bytes)
                 nbytes = Int32(16)
         ptx.cp_async_16_zfill(stage_base + dst, gaddr, nbytes)
 
