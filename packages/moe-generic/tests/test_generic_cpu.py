@@ -154,9 +154,11 @@ def test_fc2_epilogue_loads_before_its_stores(tmp_path):
     """FC2's epilogue loads every column's pair index (and from it the router weight) before
     its first store to y. The pair index is a coherent load, kept in program order with the
     stores, and the weight's load needs it: one per column between the stores made 2 serial
-    round trips per column and group (48 per 48-token tile), now 2 in all. In the PTX: the
-    coherent loads (ld.global.u32) in one run before each epilogue's stores (one epilogue per
-    mainloop body with the producer warp); ptxas schedules the read-only (.nc) loads itself.
+    round trips per column and group (48 per 48-token tile), now 2 in all (none with the
+    producer warp, which stages them in shared memory: tests/test_generic_round_trips_sass.py).
+    In the PTX: a coherent load (ld.global.u32) follows a store fewer times than there are
+    epilogues (one per mainloop body with the producer warp): an epilogue's loads come before
+    its stores; ptxas schedules the read-only (.nc) loads itself.
     The stores are y's bf16x2 words (b069cd2: one 4-byte store per token and group), never
     fp32, each predicated on its column holding a pair of the tile (no branch per column:
     the epilogue of the 32-token tile went from 392 to 223 SASS)."""

@@ -30,7 +30,9 @@ side, so one copy; with GemmConfig.k_tail it zeroes the last K-tile past the rea
 Epilogues apply the fp32 global scale (x the activation global scale in w4a4) and bias; FC1
 applies the activation with gate (row r) and up (row r + 8) of the same j in the same lane
 (weights repacked so), FC2 the router weight and writes each (pair, h) exactly once, with y's
-columns in the paired order of Y_BLOCK, so the top-k sum afterwards is deterministic.
+columns in the paired order of Y_BLOCK, so the top-k sum afterwards is deterministic. With a
+producer warp, FC2's pair indices and router weights reach the epilogue through a shared table
+that warp fills after its last copy (_stage_columns), not by two dependent loads after the K loop.
 """
 from __future__ import annotations
 
@@ -152,6 +154,10 @@ class GroupedGemm:
         assert self.b_chunks % self.threads == 0
         self.b_iters = self.b_chunks // self.threads
         bars = cfg.stages if cfg.producer_warps else 0
+        # FC2 with a producer warp: it stages each token slot's (pair, router weight) for the
+        # epilogue (_stage_columns), completing the `columns` barrier
+        self.staged_columns = cfg.phase == "fc2" and cfg.producer_warps == 1
+        slots = cfg.bn if self.staged_columns else 0
         mem = cute.struct.MemRange
         self.storage = shared_storage("GroupedGemmStorage", {
             "stages": cute.struct.Align[mem[cutlass.Uint8, cfg.stages * self.stage_bytes], 128],
@@ -159,6 +165,8 @@ class GroupedGemm:
             # threads' releases (_warp_specialized)
             "full": mem[cutlass.Int64, bars],
             "empty": mem[cutlass.Int64, bars],
+            "columns": mem[cutlass.Int64, 1 if slots else 0],
+            "table": mem[cutlass.Int64, slots],  # per slot: pair (low word), weight (high)
             "end": mem[cutlass.Uint8, 0],  # the bytes used (the struct's size pads to 128)
         })
         self.smem_bytes = self.storage.offsets["end"]
@@ -191,10 +199,15 @@ class GroupedGemm:
         ptx.grid_dependency_wait()  # first: see jit.PDL
         bidx, bidy, _ = cute.arch.block_idx()
         tile = bidy
-        if tile < ptx.ld_u32(ops.num_tiles):
-            e = ptx.ld_u32(ops.tile_expert + Int64(tile) * 4)
-            p0 = ptx.ld_u32(ops.tile_start + Int64(tile) * 4)
-            p1 = ptx.ld_u32(ops.tile_end + Int64(tile) * 4)
+        # the tile's fields are loaded with the tile count, not after it (one round trip before
+        # the first copy, not two; relaxed loads, which ptxas does not sink into the branch): the
+        # table holds at least gridDim.y entries (runner.tiles_capacity), those past the count
+        # stale and unused
+        count = ptx.ld_u32(ops.num_tiles)
+        e = ptx.ld_relaxed_u32(ops.tile_expert + Int64(tile) * 4)
+        p0 = ptx.ld_relaxed_u32(ops.tile_start + Int64(tile) * 4)
+        p1 = ptx.ld_relaxed_u32(ops.tile_end + Int64(tile) * 4)
+        if tile < count:
             warp = tidx // 32
             lane = tidx % 32
             r = lane // 4
@@ -234,34 +247,41 @@ class GroupedGemm:
                              w_warp, a_warp_off)
                 self._by_width(cfg.live_widths, p1 - p0, loop_args)
                 ptx.cp_async_wait(0)
-                self._epilogue(ops, acc, e, p0, p1, group0, r, q)
+                self._epilogue(ops, acc, e, None, p0, p1, group0, r, q)
             else:
                 self._warp_specialized(ops, acc, e, p0, p1, bidx, warp, lane, r, q, s_base, b_lane)
 
     # ------------------------------------------------------------------ pieces
     @cute.jit
-    def _bias(self, ops, e, group, r):
-        """The biases of rows r and r + 8 of 16-row group `group` of expert e (always read,
-        zeros when the layer has none: one less compile variant)."""
-        brow = ops.bias + (Int64(e) * Int64(ops.row_groups * 16) + Int64(group * 16 + r)) * 4
-        return ptx.ld_nc_f32(brow), ptx.ld_nc_f32(brow + 32)
-
-    @cute.jit
-    def _epilogue(self, ops, acc, e, p0, p1, group0, r, q):
-        """Global scale, bias; FC1 the activation into the intermediate, FC2 the router weight
-        into y (each (pair, row) written once)."""
-        cfg = self.cfg
+    def _epilogue_operands(self, ops, e, group0, r):
+        """Expert e's global scale and the biases of rows r and r + 8 of this thread's groups
+        (always read, zeros when the layer has none: one less compile variant), all loaded
+        together at the epilogue's start (before the K loop they take 5 more registers: FC2's
+        32-token tiles at 112, 3 CTAs per SM, or spilling inside the K loop at 96)."""
         gscale = ptx.ld_nc_f32(ops.gscale + Int64(e) * 4)
-        if cutlass.const_expr(cfg.phase == "fc2"):
-            self._epilogue_fc2(ops, acc, gscale, e, p0, p1, group0, r, q)
-        else:
-            self._epilogue_fc1(ops, acc, gscale, e, p0, p1, group0, r, q)
+        biases = []
+        for g in cutlass.range_constexpr(self.cfg.mw):
+            brow = ops.bias + (Int64(e) * Int64(ops.row_groups * 16)
+                               + Int64((group0 + g) * 16 + r)) * 4
+            biases.append((ptx.ld_nc_f32(brow), ptx.ld_nc_f32(brow + 32)))
+        return gscale, biases
 
     @cute.jit
-    def _epilogue_fc1(self, ops, acc, gscale, e, p0, p1, group0, r, q):
+    def _epilogue(self, ops, acc, e, cols, p0, p1, group0, r, q):
+        """Global scale, bias; FC1 the activation into the intermediate, FC2 the router weight
+        into y (each (pair, row) written once; cols: the shared table of _stage_columns, or None
+        to load the columns here)."""
+        pre = self._epilogue_operands(ops, e, group0, r)
+        if cutlass.const_expr(self.cfg.phase == "fc2"):
+            self._epilogue_fc2(ops, acc, pre, cols, p0, p1, group0, r, q)
+        else:
+            self._epilogue_fc1(ops, acc, pre, p0, p1, group0, r, q)
+
+    @cute.jit
+    def _epilogue_fc1(self, ops, acc, pre, p0, p1, group0, r, q):
         """inter[p] = act(acc x gscale + bias) in bf16: per column (token slot) the address of
         its intermediate row at this thread's first group (the next group's is an immediate
-        offset on), then per group its biases and one store per column (relu2: two), each
+        offset on), then per group one store per column (relu2: two), each
         predicated on the column holding one of the tile's pairs (no branch per column; a
         dead column's activation runs on whatever its accumulators hold and is not stored).
         Gated: gate (row r) and up (row r + 8) of intermediate column 8 group + r; relu2:
@@ -269,10 +289,11 @@ class GroupedGemm:
         one K-tile block of the intermediate (INTERMEDIATE_ROW)."""
         cfg = self.cfg
         per_group = 8 if cfg.gated else 16  # intermediate columns per 16-row group
+        gscale, biases = pre
         rows = [ops.out + (Int64(p0 + nb * 8 + 2 * q + c) * Int64(ops.out_stride) + Int64(r)) * 2
                 for nb in range(self.nb) for c in range(2)]
         for g in cutlass.range_constexpr(cfg.mw):
-            b_lo, b_hi = self._bias(ops, e, group0 + g, r)
+            b_lo, b_hi = biases[g]
             col = (group0 + g) * per_group  # the group's first intermediate column
             at = Int64(col // TILE_K) * Int64(ops.out_kt_bytes) + Int64(col % TILE_K) * 2
             for nb in cutlass.range_constexpr(self.nb):
@@ -291,34 +312,45 @@ class GroupedGemm:
                         ptx.st_u16_if(dst + 16, ptx.bf16x2_from_f32(b, b), live)
 
     @cute.jit
-    def _epilogue_fc2(self, ops, acc, gscale, e, p0, p1, group0, r, q):
+    def _epilogue_fc2(self, ops, acc, pre, cols, p0, p1, group0, r, q):
         """y = (acc x gscale + bias) x router weight, rows r and r + 8 of each group as one
         bf16x2 word: y's rows are in the paired order of Y_BLOCK (moe_common.cute.topk_reduce),
         where they sit side by side, so a warp instruction writes 4 tokens x 32 contiguous
         bytes (a sector each). Steps:
-        1. per column (token slot): its pair (clamped into the tile) and router weight, every
-           load issued before the first store (not 2 serial round trips per column after it:
-           Qwen3-30B-A3B T=512 -4.5%), and the address of its y row at this thread's first
-           group's columns (the next group's are 32 bytes on: an immediate offset);
+        1. per column (token slot): its pair and router weight, from the shared table the
+           producer warp filled (cols: _stage_columns, once its barrier completes), else loaded
+           here (clamped into the tile), every load issued before the first store (not 2 serial
+           round trips per column after it: Qwen3-30B-A3B T=512 -4.5%), and the address of its y
+           row at this thread's first group's columns (the next group's are 32 bytes on: an
+           immediate offset);
         2. per group inside y's rows (out_rows is a multiple of 32: a group is in or out, one
-           warp-uniform branch): its biases, then one store per column, predicated on the
-           column holding one of the tile's pairs (no branch per column)."""
+           warp-uniform branch): one store per column, predicated on the column holding one of
+           the tile's pairs (no branch per column)."""
         cfg = self.cfg
-        cols = []
+        gscale, biases = pre
+        if cutlass.const_expr(cols is not None):
+            table, bar = cols
+            ptx.mbarrier_wait(bar, 0)
+        columns = []
         for nb in cutlass.range_constexpr(self.nb):
             for c in cutlass.range_constexpr(2):
-                p = p0 + nb * 8 + 2 * q + c
-                pair = ptx.ld_u32(ops.pair_orig + Int64(cutlass.min(p, p1 - 1)) * 4)
-                cols.append((p, pair, ptx.ld_nc_f32(ops.route_w + Int64(pair) * 4)))
+                n = nb * 8 + 2 * q + c
+                if cutlass.const_expr(cols is not None):
+                    pair, w_bits = ptx.ld_shared_v2(table + n * 8)
+                    wgt = ptx.f32_bits(w_bits)
+                else:
+                    pair = ptx.ld_u32(ops.pair_orig + Int64(cutlass.min(p0 + n, p1 - 1)) * 4)
+                    wgt = ptx.ld_nc_f32(ops.route_w + Int64(pair) * 4)
+                columns.append((p0 + n, pair, wgt))
         col0 = fragment_position(group0 * 16, r, 0, 0, 1)
         dsts = [ops.out + (Int64(pair) * Int64(ops.out_stride) + Int64(col0)) * 2
-                for _, pair, _ in cols]
+                for _, pair, _ in columns]
         for g in cutlass.range_constexpr(cfg.mw):
             if (group0 + g) * 16 < ops.out_rows:
-                b_lo, b_hi = self._bias(ops, e, group0 + g, r)
+                b_lo, b_hi = biases[g]
                 for nb in cutlass.range_constexpr(self.nb):
                     for c in cutlass.range_constexpr(2):
-                        p, _, wgt = cols[2 * nb + c]
+                        p, _, wgt = columns[2 * nb + c]
                         v_lo = acc[g, nb, c] * gscale + b_lo
                         v_hi = acc[g, nb, 2 + c] * gscale + b_hi
                         ptx.st_u32_if(dsts[2 * nb + c] + 32 * g,
@@ -352,10 +384,18 @@ class GroupedGemm:
         2. a producer warp streams K-tile after K-tile into the ring (_produce), waiting only
            for the stage it refills to be released;
         3. an MMA warp runs the same decode and MMAs per K-tile as _mainloop, waiting only for
-           that stage's copies, then releases it (_consume), and writes its rows (_epilogue)."""
+           that stage's copies, then releases it (_consume), and writes its rows (_epilogue);
+        4. FC2 with one producer warp: that warp loads the tile's pair indices before its K
+           loop and, after it, their router weights into a shared table (_stage_columns), which
+           the epilogue reads once the `columns` barrier completes: the epilogue starts without
+           a round trip for them (only for its global scale and biases)."""
         cfg = self.cfg
         full = s_base + self.storage.offsets["full"]
         empty = s_base + self.storage.offsets["empty"]
+        cols = None
+        if cutlass.const_expr(self.staged_columns):
+            cols = (s_base + self.storage.offsets["table"],
+                    s_base + self.storage.offsets["columns"])
         if warp == 0:
             if lane == 0:
                 for st in cutlass.range_constexpr(cfg.stages):
@@ -363,19 +403,45 @@ class GroupedGemm:
                     ptx.mbarrier_init(full + st * 8,
                                       1 if cfg.producer_bulk else cfg.producer_warps * 32)
                     ptx.mbarrier_init(empty + st * 8, cfg.warps * 32)
+                if cutlass.const_expr(self.staged_columns):
+                    ptx.mbarrier_init(cols[1], 32)  # the producer warp's lanes
                 ptx.fence_mbarrier_init()
         cute.arch.sync_threads()
         if warp >= cfg.warps:
+            pairs = self._column_pairs(ops, lane, p0, p1) if self.staged_columns else []
             if cutlass.const_expr(cfg.producer_bulk):
                 self._produce_bulk(ops, lane, bidx, e, p0, p1, s_base, full, empty)
             else:
                 self._produce(ops, warp - cfg.warps, lane, bidx, e, p0, p1, s_base, full, empty)
+            if cutlass.const_expr(self.staged_columns):
+                self._stage_columns(ops, lane, pairs, cols)
         else:
             a_warp_off = self.b_bytes + warp * cfg.mw * self.a_group_bytes
             group0 = (bidx * cfg.warps + warp) * cfg.mw
             self._by_width(cfg.live_widths, p1 - p0,
-                           (acc, ops, s_base, lane, b_lane, a_warp_off, full, empty, e, p0, p1,
-                            group0, r, q))
+                           (acc, ops, s_base, lane, b_lane, a_warp_off, full, empty, e, cols,
+                            p0, p1, group0, r, q))
+
+    @cute.jit
+    def _column_pairs(self, ops, lane, p0, p1):
+        """The pair index of token slots lane, lane + 32, ... of the tile (a slot past the tile's
+        rows takes its last row's: the table is always whole), loads issued before the K loop."""
+        return [ptx.ld_u32(ops.pair_orig + Int64(cutlass.min(p0 + i * 32 + lane, p1 - 1)) * 4)
+                for i in range(-(-self.cfg.bn // 32))]
+
+    @cute.jit
+    def _stage_columns(self, ops, lane, pairs, cols):
+        """After the producer's K loop: slot n's (pair, router weight) into the shared table, then
+        every lane arrives on the `columns` barrier (release: its stores before the epilogue's
+        reads)."""
+        table, bar = cols
+        for i in cutlass.range_constexpr(len(pairs)):
+            n = i * 32 + lane
+            if n < self.cfg.bn:
+                w = ptx.ld_nc_u32(ops.route_w + Int64(pairs[i]) * 4)
+                ptx.st_shared_u32(table + n * 8, pairs[i])
+                ptx.st_shared_u32(table + n * 8 + 4, w)
+        ptx.mbarrier_arrive(bar)
 
     @cute.jit
     def _produce(self, ops, pw, lane, bidx, e, p0, p1, s_base, full, empty):
@@ -492,7 +558,7 @@ class GroupedGemm:
 
     @cute.jit
     def _consume(self, live_nb: int, acc, ops, s_base, lane, b_lane, a_warp_off, full, empty, e,
-                 p0, p1, group0, r, q):
+                 cols, p0, p1, group0, r, q):
         """An MMA warp with producer warps: the K loop (wait for the stage's copies, decode and
         MMA as _mainloop does, release the stage: every thread arrives after its own
         shared-memory reads, so each read is ordered before the refill by the barrier itself),
@@ -506,7 +572,7 @@ class GroupedGemm:
                                          cfg.weight_format) for gi in range(cfg.mw)]
             fm.mma_ktile(acc, words, stage + b_lane, live_nb, cfg.weight_format)
             ptx.mbarrier_arrive(empty + st * 8)
-        self._epilogue(ops, acc, e, p0, p1, group0, r, q)
+        self._epilogue(ops, acc, e, cols, p0, p1, group0, r, q)
 
     @cute.jit
     def _mainloop(self, live_nb: int, acc, k_tiles, s_base, lane, b_lane, sources, src, k_real,

@@ -149,6 +149,14 @@ def ld_u32(addr, *, loc=None, ip=None) -> Int32:
 
 
 @dsl_user_op
+def ld_relaxed_u32(addr, *, loc=None, ip=None) -> Int32:
+    """ld_u32 as a relaxed gpu-scope load, which ptxas keeps where it stands (a plain load whose
+    only use is behind a branch is sunk past it: moe-generic's tile fields)."""
+    return Int32(_asm(T.i32(), [Int64(addr).ir_value(loc=loc, ip=ip)],
+                      "ld.relaxed.gpu.global.u32 $0, [$1];", "=r,l", side_effects=True))
+
+
+@dsl_user_op
 def ld_nc_u32(addr, *, loc=None, ip=None) -> Int32:
     return Int32(_asm(T.i32(), [Int64(addr).ir_value(loc=loc, ip=ip)],
                       "ld.global.nc.u32 $0, [$1];", "=r,l"))
