@@ -502,59 +502,98 @@ class GroupedGemm:
         every MMA warp's weight groups (one record per group) and, in FC2, the tile's live rows
         of the intermediate (one run: INTERMEDIATE_ROW); in FC1 lane n copies live token row
         n (one 256-byte copy; with cfg.k_tail the last K-tile's real bytes, and zeros past them).
-        The barrier completes when the bytes have landed."""
+        The barrier completes when the bytes have landed. FC1's token rows wait on a load of
+        `order` (and a division by row_div); the weights do not: the first `stages` K-tiles'
+        weight copies go out before it, their rows after it, then the loop runs both."""
         cfg = self.cfg
         fc2 = cfg.phase == "fc2"
         live = cutlass.min(p1 - p0, cfg.bn)
-        rows = []  # FC1, per pass over the tile's rows: (row n, its source row's address)
-        for i in cutlass.range_constexpr(0 if fc2 else -(-cfg.bn // 32)):
-            n = i * 32 + lane
-            src_row = ops.src  # never read past the tile
-            if n < live:
-                row = ptx.ld_u32(ops.order + Int64(p0 + n) * 4) // ops.row_div
-                src_row = ops.src + Int64(row) * Int64(ops.src_stride) * 2
-            rows.append((n, src_row))
         # FC2: the tile's rows p0 .. p0 + live - 1 at K-tile 0, contiguous rows of SMEM_ROW_BYTES
-        run_src = ops.src + Int64(p0) * Int64(ops.src_stride) * 2
-        run_bytes = live * SMEM_ROW_BYTES
+        run = (ops.src + Int64(p0) * Int64(ops.src_stride) * 2, live * SMEM_ROW_BYTES)
         # the record index (fm.record_index) of each block of the CTA's groups at K-tile 0, in
         # stage order: one copy per block and K-tile
         n_groups = cfg.warps * cfg.mw
-        block = min(n_groups, BLOCK_GROUPS) * self.a_group_bytes
         blocks = [fm.record_index(e, bidx * n_groups + j, 0, ops.row_groups, ops.k_tiles)
                   for j in range(0, n_groups, BLOCK_GROUPS)]
-        weight_bytes = n_groups * self.a_group_bytes
-        tx_bytes = weight_bytes + (run_bytes if fc2 else live * (TILE_K * 2))
-        for kt in cutlass.range(ops.k_tiles, unroll=1):
-            st = kt % cfg.stages
-            ptx.mbarrier_wait(empty + st * 8, ((kt // cfg.stages) % 2) ^ 1)
-            stage = s_base + st * self.stage_bytes
-            bar = full + st * 8
-            kt_row_bytes, kt_tx_bytes = TILE_K * 2, tx_bytes
-            if cutlass.const_expr(cfg.k_tail):
-                # the last K-tile: its real columns by bulk copy, zeros past them by this lane's
-                # stores, ordered before the elected arrival by the warp barrier
-                kt_row_bytes = cutlass.min(ops.k_real - kt * TILE_K, TILE_K) * 2
-                kt_tx_bytes = weight_bytes + live * kt_row_bytes
-                for i in cutlass.range_constexpr(len(rows)):
-                    n = rows[i][0]
-                    if n < live:
-                        for off in cutlass.range(kt_row_bytes, TILE_K * 2, 16):
-                            ptx.st_shared_v4(stage + n * SMEM_ROW_BYTES + off, 0, 0, 0, 0)
-                ptx.sync_warp()
-            copies = []
-            for j in cutlass.range_constexpr(len(blocks)):
-                t = blocks[j] + Int64(kt) * BLOCK_GROUPS
-                copies.append((stage + self.b_bytes + j * block,
-                               ops.records + t * self.a_group_bytes, block))
-            if cutlass.const_expr(fc2):
-                copies.append((stage, run_src + Int64(kt) * Int64(ops.src_kt_bytes), run_bytes))
-            ptx.bulk_copies_g2s_elected(bar, kt_tx_bytes, copies)
-            for i in cutlass.range_constexpr(len(rows)):
-                n, src_row = rows[i]
+        head = (ops, lane, live, blocks, run, s_base, full, empty)
+        if cutlass.const_expr(fc2):
+            for kt in cutlass.range(ops.k_tiles, unroll=1):
+                self._bulk_head(kt, *head)
+        else:
+            ahead = cutlass.min(ops.k_tiles, cfg.stages)
+            for kt in cutlass.range(ahead, unroll=1):
+                self._bulk_head(kt, *head)
+            rows = self._row_sources(ops, lane, p0, live)
+            for kt in cutlass.range(ahead, unroll=1):
+                self._bulk_rows(kt, ops, lane, live, rows, s_base, full)
+            for kt in cutlass.range(ahead, ops.k_tiles, unroll=1):
+                self._bulk_head(kt, *head)
+                self._bulk_rows(kt, ops, lane, live, rows, s_base, full)
+
+    def _kt_row_bytes(self, ops, kt):
+        """The bytes of a token row that K-tile kt copies: all 256, or with cfg.k_tail the real
+        columns' (the last K-tile's end inside it)."""
+        if cutlass.const_expr(self.cfg.k_tail):
+            return cutlass.min(ops.k_real - kt * TILE_K, TILE_K) * 2
+        return TILE_K * 2
+
+    @cute.jit
+    def _bulk_head(self, kt, ops, lane, live, blocks, run, s_base, full, empty):
+        """K-tile kt's stage, all but FC1's token rows: wait until it is free; with cfg.k_tail
+        zero each live row past the real columns (this lane's stores, ordered before the elected
+        arrival by the warp barrier); the elected lane's arrival expecting every byte of the
+        stage (the rows' too) and its copies of the weight blocks (FC2: and of the rows' run)."""
+        cfg = self.cfg
+        fc2 = cfg.phase == "fc2"
+        st = kt % cfg.stages
+        ptx.mbarrier_wait(empty + st * 8, ((kt // cfg.stages) % 2) ^ 1)
+        stage = s_base + st * self.stage_bytes
+        row_bytes = self._kt_row_bytes(ops, kt)
+        if cutlass.const_expr(cfg.k_tail):
+            for i in cutlass.range_constexpr(-(-cfg.bn // 32)):
+                n = i * 32 + lane
                 if n < live:
-                    ptx.bulk_copy_g2s(stage + n * SMEM_ROW_BYTES,
-                                      src_row + Int64(kt) * (TILE_K * 2), kt_row_bytes, bar)
+                    for off in cutlass.range(row_bytes, TILE_K * 2, 16):
+                        ptx.st_shared_v4(stage + n * SMEM_ROW_BYTES + off, 0, 0, 0, 0)
+            ptx.sync_warp()
+        n_groups = cfg.warps * cfg.mw
+        block = min(n_groups, BLOCK_GROUPS) * self.a_group_bytes
+        copies = []
+        for j in cutlass.range_constexpr(len(blocks)):
+            t = blocks[j] + Int64(kt) * BLOCK_GROUPS
+            copies.append((stage + self.b_bytes + j * block,
+                           ops.records + t * self.a_group_bytes, block))
+        run_src, run_bytes = run
+        if cutlass.const_expr(fc2):
+            copies.append((stage, run_src + Int64(kt) * Int64(ops.src_kt_bytes), run_bytes))
+        tx_bytes = n_groups * self.a_group_bytes + (run_bytes if fc2 else live * row_bytes)
+        ptx.bulk_copies_g2s_elected(full + st * 8, tx_bytes, copies)
+
+    @cute.jit
+    def _row_sources(self, ops, lane, p0, live):
+        """FC1: per pass over the tile's rows, the address of row n = 32 pass + lane's source
+        row, order[p0 + n] // row_div of src (src itself past the tile: never read)."""
+        rows = []
+        for i in cutlass.range_constexpr(-(-self.cfg.bn // 32)):
+            src_row = ops.src
+            if i * 32 + lane < live:
+                row = ptx.ld_u32(ops.order + Int64(p0 + i * 32 + lane) * 4) // ops.row_div
+                src_row = ops.src + Int64(row) * Int64(ops.src_stride) * 2
+            rows.append(src_row)
+        return rows
+
+    @cute.jit
+    def _bulk_rows(self, kt, ops, lane, live, rows, s_base, full):
+        """FC1: K-tile kt of each live token row, one bulk copy from its lane (ptxas runs them
+        as a loop over the active lanes), completing on the stage's full barrier."""
+        st = kt % self.cfg.stages
+        stage = s_base + st * self.stage_bytes
+        row_bytes = self._kt_row_bytes(ops, kt)
+        for i in cutlass.range_constexpr(len(rows)):
+            n = i * 32 + lane
+            if n < live:
+                ptx.bulk_copy_g2s(stage + n * SMEM_ROW_BYTES, rows[i] + Int64(kt) * (TILE_K * 2),
+                                  row_bytes, full + st * 8)
 
     @cute.jit
     def _consume(self, live_nb: int, acc, ops, s_base, lane, b_lane, a_warp_off, full, empty, e,
