@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import importlib
-import subprocess
 import sys
 from pathlib import Path
 
@@ -29,16 +28,10 @@ compile_config(config(sys.argv[1], "nvfp4", sys.argv[2], int(sys.argv[3])))
 
 
 def _sass(phase, act, bn, tmp_path) -> list:
-    from moe_common.testing import ptxas, ptxas_report
-
-    report = ptxas_report(_PROBE, [phase, act, bn], "*GroupedGemm*.ptx", tmp_path)
+    report, instrs = sass_loops.probe_sass(_PROBE, [phase, act, bn], "*GroupedGemm*.ptx",
+                                           tmp_path)
     assert "0 bytes spill stores" in report, report
-    disassembler = sass_loops._cuobjdump(ptxas())
-    if disassembler is None:
-        pytest.skip("no cuobjdump")
-    sass = subprocess.run([disassembler, "-sass", str(tmp_path / "k.cubin")],
-                          capture_output=True, text=True, check=True).stdout
-    return [i for _, i in sass_loops.parse_sass(sass)]
+    return instrs
 
 
 @pytest.mark.parametrize("phase,act,bn", [("fc1", "silu", 32), ("fc2", "none", 32),
