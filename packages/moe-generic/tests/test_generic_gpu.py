@@ -163,6 +163,20 @@ def test_every_tile_width_matches_reference(bn, case, monkeypatch):
 
 
 
+@pytest.mark.parametrize("bn", [32, 48])
+@pytest.mark.parametrize("act,fmt,mode,bias", [("silu", "nvfp4", "w4a16", True),
+                                               ("relu2", "mxfp4", "w4a4", False)])
+def test_bulk_widths_when_k_fits_the_ring(bn, act, fmt, mode, bias, monkeypatch):
+    """The bulk producer when every K-tile fits the ring at once (FC1 at H = 288: 3 K-tiles,
+    the last with a tail; FC2 at I = 128: 1): the first stages' weight copies, their rows'
+    copies after `order` and no K-tile left for the loop after them (_produce_bulk), the tail
+    zeroed in those first stages, and FC2's column table."""
+    from moe_generic import runner
+
+    monkeypatch.setattr(runner, "pick_bn", lambda pairs, experts: bn)
+    _check_skewed(((64, 8, 288, 128, 4), act, fmt, mode, bias, 1.0), f"bn={bn}")
+
+
 @pytest.mark.parametrize("bn,changes", [(32, {"producer_warps": 0, "stages": 4,
                                               "producer_bulk": False}),
                                         (32, {"producer_bulk": False}),
