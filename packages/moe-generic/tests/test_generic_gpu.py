@@ -167,10 +167,11 @@ def test_every_tile_width_matches_reference(bn, case, monkeypatch):
 @pytest.mark.parametrize("act,fmt,mode,bias", [("silu", "nvfp4", "w4a16", True),
                                                ("relu2", "mxfp4", "w4a4", False)])
 def test_bulk_widths_when_k_fits_the_ring(bn, act, fmt, mode, bias, monkeypatch):
-    """The bulk producer when every K-tile fits the ring at once (FC1 at H = 288: 3 K-tiles,
-    the last with a tail; FC2 at I = 128: 1): the first stages' weight copies, their rows'
-    copies after `order` and no K-tile left for the loop after them (_produce_bulk), the tail
-    zeroed in those first stages, and FC2's column table."""
+    """The bulk producer where the K loop is as short as its ring (FC1 at H = 288: 3 K-tiles,
+    the last with a tail; FC2 at I = 128: 1): at 32 tokens (3 stages) every K-tile goes out in
+    the first stages (their weight copies, then their rows' copies after `order`; the tail
+    zeroed there) and none is left for the loop after them (_produce_bulk); at 48 (2 stages)
+    the tail K-tile is the loop's only one. FC2 reads its column table after one K-tile."""
     from moe_generic import runner
 
     monkeypatch.setattr(runner, "pick_bn", lambda pairs, experts: bn)
