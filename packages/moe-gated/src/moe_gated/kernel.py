@@ -61,6 +61,7 @@ from moe_common.cute import activation as act
 from moe_common.cute import fragment_mma as fm
 from moe_common.cute import jit
 from moe_common.cute import ptx
+from moe_common.cute.ring import StageRing
 from moe_common.cute.storage import shared_storage
 from moe_common.cute.topk_reduce import fragment_position
 from moe_common.cute.wgmma_decode import wgmma_decode_k128
@@ -253,6 +254,17 @@ class GatedGemm:
             return 0, self.stage_bytes, half, 0
         return per, sub, 2 * half, half
 
+    def _stages(self, s_base):
+        """The K-tiles' ring (moe_common.cute.ring) in the shared memory at s_base: full, the
+        producer's expect_tx; empty, one release per consumer warp."""
+        return StageRing(self.stages, self.stage_bytes, (s_base, self.full_off),
+                         (s_base, self.empty_off), s_base)
+
+    def _items(self, s_base):
+        """The work items' ring: full, the producer's arrival once it wrote the slot."""
+        return StageRing(ITEM_SLOTS, ITEM_BYTES, (s_base, self.item_bar_off),
+                         data=(s_base, self.item_off))
+
     # ------------------------------------------------------------------ host entry
     @cute.jit
     def __call__(self, ops: GatedOperands, stream):
@@ -276,11 +288,9 @@ class GatedGemm:
         sbuf = smem.allocate_array(cutlass.Uint8, self.smem_bytes, byte_alignment=1024)
         s_base = Int32(sbuf.toint())
         if tidx == 0:
-            for st in cutlass.range_constexpr(self.stages):
-                ptx.mbarrier_init(s_base + self.full_off + st * 8, 1)  # the producer's expect_tx
-                ptx.mbarrier_init(s_base + self.empty_off + st * 8, CONSUMER_WARPS)
-            for i in cutlass.range_constexpr(ITEM_SLOTS):
-                ptx.mbarrier_init(s_base + self.item_bar_off + i * 8, 1)
+            # full: the producer's expect_tx; empty: one release per consumer warp
+            self._stages(s_base).init(1, CONSUMER_WARPS)
+            self._items(s_base).init(1)  # the producer's arrival
             ptx.fence_mbarrier_init()
         cute.arch.sync_threads()  # the only CTA-wide barrier
 
@@ -365,12 +375,10 @@ class GatedGemm:
         (8-32% of moe-gated's time at 16-64 routed rows per expert, BENCHMARKS.md)."""
         b_tile, b_copy, half, sub, a_off, a_src = src
         hbs = [0, 1] if halves == 0 else [halves - 1]
-        s = g % self.stages
-        # the stage's previous use released by every consumer warp (the first use of each
-        # stage passes at once: parity of the phase before a fresh barrier's first)
-        ptx.mbarrier_wait(s_base + self.empty_off + s * 8, ((g // self.stages) % 2) ^ 1)
-        stage = s_base + s * self.stage_bytes
-        bar = s_base + self.full_off + s * 8
+        ring = self._stages(s_base)
+        ring.wait_empty(g)  # the stage's previous use released by every consumer warp
+        stage = ring.at(g)
+        bar = ring.full_bar(g)
         with_a = halves < 2  # A comes with B's first half
         groups_here = a_src[3]  # (_copy_a copies that many groups)
         tx = len(hbs) * b_copy + (groups_here * self.a_group_bytes if with_a else 0)
@@ -424,9 +432,9 @@ class GatedGemm:
         complete the slot's mbarrier phase. The producer leads by at most `stages` items (each
         has >= 1 K-tile), so a slot is never rewritten before every consumer has read it."""
         if lane == 0:
-            slot = i % ITEM_SLOTS
-            ptx.st_shared_v4(s_base + self.item_off + slot * ITEM_BYTES, item, e, p0, p1)
-            ptx.mbarrier_arrive(s_base + self.item_bar_off + slot * 8)
+            items = self._items(s_base)
+            ptx.st_shared_v4(items.at(i), item, e, p0, p1)
+            items.arrive_full(i)
 
     # ------------------------------------------------------------------ consumer warps
     @cute.jit
@@ -481,8 +489,9 @@ class GatedGemm:
     @cute.jit
     def _wait_stage(self, s_base, g):
         """Wait until stage g's bytes have landed; its address."""
-        ptx.mbarrier_wait(s_base + self.full_off + (g % self.stages) * 8, (g // self.stages) % 2)
-        return s_base + (g % self.stages) * self.stage_bytes
+        ring = self._stages(s_base)
+        ring.wait_full(g)
+        return ring.at(g)
 
     @cute.jit
     def _load_words(self, at, lane):
@@ -520,15 +529,15 @@ class GatedGemm:
     @cute.jit
     def _next_item(self, s_base, i):
         """(item, expert, first pair, end pair) of the i-th item."""
-        slot = i % ITEM_SLOTS
-        ptx.mbarrier_wait(s_base + self.item_bar_off + slot * 8, (i // ITEM_SLOTS) % 2)
-        return ptx.ld_shared_v4(s_base + self.item_off + slot * ITEM_BYTES)
+        items = self._items(s_base)
+        items.wait_full(i)
+        return ptx.ld_shared_v4(items.at(i))
 
     @cute.jit
     def _release(self, s_base, lane, g):
         """This warp is done with K-tile g's stage (its wgmmas on it have completed)."""
         if lane == 0:
-            ptx.mbarrier_arrive(s_base + self.empty_off + (g % self.stages) * 8)
+            self._stages(s_base).release(g)
 
     @cute.jit
     def _work_item(self, tile, rt, e, p0, p1, i, g0, s_base, warp, lane, ops):

@@ -45,6 +45,7 @@ from cutlass import Float32, Int32, Int64
 from moe_common.cute import jit, ptx
 from moe_common.cute import activation as act
 from moe_common.cute import fragment_mma as fm
+from moe_common.cute.ring import StageRing
 from moe_common.cute.storage import shared_storage
 from moe_common.cute.topk_reduce import fragment_position
 from moe_common.fragments import BLOCK_GROUPS, TILE_K
@@ -390,19 +391,18 @@ class GroupedGemm:
            the epilogue reads once the `columns` barrier completes: the epilogue starts without
            a round trip for them (only for its global scale and biases)."""
         cfg = self.cfg
-        full = s_base + self.storage.offsets["full"]
-        empty = s_base + self.storage.offsets["empty"]
+        off = self.storage.offsets
+        ring = StageRing(cfg.stages, self.stage_bytes, s_base + off["full"],
+                         s_base + off["empty"], (s_base, off["stages"]))
         cols = None
         if cutlass.const_expr(self.staged_columns):
             cols = (s_base + self.storage.offsets["table"],
                     s_base + self.storage.offsets["columns"])
         if warp == 0:
             if lane == 0:
-                for st in cutlass.range_constexpr(cfg.stages):
-                    # bulk copies: one arrival (expect_tx) and the bytes; else each copying thread
-                    ptx.mbarrier_init(full + st * 8,
-                                      1 if cfg.producer_bulk else cfg.producer_warps * 32)
-                    ptx.mbarrier_init(empty + st * 8, cfg.warps * 32)
+                # full: with bulk copies one arrival (expect_tx) and the bytes, else each copying
+                # thread's arrival; empty: every MMA thread's release
+                ring.init(1 if cfg.producer_bulk else cfg.producer_warps * 32, cfg.warps * 32)
                 if cutlass.const_expr(self.staged_columns):
                     ptx.mbarrier_init(cols[1], 32)  # the producer warp's lanes
                 ptx.fence_mbarrier_init()
@@ -410,16 +410,16 @@ class GroupedGemm:
         if warp >= cfg.warps:
             pairs = self._column_pairs(ops, lane, p0, p1) if self.staged_columns else []
             if cutlass.const_expr(cfg.producer_bulk):
-                self._produce_bulk(ops, lane, bidx, e, p0, p1, s_base, full, empty)
+                self._produce_bulk(ops, lane, bidx, e, p0, p1, ring)
             else:
-                self._produce(ops, warp - cfg.warps, lane, bidx, e, p0, p1, s_base, full, empty)
+                self._produce(ops, warp - cfg.warps, lane, bidx, e, p0, p1, ring)
             if cutlass.const_expr(self.staged_columns):
                 self._stage_columns(ops, lane, pairs, cols)
         else:
             a_warp_off = self.b_bytes + warp * cfg.mw * self.a_group_bytes
             group0 = (bidx * cfg.warps + warp) * cfg.mw
             self._by_width(cfg.live_widths, p1 - p0,
-                           (acc, ops, s_base, lane, b_lane, a_warp_off, full, empty, e, cols,
+                           (acc, ops, ring, lane, b_lane, a_warp_off, e, cols,
                             p0, p1, group0, r, q))
 
     @cute.jit
@@ -444,7 +444,7 @@ class GroupedGemm:
         ptx.mbarrier_arrive(bar)
 
     @cute.jit
-    def _produce(self, ops, pw, lane, bidx, e, p0, p1, s_base, full, empty):
+    def _produce(self, ops, pw, lane, bidx, e, p0, p1, ring):
         """Producer warp pw: per K-tile, wait until the stage is free, cp.async into it its share
         of the token rows (two copying threads per row, each 32-byte sector of a row read whole
         by one instruction: thread j of the P warps' 32 P takes row j // 2 + 16 P i, chunks
@@ -471,9 +471,8 @@ class GroupedGemm:
                    for t0, w in zip(starts, served)]
         lag = max(0, cfg.stages - 2)
         for kt in cutlass.range(ops.k_tiles, unroll=1):
-            st = kt % cfg.stages
-            ptx.mbarrier_wait(empty + st * 8, ((kt // cfg.stages) % 2) ^ 1)
-            stage = s_base + st * self.stage_bytes
+            ring.wait_empty(kt)
+            stage = ring.at(kt)
             for i in cutlass.range_constexpr(len(row_src)):
                 if ctid // 2 + rows_per_pass * i < cfg.bn:
                     base, dst, ch0, ok, kt_bytes = row_src[i]
@@ -487,16 +486,16 @@ class GroupedGemm:
             ptx.cp_async_commit()
             ptx.cp_async_wait(lag)
             if kt >= lag:
-                ptx.mbarrier_arrive(full + ((kt - lag) % cfg.stages) * 8)
+                ring.arrive_full(kt - lag)
         # the last `lag` stages, once every copy has landed
         ptx.cp_async_wait(0)
         for i in cutlass.range_constexpr(lag):
             kt = ops.k_tiles - lag + i
             if kt >= 0:
-                ptx.mbarrier_arrive(full + (kt % cfg.stages) * 8)
+                ring.arrive_full(kt)
 
     @cute.jit
-    def _produce_bulk(self, ops, lane, bidx, e, p0, p1, s_base, full, empty):
+    def _produce_bulk(self, ops, lane, bidx, e, p0, p1, ring):
         """The producer warp with cfg.producer_bulk: per K-tile, wait until the stage is free;
         one elected lane arrives on its full barrier expecting the stage's bytes and bulk copies
         every MMA warp's weight groups (one record per group) and, in FC2, the tile's live rows
@@ -515,7 +514,7 @@ class GroupedGemm:
         n_groups = cfg.warps * cfg.mw
         blocks = [fm.record_index(e, bidx * n_groups + j, 0, ops.row_groups, ops.k_tiles)
                   for j in range(0, n_groups, BLOCK_GROUPS)]
-        head = (ops, lane, live, blocks, run, s_base, full, empty)
+        head = (ops, lane, live, blocks, run, ring)
         if cutlass.const_expr(fc2):
             for kt in cutlass.range(ops.k_tiles, unroll=1):
                 self._bulk_head(kt, *head)
@@ -525,10 +524,10 @@ class GroupedGemm:
                 self._bulk_head(kt, *head)
             rows = self._row_sources(ops, lane, p0, live)
             for kt in cutlass.range(ahead, unroll=1):
-                self._bulk_rows(kt, ops, lane, live, rows, s_base, full)
+                self._bulk_rows(kt, ops, lane, live, rows, ring)
             for kt in cutlass.range(ahead, ops.k_tiles, unroll=1):
                 self._bulk_head(kt, *head)
-                self._bulk_rows(kt, ops, lane, live, rows, s_base, full)
+                self._bulk_rows(kt, ops, lane, live, rows, ring)
 
     def _kt_row_bytes(self, ops, kt):
         """The bytes of a token row that K-tile kt copies: all 256, or with cfg.k_tail the real
@@ -538,16 +537,15 @@ class GroupedGemm:
         return TILE_K * 2
 
     @cute.jit
-    def _bulk_head(self, kt, ops, lane, live, blocks, run, s_base, full, empty):
+    def _bulk_head(self, kt, ops, lane, live, blocks, run, ring):
         """K-tile kt's stage, all but FC1's token rows: wait until it is free; with cfg.k_tail
         zero each live row past the real columns (this lane's stores, ordered before the elected
         arrival by the warp barrier); the elected lane's arrival expecting every byte of the
         stage (the rows' too) and its copies of the weight blocks (FC2: and of the rows' run)."""
         cfg = self.cfg
         fc2 = cfg.phase == "fc2"
-        st = kt % cfg.stages
-        ptx.mbarrier_wait(empty + st * 8, ((kt // cfg.stages) % 2) ^ 1)
-        stage = s_base + st * self.stage_bytes
+        ring.wait_empty(kt)
+        stage = ring.at(kt)
         row_bytes = self._kt_row_bytes(ops, kt)
         if cutlass.const_expr(cfg.k_tail):
             for i in cutlass.range_constexpr(-(-cfg.bn // 32)):
@@ -567,7 +565,7 @@ class GroupedGemm:
         if cutlass.const_expr(fc2):
             copies.append((stage, run_src + Int64(kt) * Int64(ops.src_kt_bytes), run_bytes))
         tx_bytes = n_groups * self.a_group_bytes + (run_bytes if fc2 else live * row_bytes)
-        ptx.bulk_copies_g2s_elected(full + st * 8, tx_bytes, copies)
+        ptx.bulk_copies_g2s_elected(ring.full_bar(kt), tx_bytes, copies)
 
     @cute.jit
     def _row_sources(self, ops, lane, p0, live):
@@ -583,34 +581,32 @@ class GroupedGemm:
         return rows
 
     @cute.jit
-    def _bulk_rows(self, kt, ops, lane, live, rows, s_base, full):
+    def _bulk_rows(self, kt, ops, lane, live, rows, ring):
         """FC1: K-tile kt of each live token row, one bulk copy from its lane (ptxas runs them
         as a loop over the active lanes), completing on the stage's full barrier."""
-        st = kt % self.cfg.stages
-        stage = s_base + st * self.stage_bytes
+        stage = ring.at(kt)
         row_bytes = self._kt_row_bytes(ops, kt)
         for i in cutlass.range_constexpr(len(rows)):
             n = i * 32 + lane
             if n < live:
                 ptx.bulk_copy_g2s(stage + n * SMEM_ROW_BYTES, rows[i] + Int64(kt) * (TILE_K * 2),
-                                  row_bytes, full + st * 8)
+                                  row_bytes, ring.full_bar(kt))
 
     @cute.jit
-    def _consume(self, live_nb: int, acc, ops, s_base, lane, b_lane, a_warp_off, full, empty, e,
-                 cols, p0, p1, group0, r, q):
+    def _consume(self, live_nb: int, acc, ops, ring, lane, b_lane, a_warp_off, e, cols, p0,
+                 p1, group0, r, q):
         """An MMA warp with producer warps: the K loop (wait for the stage's copies, decode and
         MMA as _mainloop does, release the stage: every thread arrives after its own
         shared-memory reads, so each read is ordered before the refill by the barrier itself),
         then the epilogue."""
         cfg = self.cfg
         for kt in cutlass.range(ops.k_tiles, unroll=1):
-            st = kt % cfg.stages
-            ptx.mbarrier_wait(full + st * 8, (kt // cfg.stages) % 2)
-            stage = s_base + st * self.stage_bytes
+            ring.wait_full(kt)
+            stage = ring.at(kt)
             words = [fm.load_group_words(stage + a_warp_off + gi * self.a_group_bytes, lane,
                                          cfg.weight_format) for gi in range(cfg.mw)]
             fm.mma_ktile(acc, words, stage + b_lane, live_nb, cfg.weight_format)
-            ptx.mbarrier_arrive(empty + st * 8)
+            ring.release(kt)
         self._epilogue(ops, acc, e, cols, p0, p1, group0, r, q)
 
     @cute.jit

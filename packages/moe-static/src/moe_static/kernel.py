@@ -51,6 +51,7 @@ from moe_common.cute import activation as act
 from moe_common.cute import fragment_mma as fm
 from moe_common.cute import jit
 from moe_common.cute import ptx
+from moe_common.cute.ring import StageRing
 from moe_common.cute.routing import local_expert
 from moe_common.cute.scan import exclusive_scan2
 from moe_common.cute.storage import SharedStorage, shared_storage
@@ -146,11 +147,10 @@ class _Tables(NamedTuple):
 
 
 class _WarpPlace(NamedTuple):
-    """Where this warp stands in a GEMM: its team and place in it, its ring and mbarriers."""
+    """Where this warp stands in a GEMM: its team and place in it, its ring."""
     my_team: Int32
     member: Int32
-    ring: Int32
-    mbar: Int32
+    ring: StageRing  # the warp's DEPTH slots, each with its mbarrier (no empty barriers)
     lane: Int32
 
 
@@ -362,9 +362,11 @@ class StaticMoE:
         lane = tid % 32
         my_team = warp // team
         member = warp - my_team * team
-        ring = tables.s_base + warp * (DEPTH * SLOT_BYTES)
+        slots = tables.s_base + warp * (DEPTH * SLOT_BYTES)
         mbar = tables.s_base + self.mbar_off + warp * (DEPTH * 8)
-        wp = _WarpPlace(my_team, member, ring, mbar, lane)
+        # uses: the warp's running step count (never negative), DEPTH a power of two
+        ring = StageRing(DEPTH, SLOT_BYTES, mbar, data=slots, bit_ops=True)
+        wp = _WarpPlace(my_team, member, ring, lane)
         acc = cute.make_rmem_tensor(cute.make_layout(4), Float32)
         n_units = n_act * n_groups
         share = Int32(0)
@@ -516,7 +518,7 @@ class StaticMoE:
             ep = self._epilogue_constants(fc1, gemm.gscale, gemm.bias, ops.route_w, e,
                                           gemm.blob_groups, g, s_ord, first + c0, nch, r, q)
             self._stream(fc1, acc, w_unit, ka, kb,
-                         k_tiles, b_src, nch, b_off, ops.hidden, wp.ring, wp.mbar, steps, lane)
+                         k_tiles, b_src, nch, b_off, ops.hidden, wp.ring, steps, lane)
             if cutlass.const_expr(team > 1):
                 self._team_sum(acc, tables.s_base + self.team_off, wp.my_team, wp.member, team,
                                lane)
@@ -580,7 +582,7 @@ class StaticMoE:
 
     @cute.jit
     def _stream(self, fc1: cutlass.Constexpr, acc, w_unit, ka, kb, k_tiles, b_src, nch,
-                b_off, hidden, ring, mbar, steps, lane):
+                b_off, hidden, ring, steps, lane):
         """acc += the unit's K-tiles [ka, kb) of A_unit @ B, in steps of STEP K-tiles.
 
         Steps run through the warp's ring of DEPTH slots, each filled by bulk copies (the
@@ -592,7 +594,7 @@ class StaticMoE:
         for j in cutlass.range_constexpr(DEPTH - 1):
             if j < n_steps:
                 self._fill(fc1, t0 + j, ka + j * STEP, kb, w_unit, b_src, nch, hidden,
-                           ring, mbar, lane)
+                           ring, lane)
         # Full steps run unrolled with no masking (ptxas if-converts a branch inside one loop
         # and issues both bodies). The last step goes to a loop of its own when it is short
         # (an odd count) or holds FC1's partial last K-tile (H not a multiple of 128: the
@@ -607,12 +609,12 @@ class StaticMoE:
                         n_full = n_steps - 1
         for j in cutlass.range(n_full, unroll=1):
             slot = self._next_step(fc1, j, t0, n_steps, ka, kb, w_unit, b_src, nch,
-                                   hidden, ring, mbar, lane)
+                                   hidden, ring, lane)
             for i in cutlass.range_constexpr(STEP):
                 self._tile_mma(acc, slot, i, b_off, lane, False, Int32(8))
         for j in cutlass.range(n_full, n_steps, unroll=1):
             slot = self._next_step(fc1, j, t0, n_steps, ka, kb, w_unit, b_src, nch,
-                                   hidden, ring, mbar, lane)
+                                   hidden, ring, lane)
             kt = ka + j * STEP
             for i in cutlass.range(cutlass.min(kb - kt, STEP), unroll=1):
                 self._tile_mma(acc, slot, i, b_off, lane, fc1,
@@ -622,31 +624,29 @@ class StaticMoE:
 
     @cute.jit
     def _next_step(self, fc1: cutlass.Constexpr, j, t0, n_steps, ka, kb, w_unit, b_src,
-                   nch, hidden, ring, mbar, lane):
+                   nch, hidden, ring, lane):
         """Refill the slot step j - 1 used with step j + DEPTH - 1, wait for the warp's step j
         (ring slot (t0 + j) % DEPTH) and return its slot. The refill goes out before the wait,
         so DEPTH steps are in flight while the warp waits, not DEPTH - 1."""
-        t = t0 + j  # >= 0: slot and parity by bit operations, not signed division
-        sl = t & (DEPTH - 1)
+        t = t0 + j
         nxt = j + DEPTH - 1
         if nxt < n_steps:
             ptx.sync_warp()  # every lane is done with step j - 1's slot, which nxt refills
             self._fill(fc1, t0 + nxt, ka + nxt * STEP, kb, w_unit, b_src, nch, hidden,
-                       ring, mbar, lane)
-        ptx.mbarrier_wait(mbar + sl * 8, (t >> (DEPTH.bit_length() - 1)) & 1)
-        return ring + sl * SLOT_BYTES
+                       ring, lane)
+        ring.wait_full(t)
+        return ring.at(t)
 
     @cute.jit
     def _fill(self, fc1: cutlass.Constexpr, t, kt, kb, w_unit, b_src, nch, hidden, ring,
-              mbar, lane):
+              lane):
         """Start filling ring slot t % DEPTH (the warp's t-th step) with the unit's K-tiles
         [kt, min(kt + STEP, kb)) by bulk copies: one elected lane token row 0 and their records
         (BLOCK_GROUPS records apart, fm.record_index; ptx.bulk_copies_g2s_elected: issued from
         uniform registers, FC1 loop 357 -> 338 SASS, 85968a0), lane n in 1..nch-1 token row n
         (FC1: only the columns below H)."""
-        sl = t & (DEPTH - 1)
-        slot = ring + sl * SLOT_BYTES
-        mb = mbar + sl * 8
+        slot = ring.at(t)
+        mb = ring.full_bar(t)
         n = cutlass.min(kb - kt, STEP)
         rec = fm.group_tile_bytes(self.cfg.weight_format)
         row_bytes = n * (TILE_K * 2)
