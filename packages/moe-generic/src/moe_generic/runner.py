@@ -120,11 +120,14 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
         prep.fc1_rows // cfg1.cta_rows, max_tiles, stream)
 
     if quant_mode == "w4a4":
-        # the intermediate's rows [P, Ip] (a copy), requantized, written back into its blocks
+        # the intermediate's rows [P, Ip], requantized in place: a copy written back into the
+        # blocks, or where Ip is one K-tile a view of them (copying a view back onto itself is
+        # an overlapping copy, which torch refuses)
         blocks = inter[:, :, :TILE_K]
         rows = blocks.permute(1, 0, 2).reshape(P, Ip)
         w4a4_requantize_intermediate(rows, weights, ids, order)
-        blocks.copy_(rows.view(P, Ip // TILE_K, TILE_K).permute(1, 0, 2))
+        if rows.untyped_storage().data_ptr() != inter.untyped_storage().data_ptr():
+            blocks.copy_(rows.view(P, Ip // TILE_K, TILE_K).permute(1, 0, 2))
 
     # 3. FC2 (+ router weight) -> y [P, H] bf16 in original pair order, each row's columns in
     # the paired order of Y_BLOCK (moe_common.cute.topk_reduce)
