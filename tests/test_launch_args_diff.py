@@ -10,6 +10,9 @@ kernels lost their block-scale pointers, so the base's parameters that point int
 scale tensor are left out of the comparison and the ones after them renumbered (_without_scales).
 Since b069cd2 moe-generic's y is bf16 in the paired order of 16 columns: its top-k reduce's
 compile key changed (row order -> paired 16), not the values it is passed (_paired_reduce).
+Since moe-generic's intermediate is K-tile blocks of padded rows (grouped_gemm.INTERMEDIATE_ROW),
+its GEMMs take two more fields (src_kt_bytes, out_kt_bytes) and the intermediate's row stride
+is the padded row, not Ip: those are left out of the comparison (_generic_intermediate).
 """
 from __future__ import annotations
 
@@ -45,7 +48,8 @@ SWAPS = [
      "act_alpha=activation.alpha, act_beta=activation.beta",
      "act_alpha=activation.beta, act_beta=activation.alpha"),
     ("packages/moe-generic/src/moe_generic/runner.py",
-     "src_stride=src.stride(0), k_real=H", "src_stride=H, k_real=src.stride(0)"),
+     "src_stride=src.stride(0), src_kt_bytes=TILE_K * 2, k_real=H",
+     "src_stride=H, src_kt_bytes=TILE_K * 2, k_real=src.stride(0)"),
 ]
 
 
@@ -101,6 +105,41 @@ def _without_scales(listing: dict) -> dict:
     return out
 
 
+# moe-generic's fields added with the intermediate's layout, and the intermediate's row stride
+# (FC1's out_stride, FC2's src_stride), whose value the layout changed
+GENERIC_NEW_FIELDS = ("src_kt_bytes", "out_kt_bytes")
+GENERIC_INTER_STRIDE = {"fc1": "out_stride", "fc2": "src_stride"}
+
+
+def _generic_intermediate(listing: dict, current: bool) -> dict:
+    """moe-generic's GEMM launches with the new fields dropped (current listings) and the
+    intermediate's row stride blanked (both)."""
+    from moe_generic.grouped_gemm import GemmOperands
+
+    fields = list(GemmOperands._fields)
+    if not current:
+        fields = [f for f in fields if f not in GENERIC_NEW_FIELDS]
+    out = {}
+    for name, lines in listing.items():
+        kept, phase, i = [], None, 0
+        for line in lines:
+            if line.startswith("launch"):
+                m = re.match(r"launch \('moe-generic', GemmConfig\(phase='(fc\d)'", line)
+                phase, i = (m.group(1) if m else None), 0
+                kept.append(line)
+                continue
+            n = int(line.split()[0])
+            field = fields[n] if phase and n < len(fields) else None
+            if field in GENERIC_NEW_FIELDS:
+                continue
+            if field == GENERIC_INTER_STRIDE.get(phase):
+                line = f"{n:4d} <intermediate row stride>"
+            kept.append(f"{i:4d} {line.split(maxsplit=1)[1]}" if phase else line)
+            i += 1
+        out[name] = kept
+    return out
+
+
 # the base's row-order reduce (moe-generic's) and the paired one that replaced it
 ROW_ORDER_REDUCE = re.compile(r"^launch \('topk_reduce', (\d), 0, False\)$")
 
@@ -118,8 +157,9 @@ def test_launch_arguments_match_the_base(tool, current, tmp_path):
     base = tool.listing(tool.extract(BASE_REV, tmp_path), CASES)
     lines = [sum(map(len, listing.values())) for listing in (base, _without_scales(base))]
     assert lines[0] - lines[1] == 8  # FC1 and FC2 scales of the static, generic x 2, gated cases
-    assert _changed(_paired_reduce(_without_new_config_fields(_without_scales(base))),
-                    _without_new_config_fields(current)) == []
+    assert _changed(_generic_intermediate(
+        _paired_reduce(_without_new_config_fields(_without_scales(base))), current=False),
+                    _generic_intermediate(_without_new_config_fields(current), current=True)) == []
     assert all(any(line.startswith("launch") for line in base[name]) for name in CASES)
 
 

@@ -6,7 +6,6 @@ to stay at 32 registers)."""
 from __future__ import annotations
 
 import importlib
-import subprocess
 import sys
 from pathlib import Path
 
@@ -27,17 +26,11 @@ jit.topk_reduce(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1")
                                                        (4, 16, True)])
 def test_a_batch_is_two_round_trips(ids_bytes, paired, weighted, tmp_path):
     from moe_common.cute.topk_reduce import ROUTE_BATCH
-    from moe_common.testing import ptxas, ptxas_report
 
-    report = ptxas_report(_PROBE, [ids_bytes, paired, int(weighted)], "*TopkReduce*.ptx",
-                          tmp_path)
+    report, instrs = sass_loops.probe_sass(_PROBE, [ids_bytes, paired, int(weighted)],
+                                           "*TopkReduce*.ptx", tmp_path)
     assert "0 bytes spill stores" in report, report
-    disassembler = sass_loops._cuobjdump(ptxas())
-    if disassembler is None:
-        pytest.skip("no cuobjdump")
-    sass = subprocess.run([disassembler, "-sass", str(tmp_path / "k.cubin")],
-                          capture_output=True, text=True, check=True).stdout
-    ops = [(sass_loops.opcode(i), i) for _, i in sass_loops.parse_sass(sass)]
+    ops = [(sass_loops.opcode(i), i) for i in instrs]
     y_loads = [n for n, (op, i) in enumerate(ops) if op == "LDG" and ".128" in i]
     scalar_loads = [n for n, (op, i) in enumerate(ops) if op == "LDG" and ".128" not in i]
     adds = [n for n, (op, _) in enumerate(ops) if op in ("FADD", "FFMA")]

@@ -9,6 +9,7 @@
 #        bench-static bench-generic-large profile ncu-band routing (AB_DIRS) racecheck-routing routing-shape band candidates bulk-band bulk-wide relu2;
 #        bulk-widths, split-small, mid-widths, mid-small, rows-256, mw4, generic-warps, ncu-routing,
 #        land-generic (land-tests, land-sanitize), auto-ab (auto-all, band-ab: AB_DIRS, AB_TOKENS),
+#        split-ab (AB_DIRS, SPLIT_LAYERS),
 #        check-ab (AB_DIRS, CHECK_PRESETS, CHECK_TOKENS),
 #        dispatch-points (static-points, cutover-points); pipeline-probe (PROBE_PRESETS, PROBE_TOKENS, PROBE_MODES, PROBE_CLOCKS);
 #        all-tests, all-tests-par; pack (last: $OUT as one results.tgz); verify (GPU tests + sanitizers), serving (soak + hf bench); ncu-tensor (NCU_LAYERS); A/B in one run against older
@@ -261,6 +262,15 @@ for s in "$@"; do
               # a full sweep and a short one)
       for d in $AB_DIRS new; do
         step "band-ab-$(basename $d)" 250 env FUSED_MOE_COMMIT="$(tree_label $d)" PYTHONPATH="$(tree_path $d $(cd packages && echo *))" "${BENCH[@]}" --preset $FIVE --tokens ${AB_TOKENS:-64 128 256 512 1024 2048} --kernels auto --no-check --seed 1 --json "$OUT/band-ab-$(basename $d).json"
+      done ;;
+    split-ab)  # per-kernel time under graph replay (tools/profile_split.py --graph) of each tree
+               # in $AB_DIRS, then this tree, at SPLIT_LAYERS (kernel:preset:T): what a kernel
+               # change moves in FC1, FC2 and the small kernels apart
+      for d in $AB_DIRS new; do
+        for kpt in ${SPLIT_LAYERS:-generic:qwen3.5-35b:512 generic:qwen3-30b-a3b:256 generic:deepseek-v3:512}; do
+          IFS=: read -r kern pre tok <<< "$kpt"
+          step "split-ab-$(basename $d)-$pre-$tok" 150 env PYTHONPATH="$(tree_path $d $(cd packages && echo *))" python3 tools/profile_split.py --kernel $kern --preset $pre --tokens $tok --graph
+        done
       done ;;
     mid-small)  # the 48-token tiles as 8 warps x 1 group on the small-expert presets (faster
                 # there at 3 stages in mid-widths), against the dispatcher's 4 x 2

@@ -84,6 +84,23 @@ def _cuobjdump(assembler: str):
     return str(beside) if beside.exists() else shutil.which("cuobjdump")
 
 
+def probe_sass(probe: str, args, kernel_glob: str, tmp_path) -> tuple:
+    """(ptxas's report, [SASS instruction]) of the one kernel that `probe` compiles
+    (moe_common.testing.ptxas_report, which skips the calling test without ptxas; this skips
+    it without cuobjdump)."""
+    import pytest
+
+    from moe_common.testing import ptxas, ptxas_report
+
+    text = ptxas_report(probe, args, kernel_glob, tmp_path)
+    disassembler = _cuobjdump(ptxas())
+    if disassembler is None:
+        pytest.skip("no cuobjdump")
+    sass = subprocess.run([disassembler, "-sass", str(Path(tmp_path) / "k.cubin")],
+                          capture_output=True, text=True, check=True).stdout
+    return text, [i for _, i in parse_sass(sass)]
+
+
 def report(ptx: str, workdir: Path) -> str:
     """ptxas -v's summary lines and the MMA loops of one kernel's PTX."""
     from moe_common.testing import ptxas

@@ -163,6 +163,21 @@ def test_every_tile_width_matches_reference(bn, case, monkeypatch):
 
 
 
+@pytest.mark.parametrize("bn", [32, 48])
+@pytest.mark.parametrize("act,fmt,mode,bias", [("silu", "nvfp4", "w4a16", True),
+                                               ("relu2", "mxfp4", "w4a4", False)])
+def test_bulk_widths_when_k_fits_the_ring(bn, act, fmt, mode, bias, monkeypatch):
+    """The bulk producer where the K loop is as short as its ring (FC1 at H = 288: 3 K-tiles,
+    the last with a tail; FC2 at I = 128: 1): at 32 tokens (3 stages) every K-tile goes out in
+    the first stages (their weight copies, then their rows' copies after `order`; the tail
+    zeroed there) and none is left for the loop after them (_produce_bulk); at 48 (2 stages)
+    the tail K-tile is the loop's only one. FC2 reads its column table after one K-tile."""
+    from moe_generic import runner
+
+    monkeypatch.setattr(runner, "pick_bn", lambda pairs, experts: bn)
+    _check_skewed(((64, 8, 288, 128, 4), act, fmt, mode, bias, 1.0), f"bn={bn}")
+
+
 @pytest.mark.parametrize("bn,changes", [(32, {"producer_warps": 0, "stages": 4,
                                               "producer_bulk": False}),
                                         (32, {"producer_bulk": False}),

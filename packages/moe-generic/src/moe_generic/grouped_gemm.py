@@ -30,7 +30,9 @@ side, so one copy; with GemmConfig.k_tail it zeroes the last K-tile past the rea
 Epilogues apply the fp32 global scale (x the activation global scale in w4a4) and bias; FC1
 applies the activation with gate (row r) and up (row r + 8) of the same j in the same lane
 (weights repacked so), FC2 the router weight and writes each (pair, h) exactly once, with y's
-columns in the paired order of Y_BLOCK, so the top-k sum afterwards is deterministic.
+columns in the paired order of Y_BLOCK, so the top-k sum afterwards is deterministic. With a
+producer warp, FC2's pair indices and router weights reach the epilogue through a shared table
+that warp fills after its last copy (_stage_columns), not by two dependent loads after the K loop.
 """
 from __future__ import annotations
 
@@ -49,6 +51,15 @@ from moe_common.cute.topk_reduce import fragment_position
 from moe_common.fragments import BLOCK_GROUPS, TILE_K
 
 SMEM_ROW_BYTES = fm.B_ROW_BYTES  # 272: conflict-free ldmatrix B-fragment reads
+# The intermediate FC1 writes and FC2 reads: K-tile-major blocks of rows padded as B's rows are
+# in shared memory, element (p, k) at (k // 128) x P x SMEM_ROW_BYTES + p x SMEM_ROW_BYTES +
+# (k % 128) x 2 (the runner's buffer [Ip / 128, P, SMEM_ROW_BYTES / 2]). A tile's rows p0 ..
+# p0 + live - 1 of one K-tile are then one run of live x SMEM_ROW_BYTES bytes: FC2's bulk
+# producer copies them with one copy from the elected lane, where rows of [P, Ip] took a bulk
+# copy per row, each issued by its own lane, which ptxas serializes over the active lanes
+# (ELECT, 3 R2UR, UBLKCP, ...: 9 SASS per row and K-tile, ~290 for 32 rows beside the 4 MMA
+# warps' 4 x 319). The 8 padding columns of a row are copied and never read.
+INTERMEDIATE_ROW = SMEM_ROW_BYTES // 2  # elements
 # Columns per block of FC2's paired y order (moe_common.cute.topk_reduce): a 16-row group's rows
 # r and r + 8, which one thread holds, sit side by side, so they go out as one bf16x2 store.
 Y_BLOCK = 16
@@ -60,14 +71,16 @@ launch (FC1 or FC2), in kernel-parameter order: the runner builds them per launc
 with jit.example(GemmOperands).""", [
     # (first jit.GROUPED_GEMM_FIELDS: the GEMM's packed weights and the routing's tiles)
     # B's rows: FC1 token row order[p] // row_div of src (w4a16: x, row_div = k; w4a4: the
-    # pairs' quantized rows, 1), FC2 row p of the intermediate; the row stride in elements, the
+    # pairs' quantized rows, 1), FC2 row p of the intermediate; the row stride in elements and
+    # (FC2) the bytes from one K-tile's block of rows to the next (INTERMEDIATE_ROW); the
     # real K (columns past it read as 0), the K-tiles and the 16-row weight groups per expert
-    ("row_div", Int32), ("src", Int64), ("src_stride", Int32), ("k_real", Int32),
-    ("k_tiles", Int32), ("row_groups", Int32),
-    # the output: FC1 the bf16 intermediate [P, Ip], FC2 y [P, H] bf16 (stride, rows), with
-    # FC2's original pair index per sorted position and the router weights (fp32 [P])
-    ("out", Int64), ("out_stride", Int32), ("out_rows", Int32), ("pair_orig", Int64),
-    ("route_w", Int64),
+    ("row_div", Int32), ("src", Int64), ("src_stride", Int32), ("src_kt_bytes", Int32),
+    ("k_real", Int32), ("k_tiles", Int32), ("row_groups", Int32),
+    # the output: FC1 the bf16 intermediate (INTERMEDIATE_ROW: row stride, K-tile block
+    # bytes), FC2 y [P, H] bf16 (stride H; out_kt_bytes unused), its rows, with FC2's original
+    # pair index per sorted position and the router weights (fp32 [P])
+    ("out", Int64), ("out_stride", Int32), ("out_kt_bytes", Int32), ("out_rows", Int32),
+    ("pair_orig", Int64), ("route_w", Int64),
     # the activation's run-time parameters (FC1; moe_common.types.Activation)
     ("act_alpha", Float32), ("act_beta", Float32), ("act_limit", Float32),
 ])
@@ -142,6 +155,10 @@ class GroupedGemm:
         assert self.b_chunks % self.threads == 0
         self.b_iters = self.b_chunks // self.threads
         bars = cfg.stages if cfg.producer_warps else 0
+        # FC2 with a producer warp: it stages each token slot's (pair, router weight) for the
+        # epilogue (_stage_columns), completing the `columns` barrier
+        self.staged_columns = cfg.phase == "fc2" and cfg.producer_warps == 1
+        slots = cfg.bn if self.staged_columns else 0
         mem = cute.struct.MemRange
         self.storage = shared_storage("GroupedGemmStorage", {
             "stages": cute.struct.Align[mem[cutlass.Uint8, cfg.stages * self.stage_bytes], 128],
@@ -149,6 +166,8 @@ class GroupedGemm:
             # threads' releases (_warp_specialized)
             "full": mem[cutlass.Int64, bars],
             "empty": mem[cutlass.Int64, bars],
+            "columns": mem[cutlass.Int64, 1 if slots else 0],
+            "table": mem[cutlass.Int64, slots],  # per slot: pair (low word), weight (high)
             "end": mem[cutlass.Uint8, 0],  # the bytes used (the struct's size pads to 128)
         })
         self.smem_bytes = self.storage.offsets["end"]
@@ -181,10 +200,15 @@ class GroupedGemm:
         ptx.grid_dependency_wait()  # first: see jit.PDL
         bidx, bidy, _ = cute.arch.block_idx()
         tile = bidy
-        if tile < ptx.ld_u32(ops.num_tiles):
-            e = ptx.ld_u32(ops.tile_expert + Int64(tile) * 4)
-            p0 = ptx.ld_u32(ops.tile_start + Int64(tile) * 4)
-            p1 = ptx.ld_u32(ops.tile_end + Int64(tile) * 4)
+        # the tile's fields are loaded with the tile count, not after it (one round trip before
+        # the first copy, not two; relaxed loads, which ptxas does not sink into the branch): the
+        # table holds at least gridDim.y entries (runner.tiles_capacity), those past the count
+        # stale and unused
+        count = ptx.ld_u32(ops.num_tiles)
+        e = ptx.ld_relaxed_u32(ops.tile_expert + Int64(tile) * 4)
+        p0 = ptx.ld_relaxed_u32(ops.tile_start + Int64(tile) * 4)
+        p1 = ptx.ld_relaxed_u32(ops.tile_end + Int64(tile) * 4)
+        if tile < count:
             warp = tidx // 32
             lane = tidx % 32
             r = lane // 4
@@ -210,7 +234,7 @@ class GroupedGemm:
 
             if cutlass.const_expr(cfg.producer_warps == 0):
                 sources = [self._chunk_source(tidx + it * self.threads, p0, p1, ops.order, ops.row_div,
-                                              ops.src, ops.src_stride)
+                                              ops.src, ops.src_stride, self._b_kt_bytes(ops))
                            for it in range(self.b_iters)]
 
                 # ---- mainloop, specialised on the tile's live width: an expert's last tile is
@@ -224,53 +248,114 @@ class GroupedGemm:
                              w_warp, a_warp_off)
                 self._by_width(cfg.live_widths, p1 - p0, loop_args)
                 ptx.cp_async_wait(0)
-                self._epilogue(ops, acc, e, p0, p1, group0, r, q)
+                self._epilogue(ops, acc, e, None, p0, p1, group0, r, q)
             else:
                 self._warp_specialized(ops, acc, e, p0, p1, bidx, warp, lane, r, q, s_base, b_lane)
 
     # ------------------------------------------------------------------ pieces
     @cute.jit
-    def _epilogue(self, ops, acc, e, p0, p1, group0, r, q):
-        """Global scale, bias; FC1 the activation into the intermediate, FC2 the router weight
-        into y (each (pair, row) written once)."""
-        cfg = self.cfg
+    def _epilogue_operands(self, ops, e, group0, r):
+        """Expert e's global scale and the biases of rows r and r + 8 of this thread's groups
+        (always read, zeros when the layer has none: one less compile variant), all loaded
+        together at the epilogue's start (before the K loop they take 5 more registers: FC2's
+        32-token tiles at 112, 3 CTAs per SM, or spilling inside the K loop at 96)."""
         gscale = ptx.ld_nc_f32(ops.gscale + Int64(e) * 4)
-        if cutlass.const_expr(cfg.phase == "fc2"):
-            # every column's pair (clamped into the tile) and router weight before the first
-            # store, not 2 serial round trips per column after it (Qwen3-30B-A3B T=512 -4.5%)
-            pairs = [ptx.ld_u32(ops.pair_orig + Int64(cutlass.min(p0 + nb * 8 + 2 * q + c,
-                                                                  p1 - 1)) * 4)
-                     for nb in range(self.nb) for c in range(2)]
-            cols = [(pair, ptx.ld_nc_f32(ops.route_w + Int64(pair) * 4)) for pair in pairs]
-        for g in cutlass.range_constexpr(cfg.mw):
-            row0 = (group0 + g) * 16 + r  # blob row of acc[..., 0/1]; +8 for acc[..., 2/3]
-            # bias is always read (zeros when the layer has none): one less compile variant
-            brow = ops.bias + (Int64(e) * Int64(ops.row_groups * 16) + Int64(row0)) * 4
-            b_lo = ptx.ld_nc_f32(brow)
-            b_hi = ptx.ld_nc_f32(brow + 32)
-            for nb in cutlass.range_constexpr(self.nb):
-                for c in cutlass.range_constexpr(2):
-                    p = p0 + nb * 8 + 2 * q + c
-                    if p < p1:
-                        v_lo = acc[g, nb, c] * gscale + b_lo
-                        v_hi = acc[g, nb, 2 + c] * gscale + b_hi
-                        if cutlass.const_expr(cfg.phase == "fc1"):
-                            self._fc1_store(ops.out, ops.out_stride, p, group0 + g, r, v_lo, v_hi,
-                                           ops.act_alpha, ops.act_beta, ops.act_limit)
-                        else:
-                            self._fc2_store(ops, cols[2 * nb + c], group0 + g, r, v_lo, v_hi)
+        biases = []
+        for g in cutlass.range_constexpr(self.cfg.mw):
+            brow = ops.bias + (Int64(e) * Int64(ops.row_groups * 16)
+                               + Int64((group0 + g) * 16 + r)) * 4
+            biases.append((ptx.ld_nc_f32(brow), ptx.ld_nc_f32(brow + 32)))
+        return gscale, biases
 
     @cute.jit
-    def _fc2_store(self, ops, route, group, r, v_lo, v_hi):
-        """y rows r and r + 8 of 16-row group `group`, times the router weight, as one bf16x2
-        word: y's rows are in the paired order of Y_BLOCK (moe_common.cute.topk_reduce), where
-        they sit side by side, so a warp instruction writes 4 tokens x 32 contiguous bytes (a
-        sector each). out_rows is a multiple of 32: a group is in or out."""
-        pair, wgt = route
-        if group * 16 < ops.out_rows:
-            col = fragment_position(group * 16, r, 0, 0, 1)
-            dst = ops.out + (Int64(pair) * Int64(ops.out_stride) + Int64(col)) * 2
-            ptx.st_u32(dst, ptx.bf16x2_from_f32(v_lo * wgt, v_hi * wgt))
+    def _epilogue(self, ops, acc, e, cols, p0, p1, group0, r, q):
+        """Global scale, bias; FC1 the activation into the intermediate, FC2 the router weight
+        into y (each (pair, row) written once; cols: the shared table of _stage_columns, or None
+        to load the columns here)."""
+        pre = self._epilogue_operands(ops, e, group0, r)
+        if cutlass.const_expr(self.cfg.phase == "fc2"):
+            self._epilogue_fc2(ops, acc, pre, cols, p0, p1, group0, r, q)
+        else:
+            self._epilogue_fc1(ops, acc, pre, p0, p1, group0, r, q)
+
+    @cute.jit
+    def _epilogue_fc1(self, ops, acc, pre, p0, p1, group0, r, q):
+        """inter[p] = act(acc x gscale + bias) in bf16: per column (token slot) the address of
+        its intermediate row at this thread's first group (the next group's is an immediate
+        offset on), then per group one store per column (relu2: two), each
+        predicated on the column holding one of the tile's pairs (no branch per column; a
+        dead column's activation runs on whatever its accumulators hold and is not stored).
+        Gated: gate (row r) and up (row r + 8) of intermediate column 8 group + r; relu2:
+        rows r and r + 8 are intermediate columns 16 group + r and + 8. A group's columns lie in
+        one K-tile block of the intermediate (INTERMEDIATE_ROW)."""
+        cfg = self.cfg
+        per_group = 8 if cfg.gated else 16  # intermediate columns per 16-row group
+        gscale, biases = pre
+        rows = [ops.out + (Int64(p0 + nb * 8 + 2 * q + c) * Int64(ops.out_stride) + Int64(r)) * 2
+                for nb in range(self.nb) for c in range(2)]
+        for g in cutlass.range_constexpr(cfg.mw):
+            b_lo, b_hi = biases[g]
+            col = (group0 + g) * per_group  # the group's first intermediate column
+            at = Int64(col // TILE_K) * Int64(ops.out_kt_bytes) + Int64(col % TILE_K) * 2
+            for nb in cutlass.range_constexpr(self.nb):
+                for c in cutlass.range_constexpr(2):
+                    live = p0 + nb * 8 + 2 * q + c < p1
+                    v_lo = acc[g, nb, c] * gscale + b_lo
+                    v_hi = acc[g, nb, 2 + c] * gscale + b_hi
+                    dst = rows[2 * nb + c] + at
+                    if cutlass.const_expr(cfg.gated):
+                        h = act.gated(cfg.activation, v_lo, v_hi, ops.act_alpha, ops.act_beta,
+                                      ops.act_limit)
+                        ptx.st_u16_if(dst, ptx.bf16x2_from_f32(h, h), live)
+                    else:
+                        a, b = act.relu2(v_lo), act.relu2(v_hi)
+                        ptx.st_u16_if(dst, ptx.bf16x2_from_f32(a, a), live)
+                        ptx.st_u16_if(dst + 16, ptx.bf16x2_from_f32(b, b), live)
+
+    @cute.jit
+    def _epilogue_fc2(self, ops, acc, pre, cols, p0, p1, group0, r, q):
+        """y = (acc x gscale + bias) x router weight, rows r and r + 8 of each group as one
+        bf16x2 word: y's rows are in the paired order of Y_BLOCK (moe_common.cute.topk_reduce),
+        where they sit side by side, so a warp instruction writes 4 tokens x 32 contiguous
+        bytes (a sector each). Steps:
+        1. per column (token slot): its pair and router weight, from the shared table the
+           producer warp filled (cols: _stage_columns, once its barrier completes), else loaded
+           here (clamped into the tile), every load issued before the first store (not 2 serial
+           round trips per column after it: Qwen3-30B-A3B T=512 -4.5%), and the address of its y
+           row at this thread's first group's columns (the next group's are 32 bytes on: an
+           immediate offset);
+        2. per group inside y's rows (out_rows is a multiple of 32: a group is in or out, one
+           warp-uniform branch): one store per column, predicated on the column holding one of
+           the tile's pairs (no branch per column)."""
+        cfg = self.cfg
+        gscale, biases = pre
+        if cutlass.const_expr(cols is not None):
+            table, bar = cols
+            ptx.mbarrier_wait(bar, 0)
+        columns = []
+        for nb in cutlass.range_constexpr(self.nb):
+            for c in cutlass.range_constexpr(2):
+                n = nb * 8 + 2 * q + c
+                if cutlass.const_expr(cols is not None):
+                    pair, w_bits = ptx.ld_shared_v2(table + n * 8)
+                    wgt = ptx.f32_bits(w_bits)
+                else:
+                    pair = ptx.ld_u32(ops.pair_orig + Int64(cutlass.min(p0 + n, p1 - 1)) * 4)
+                    wgt = ptx.ld_nc_f32(ops.route_w + Int64(pair) * 4)
+                columns.append((p0 + n, pair, wgt))
+        col0 = fragment_position(group0 * 16, r, 0, 0, 1)
+        dsts = [ops.out + (Int64(pair) * Int64(ops.out_stride) + Int64(col0)) * 2
+                for _, pair, _ in columns]
+        for g in cutlass.range_constexpr(cfg.mw):
+            if (group0 + g) * 16 < ops.out_rows:
+                b_lo, b_hi = biases[g]
+                for nb in cutlass.range_constexpr(self.nb):
+                    for c in cutlass.range_constexpr(2):
+                        p, _, wgt = columns[2 * nb + c]
+                        v_lo = acc[g, nb, c] * gscale + b_lo
+                        v_hi = acc[g, nb, 2 + c] * gscale + b_hi
+                        ptx.st_u32_if(dsts[2 * nb + c] + 32 * g,
+                                      ptx.bf16x2_from_f32(v_lo * wgt, v_hi * wgt), p < p1)
 
     @cute.jit
     def _by_width(self, widths: tuple, width, loop_args):
@@ -300,29 +385,63 @@ class GroupedGemm:
         2. a producer warp streams K-tile after K-tile into the ring (_produce), waiting only
            for the stage it refills to be released;
         3. an MMA warp runs the same decode and MMAs per K-tile as _mainloop, waiting only for
-           that stage's copies, then releases it (_consume), and writes its rows (_epilogue)."""
+           that stage's copies, then releases it (_consume), and writes its rows (_epilogue);
+        4. FC2 with one producer warp: that warp loads the tile's pair indices before its K
+           loop and, after it, their router weights into a shared table (_stage_columns), which
+           the epilogue reads once the `columns` barrier completes: the epilogue starts without
+           a round trip for them (only for its global scale and biases)."""
         cfg = self.cfg
         off = self.storage.offsets
         ring = StageRing(cfg.stages, self.stage_bytes, s_base + off["full"],
                          s_base + off["empty"], (s_base, off["stages"]))
+        cols = None
+        if cutlass.const_expr(self.staged_columns):
+            cols = (s_base + self.storage.offsets["table"],
+                    s_base + self.storage.offsets["columns"])
         if warp == 0:
             if lane == 0:
                 # full: with bulk copies one arrival (expect_tx) and the bytes, else each copying
                 # thread's arrival; empty: every MMA thread's release
                 ring.init(1 if cfg.producer_bulk else cfg.producer_warps * 32, cfg.warps * 32)
+                if cutlass.const_expr(self.staged_columns):
+                    ptx.mbarrier_init(cols[1], 32)  # the producer warp's lanes
                 ptx.fence_mbarrier_init()
         cute.arch.sync_threads()
         if warp >= cfg.warps:
+            pairs = self._column_pairs(ops, lane, p0, p1) if self.staged_columns else []
             if cutlass.const_expr(cfg.producer_bulk):
                 self._produce_bulk(ops, lane, bidx, e, p0, p1, ring)
             else:
                 self._produce(ops, warp - cfg.warps, lane, bidx, e, p0, p1, ring)
+            if cutlass.const_expr(self.staged_columns):
+                self._stage_columns(ops, lane, pairs, cols)
         else:
             a_warp_off = self.b_bytes + warp * cfg.mw * self.a_group_bytes
             group0 = (bidx * cfg.warps + warp) * cfg.mw
             self._by_width(cfg.live_widths, p1 - p0,
-                           (acc, ops, ring, lane, b_lane, a_warp_off, e, p0, p1,
-                            group0, r, q))
+                           (acc, ops, ring, lane, b_lane, a_warp_off, e, cols,
+                            p0, p1, group0, r, q))
+
+    @cute.jit
+    def _column_pairs(self, ops, lane, p0, p1):
+        """The pair index of token slots lane, lane + 32, ... of the tile (a slot past the tile's
+        rows takes its last row's: the table is always whole), loads issued before the K loop."""
+        return [ptx.ld_u32(ops.pair_orig + Int64(cutlass.min(p0 + i * 32 + lane, p1 - 1)) * 4)
+                for i in range(-(-self.cfg.bn // 32))]
+
+    @cute.jit
+    def _stage_columns(self, ops, lane, pairs, cols):
+        """After the producer's K loop: slot n's (pair, router weight) into the shared table, then
+        every lane arrives on the `columns` barrier (release: its stores before the epilogue's
+        reads)."""
+        table, bar = cols
+        for i in cutlass.range_constexpr(len(pairs)):
+            n = i * 32 + lane
+            if n < self.cfg.bn:
+                w = ptx.ld_nc_u32(ops.route_w + Int64(pairs[i]) * 4)
+                ptx.st_shared_u32(table + n * 8, pairs[i])
+                ptx.st_shared_u32(table + n * 8 + 4, w)
+        ptx.mbarrier_arrive(bar)
 
     @cute.jit
     def _produce(self, ops, pw, lane, bidx, e, p0, p1, ring):
@@ -340,7 +459,8 @@ class GroupedGemm:
         rows_per_pass = 16 * npw
         half = ctid % 2  # the chunks of the row this thread copies: half, half + 2, ...
         row_src = [self._chunk_source((ctid // 2 + rows_per_pass * i) * 16 + half, p0, p1,
-                                      ops.order, ops.row_div, ops.src, ops.src_stride)
+                                      ops.order, ops.row_div, ops.src, ops.src_stride,
+                                      self._b_kt_bytes(ops))
                    for i in range(-(-cfg.bn // rows_per_pass))]
         served = [pw + npw * j for j in range(-(-cfg.warps // npw))]  # MMA warps pw + P j
         # per served warp: where its groups' records start, its stage slice
@@ -355,10 +475,10 @@ class GroupedGemm:
             stage = ring.at(kt)
             for i in cutlass.range_constexpr(len(row_src)):
                 if ctid // 2 + rows_per_pass * i < cfg.bn:
-                    base, dst, ch0, ok = row_src[i]
+                    base, dst, ch0, ok, kt_bytes = row_src[i]
                     for j in cutlass.range_constexpr(TILE_K // 16):
-                        self._copy_chunk((base + Int64(j * 32), dst + j * 32, ch0 + 2 * j, ok),
-                                         kt, ops.k_real, ops.src, stage)
+                        self._copy_chunk((base + Int64(j * 32), dst + j * 32, ch0 + 2 * j, ok,
+                                          kt_bytes), kt, ops.k_real, ops.src, stage)
             for j in cutlass.range_constexpr(len(weights)):
                 w_src, a_off, w = weights[j]
                 if w < cfg.warps:
@@ -378,60 +498,103 @@ class GroupedGemm:
     def _produce_bulk(self, ops, lane, bidx, e, p0, p1, ring):
         """The producer warp with cfg.producer_bulk: per K-tile, wait until the stage is free;
         one elected lane arrives on its full barrier expecting the stage's bytes and bulk copies
-        every MMA warp's weight groups (one record per group); lane n copies
-        live token row n (one 256-byte copy; with cfg.k_tail the last K-tile's real bytes, and
-        zeros past them). The barrier completes when the bytes have landed."""
+        every MMA warp's weight groups (one record per group) and, in FC2, the tile's live rows
+        of the intermediate (one run: INTERMEDIATE_ROW); in FC1 lane n copies live token row
+        n (one 256-byte copy; with cfg.k_tail the last K-tile's real bytes, and zeros past them).
+        The barrier completes when the bytes have landed. FC1's token rows wait on a load of
+        `order` (and a division by row_div); the weights do not: the first `stages` K-tiles'
+        weight copies go out before it, their rows after it, then the loop runs both."""
         cfg = self.cfg
+        fc2 = cfg.phase == "fc2"
         live = cutlass.min(p1 - p0, cfg.bn)
-        rows = []  # per pass over the tile's rows: (row n, its source row's address)
-        for i in cutlass.range_constexpr(-(-cfg.bn // 32)):
-            n = i * 32 + lane
-            src_row = ops.src  # never read past the tile
-            if n < live:
-                row = p0 + n  # FC2 reads the intermediate in sorted order
-                if cutlass.const_expr(cfg.phase == "fc1"):
-                    row = ptx.ld_u32(ops.order + Int64(p0 + n) * 4) // ops.row_div
-                src_row = ops.src + Int64(row) * Int64(ops.src_stride) * 2
-            rows.append((n, src_row))
+        # FC2: the tile's rows p0 .. p0 + live - 1 at K-tile 0, contiguous rows of SMEM_ROW_BYTES
+        run = (ops.src + Int64(p0) * Int64(ops.src_stride) * 2, live * SMEM_ROW_BYTES)
         # the record index (fm.record_index) of each block of the CTA's groups at K-tile 0, in
         # stage order: one copy per block and K-tile
         n_groups = cfg.warps * cfg.mw
-        block = min(n_groups, BLOCK_GROUPS) * self.a_group_bytes
         blocks = [fm.record_index(e, bidx * n_groups + j, 0, ops.row_groups, ops.k_tiles)
                   for j in range(0, n_groups, BLOCK_GROUPS)]
-        weight_bytes = n_groups * self.a_group_bytes
-        tx_bytes = weight_bytes + live * (TILE_K * 2)
-        for kt in cutlass.range(ops.k_tiles, unroll=1):
-            ring.wait_empty(kt)
-            stage = ring.at(kt)
-            bar = ring.full_bar(kt)
-            kt_row_bytes, kt_tx_bytes = TILE_K * 2, tx_bytes
-            if cutlass.const_expr(cfg.k_tail):
-                # the last K-tile: its real columns by bulk copy, zeros past them by this lane's
-                # stores, ordered before the elected arrival by the warp barrier
-                kt_row_bytes = cutlass.min(ops.k_real - kt * TILE_K, TILE_K) * 2
-                kt_tx_bytes = weight_bytes + live * kt_row_bytes
-                for i in cutlass.range_constexpr(len(rows)):
-                    n = rows[i][0]
-                    if n < live:
-                        for off in cutlass.range(kt_row_bytes, TILE_K * 2, 16):
-                            ptx.st_shared_v4(stage + n * SMEM_ROW_BYTES + off, 0, 0, 0, 0)
-                ptx.sync_warp()
-            copies = []
-            for j in cutlass.range_constexpr(len(blocks)):
-                t = blocks[j] + Int64(kt) * BLOCK_GROUPS
-                copies.append((stage + self.b_bytes + j * block,
-                               ops.records + t * self.a_group_bytes, block))
-            ptx.bulk_copies_g2s_elected(bar, kt_tx_bytes, copies)
-            for i in cutlass.range_constexpr(len(rows)):
-                n, src_row = rows[i]
-                if n < live:
-                    ptx.bulk_copy_g2s(stage + n * SMEM_ROW_BYTES,
-                                      src_row + Int64(kt) * (TILE_K * 2), kt_row_bytes, bar)
+        head = (ops, lane, live, blocks, run, ring)
+        if cutlass.const_expr(fc2):
+            for kt in cutlass.range(ops.k_tiles, unroll=1):
+                self._bulk_head(kt, *head)
+        else:
+            ahead = cutlass.min(ops.k_tiles, cfg.stages)
+            for kt in cutlass.range(ahead, unroll=1):
+                self._bulk_head(kt, *head)
+            rows = self._row_sources(ops, lane, p0, live)
+            for kt in cutlass.range(ahead, unroll=1):
+                self._bulk_rows(kt, ops, lane, live, rows, ring)
+            for kt in cutlass.range(ahead, ops.k_tiles, unroll=1):
+                self._bulk_head(kt, *head)
+                self._bulk_rows(kt, ops, lane, live, rows, ring)
+
+    def _kt_row_bytes(self, ops, kt):
+        """The bytes of a token row that K-tile kt copies: all 256, or with cfg.k_tail the real
+        columns' (the last K-tile's end inside it)."""
+        if cutlass.const_expr(self.cfg.k_tail):
+            return cutlass.min(ops.k_real - kt * TILE_K, TILE_K) * 2
+        return TILE_K * 2
 
     @cute.jit
-    def _consume(self, live_nb: int, acc, ops, ring, lane, b_lane, a_warp_off, e,
-                 p0, p1, group0, r, q):
+    def _bulk_head(self, kt, ops, lane, live, blocks, run, ring):
+        """K-tile kt's stage, all but FC1's token rows: wait until it is free; with cfg.k_tail
+        zero each live row past the real columns (this lane's stores, ordered before the elected
+        arrival by the warp barrier); the elected lane's arrival expecting every byte of the
+        stage (the rows' too) and its copies of the weight blocks (FC2: and of the rows' run)."""
+        cfg = self.cfg
+        fc2 = cfg.phase == "fc2"
+        ring.wait_empty(kt)
+        stage = ring.at(kt)
+        row_bytes = self._kt_row_bytes(ops, kt)
+        if cutlass.const_expr(cfg.k_tail):
+            for i in cutlass.range_constexpr(-(-cfg.bn // 32)):
+                n = i * 32 + lane
+                if n < live:
+                    for off in cutlass.range(row_bytes, TILE_K * 2, 16):
+                        ptx.st_shared_v4(stage + n * SMEM_ROW_BYTES + off, 0, 0, 0, 0)
+            ptx.sync_warp()
+        n_groups = cfg.warps * cfg.mw
+        block = min(n_groups, BLOCK_GROUPS) * self.a_group_bytes
+        copies = []
+        for j in cutlass.range_constexpr(len(blocks)):
+            t = blocks[j] + Int64(kt) * BLOCK_GROUPS
+            copies.append((stage + self.b_bytes + j * block,
+                           ops.records + t * self.a_group_bytes, block))
+        run_src, run_bytes = run
+        if cutlass.const_expr(fc2):
+            copies.append((stage, run_src + Int64(kt) * Int64(ops.src_kt_bytes), run_bytes))
+        tx_bytes = n_groups * self.a_group_bytes + (run_bytes if fc2 else live * row_bytes)
+        ptx.bulk_copies_g2s_elected(ring.full_bar(kt), tx_bytes, copies)
+
+    @cute.jit
+    def _row_sources(self, ops, lane, p0, live):
+        """FC1: per pass over the tile's rows, the address of row n = 32 pass + lane's source
+        row, order[p0 + n] // row_div of src (src itself past the tile: never read)."""
+        rows = []
+        for i in cutlass.range_constexpr(-(-self.cfg.bn // 32)):
+            src_row = ops.src
+            if i * 32 + lane < live:
+                row = ptx.ld_u32(ops.order + Int64(p0 + i * 32 + lane) * 4) // ops.row_div
+                src_row = ops.src + Int64(row) * Int64(ops.src_stride) * 2
+            rows.append(src_row)
+        return rows
+
+    @cute.jit
+    def _bulk_rows(self, kt, ops, lane, live, rows, ring):
+        """FC1: K-tile kt of each live token row, one bulk copy from its lane (ptxas runs them
+        as a loop over the active lanes), completing on the stage's full barrier."""
+        stage = ring.at(kt)
+        row_bytes = self._kt_row_bytes(ops, kt)
+        for i in cutlass.range_constexpr(len(rows)):
+            n = i * 32 + lane
+            if n < live:
+                ptx.bulk_copy_g2s(stage + n * SMEM_ROW_BYTES, rows[i] + Int64(kt) * (TILE_K * 2),
+                                  row_bytes, ring.full_bar(kt))
+
+    @cute.jit
+    def _consume(self, live_nb: int, acc, ops, ring, lane, b_lane, a_warp_off, e, cols, p0,
+                 p1, group0, r, q):
         """An MMA warp with producer warps: the K loop (wait for the stage's copies, decode and
         MMA as _mainloop does, release the stage: every thread arrives after its own
         shared-memory reads, so each read is ordered before the refill by the barrier itself),
@@ -444,7 +607,7 @@ class GroupedGemm:
                                          cfg.weight_format) for gi in range(cfg.mw)]
             fm.mma_ktile(acc, words, stage + b_lane, live_nb, cfg.weight_format)
             ring.release(kt)
-        self._epilogue(ops, acc, e, p0, p1, group0, r, q)
+        self._epilogue(ops, acc, e, cols, p0, p1, group0, r, q)
 
     @cute.jit
     def _mainloop(self, live_nb: int, acc, k_tiles, s_base, lane, b_lane, sources, src, k_real,
@@ -470,9 +633,15 @@ class GroupedGemm:
                                          cfg.weight_format) for g in range(cfg.mw)]
             fm.mma_ktile(acc, words, stage + b_lane, live_nb, cfg.weight_format)
 
+    def _b_kt_bytes(self, ops):
+        """Bytes from one K-tile of B's source rows to the next: FC1 reads row-major rows (x or
+        the w4a4 rows), FC2 the intermediate's K-tile blocks (INTERMEDIATE_ROW)."""
+        return TILE_K * 2 if self.cfg.phase == "fc1" else ops.src_kt_bytes
+
     @cute.jit
-    def _chunk_source(self, c, p0, p1, order, row_div, src, src_stride):
-        """Where B chunk c (a token row's 16-byte piece ch of each K-tile) comes from and goes to.
+    def _chunk_source(self, c, p0, p1, order, row_div, src, src_stride, kt_bytes):
+        """Where B chunk c (a token row's 16-byte piece ch of each K-tile) comes from and goes to,
+        and the bytes from one K-tile's piece to the next (_b_kt_bytes).
 
         Computed once per tile, outside the K loop: the row gather (order[p] // row_div) is a
         dependent global load that would otherwise stall every K-tile's copies.
@@ -491,17 +660,17 @@ class GroupedGemm:
                 row = ptx.ld_u32(order + Int64(p) * 4) // row_div
             base = src + (Int64(row) * Int64(src_stride) + Int64(ch * 8)) * 2
             ok = Int32(1)
-        return base, dst, ch, ok
+        return base, dst, ch, ok, kt_bytes
 
     @cute.jit
     def _copy_chunk(self, source, kt, k_real, src, stage_base):
-        base, dst, ch, ok = source
+        base, dst, ch, ok, kt_bytes = source
         k0 = kt * TILE_K + ch * 8
         nbytes = Int32(0)
         gaddr = src  # any valid address when nothing is read (zero-fill)
         if ok != Int32(0):
             if k0 < k_real:
-                gaddr = base + Int64(kt) * (TILE_K * 2)
+                gaddr = base + Int64(kt) * Int64(kt_bytes)
                 nbytes = Int32(16)
         ptx.cp_async_16_zfill(stage_base + dst, gaddr, nbytes)
 
@@ -527,15 +696,3 @@ class GroupedGemm:
             ptx.cp_async_16(dst + lane * 32 + 16, rec + Int64(lane) * 32 + 16)
             if lane < scale_chunks:
                 ptx.cp_async_16(dst + 1024 + lane * 16, rec + 1024 + Int64(lane) * 16)
-
-    @cute.jit
-    def _fc1_store(self, out, out_stride, p, group, r, v_lo, v_hi, alpha, beta, limit):
-        cfg = self.cfg
-        row = out + Int64(p) * Int64(out_stride) * 2
-        if cutlass.const_expr(cfg.gated):
-            h = act.gated(cfg.activation, v_lo, v_hi, alpha, beta, limit)
-            ptx.st_u16(row + Int64(group * 8 + r) * 2, ptx.bf16x2_from_f32(h, h))
-        else:  # relu2: rows r and r + 8 are intermediate rows 16*group + r and + 8
-            a, b = act.relu2(v_lo), act.relu2(v_hi)
-            ptx.st_u16(row + Int64(group * 16 + r) * 2, ptx.bf16x2_from_f32(a, a))
-            ptx.st_u16(row + Int64(group * 16 + 8 + r) * 2, ptx.bf16x2_from_f32(b, b))

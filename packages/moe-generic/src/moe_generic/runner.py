@@ -23,7 +23,7 @@ from moe_common.weights import MoEWeights
 
 from . import compile_cache
 from .compile_cache import BN_CHOICES
-from .grouped_gemm import Y_BLOCK, GemmOperands
+from .grouped_gemm import INTERMEDIATE_ROW, SMEM_ROW_BYTES, Y_BLOCK, GemmOperands
 from .limits import KERNEL_NAME
 
 # Mean routed rows per expert from which the tiles are 64 tokens wide; from MID_MIN_ROWS they
@@ -96,27 +96,38 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     routed = route_pairs(bufs, ids, off, E, bn, tiles_capacity(P, E), stream)
     order = routed.order
 
-    # 2. FC1 (+ activation) -> intermediate [P, Ip] bf16 in sorted order
+    # 2. FC1 (+ activation) -> intermediate [Ip / 128, P, INTERMEDIATE_ROW] bf16 in sorted order
+    # (grouped_gemm.INTERMEDIATE_ROW: K-tile blocks of padded rows, so that FC2 copies a tile's
+    # rows of a K-tile in one run)
     if quant_mode == "w4a4":
         # one quantized row per routed pair (each pair uses its expert's global scale)
         src, row_div = w4a4_fc1_rows(x, weights, ids, bufs.get("xq", (P, H), torch.bfloat16)), 1
     else:
         src, row_div = x, k
-    inter = bufs.get("inter", (P, Ip), torch.bfloat16)
+    inter = bufs.get("inter", (Ip // TILE_K, P, INTERMEDIATE_ROW), torch.bfloat16)
+    inter_kt_bytes = P * SMEM_ROW_BYTES
     limit = activation.limit if activation.limit is not None else math.inf
     cfg1, fc1 = compile_cache.get("fc1", weights.weight_format, activation.name, bn,
                                   prep.fc1_rows, Hp // TILE_K, k_tail=H != Hp)
     fc1(jit.operands(GemmOperands, records=prep.w13.data_ptr(),
                      gscale=prep.fc1_alpha[quant_mode].data_ptr(), bias=prep.w13_bias.data_ptr(),
                      **routed.tile_operands, row_div=row_div, src=src.data_ptr(),
-                     src_stride=src.stride(0), k_real=H, k_tiles=Hp // TILE_K,
-                     row_groups=prep.fc1_rows // 16, out=inter.data_ptr(), out_stride=Ip,
-                     out_rows=Ip, pair_orig=0, route_w=0, act_alpha=activation.alpha,
+                     src_stride=src.stride(0), src_kt_bytes=TILE_K * 2, k_real=H,
+                     k_tiles=Hp // TILE_K, row_groups=prep.fc1_rows // 16, out=inter.data_ptr(),
+                     out_stride=INTERMEDIATE_ROW, out_kt_bytes=inter_kt_bytes, out_rows=Ip,
+                     pair_orig=0, route_w=0, act_alpha=activation.alpha,
                      act_beta=activation.beta, act_limit=limit),
         prep.fc1_rows // cfg1.cta_rows, max_tiles, stream)
 
     if quant_mode == "w4a4":
-        w4a4_requantize_intermediate(inter, weights, ids, order)
+        # the intermediate's rows [P, Ip], requantized in place: a copy written back into the
+        # blocks, or where Ip is one K-tile a view of them (copying a view back onto itself is
+        # an overlapping copy, which torch refuses)
+        blocks = inter[:, :, :TILE_K]
+        rows = blocks.permute(1, 0, 2).reshape(P, Ip)
+        w4a4_requantize_intermediate(rows, weights, ids, order)
+        if rows.untyped_storage().data_ptr() != inter.untyped_storage().data_ptr():
+            blocks.copy_(rows.view(P, Ip // TILE_K, TILE_K).permute(1, 0, 2))
 
     # 3. FC2 (+ router weight) -> y [P, H] bf16 in original pair order, each row's columns in
     # the paired order of Y_BLOCK (moe_common.cute.topk_reduce)
@@ -126,9 +137,10 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
                                   Ip // TILE_K)
     fc2(jit.operands(GemmOperands, records=prep.w2.data_ptr(),
                      gscale=prep.fc2_alpha[quant_mode].data_ptr(), bias=prep.w2_bias.data_ptr(),
-                     **routed.tile_operands, row_div=1, src=inter.data_ptr(), src_stride=Ip,
-                     k_real=Ip, k_tiles=Ip // TILE_K, row_groups=prep.fc2_rows // 16,
-                     out=y.data_ptr(), out_stride=H, out_rows=H, pair_orig=order.data_ptr(),
+                     **routed.tile_operands, row_div=1, src=inter.data_ptr(),
+                     src_stride=INTERMEDIATE_ROW, src_kt_bytes=inter_kt_bytes, k_real=Ip,
+                     k_tiles=Ip // TILE_K, row_groups=prep.fc2_rows // 16, out=y.data_ptr(),
+                     out_stride=H, out_kt_bytes=0, out_rows=H, pair_orig=order.data_ptr(),
                      route_w=route_w.data_ptr(), act_alpha=1.0, act_beta=1.0, act_limit=math.inf),
         prep.fc2_rows // cfg2.cta_rows, max_tiles, stream)
 

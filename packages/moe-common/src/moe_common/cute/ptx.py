@@ -149,6 +149,14 @@ def ld_u32(addr, *, loc=None, ip=None) -> Int32:
 
 
 @dsl_user_op
+def ld_relaxed_u32(addr, *, loc=None, ip=None) -> Int32:
+    """ld_u32 as a relaxed gpu-scope load, which ptxas keeps where it stands (a plain load whose
+    only use is behind a branch is sunk past it: moe-generic's tile fields)."""
+    return Int32(_asm(T.i32(), [Int64(addr).ir_value(loc=loc, ip=ip)],
+                      "ld.relaxed.gpu.global.u32 $0, [$1];", "=r,l", side_effects=True))
+
+
+@dsl_user_op
 def ld_nc_u32(addr, *, loc=None, ip=None) -> Int32:
     return Int32(_asm(T.i32(), [Int64(addr).ir_value(loc=loc, ip=ip)],
                       "ld.global.nc.u32 $0, [$1];", "=r,l"))
@@ -239,6 +247,14 @@ def st_v4(addr, a, b, c, d, *, loc=None, ip=None):
 def st_v4_f32(addr, a, b, c, d, *, loc=None, ip=None):
     _stmt([Int64(addr).ir_value(loc=loc, ip=ip)] + [Float32(x).ir_value(loc=loc, ip=ip) for x in (a, b, c, d)],
           "st.global.v4.f32 [$0], {$1, $2, $3, $4};", "l,f,f,f,f")
+
+
+@dsl_user_op
+def st_u16_if(addr, a, pred, *, loc=None, ip=None):
+    """st_u16 where pred != 0 (predicated, no branch)."""
+    _stmt([Int64(addr).ir_value(loc=loc, ip=ip), _i32(pred, loc, ip), _i32(a, loc, ip)],
+          "{\n.reg .pred p;\n.reg .b16 t;\nsetp.ne.u32 p, $1, 0;\ncvt.u16.u32 t, $2;\n"
+          "@p st.global.u16 [$0], t;\n}", "l,r,r")
 
 
 @dsl_user_op
