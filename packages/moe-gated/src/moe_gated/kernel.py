@@ -190,6 +190,7 @@ class GatedGemm:
         # tests/test_gated_cpu.py)
         self.pending = 2 if self.gpw == 1 else 1
         self.overwrite_first = self.gpw == 2  # an item's first slab overwrites acc (_work_item)
+        self.ring_bit_ops = self.gpw == 2  # (_stages)
         self.b_bytes = self.bn * TILE_K * 2  # a K-tile's B in the tile-blocked buffers
         # FC1's B is 128B-swizzled (read by a swizzled descriptor from 1024-byte aligned halves)
         self.b_swizzle = cfg.phase == "fc1"
@@ -256,9 +257,13 @@ class GatedGemm:
 
     def _stages(self, s_base):
         """The K-tiles' ring (moe_common.cute.ring) in the shared memory at s_base: full, the
-        producer's expect_tx; empty, one release per consumer warp."""
+        producer's expect_tx; empty, one release per consumer warp. The tall geometry takes a
+        K-tile's stage and parity by bit operations (its `stages` is 4): the tall consumer loops
+        306 -> 293 SASS per K-tile (FC1 NVFP4), the signed // and % sat between a K-tile's
+        count and its barrier wait. With them the wide FC2 spilled 32 bytes (NVFP4), so the
+        wide geometry keeps them (`tools/sass_loops.py --package moe-gated`)."""
         return StageRing(self.stages, self.stage_bytes, (s_base, self.full_off),
-                         (s_base, self.empty_off), s_base)
+                         (s_base, self.empty_off), s_base, bit_ops=self.ring_bit_ops)
 
     def _items(self, s_base):
         """The work items' ring: full, the producer's arrival once it wrote the slot."""
