@@ -337,3 +337,18 @@ def test_mainloop_bodies_per_8_tokens():
     # one body per 16 tokens, as before 8-token bodies were measured
     assert cfg(32, width_step=16).live_widths == (2, 4)
     assert cfg(8, width_step=16).live_widths == (1,)
+
+
+@pytest.mark.parametrize("k_tiles,pairs", [(1, 1), (1, 5), (2, 1), (3, 5)])
+def test_w4a4_requantize_reaches_every_block(k_tiles, pairs):
+    """The w4a4 requantize works on the intermediate's rows wherever they lie: a copy written
+    back into the K-tile blocks, or a view of them where Ip is one K-tile (an overlapping copy
+    back raised there, on the GPU: dispatcher/tests/test_properties.py at H = 32)."""
+    from moe_generic.grouped_gemm import INTERMEDIATE_ROW
+    from moe_generic.runner import requantize_blocks
+
+    inter = torch.randn(k_tiles, pairs, INTERMEDIATE_ROW)
+    want = inter.clone()
+    want[:, :, :128] *= 2  # the pad columns past each block's 128 stay as they were
+    requantize_blocks(inter, lambda rows: rows.mul_(2))
+    assert torch.equal(inter, want)

@@ -74,6 +74,20 @@ def tiles_capacity(pairs: int, local_experts: int) -> int:
     return max_tiles_bound(pairs, local_experts, BN_CHOICES[0])
 
 
+def requantize_blocks(inter, requantize):
+    """requantize(rows) in place on the intermediate's rows [P, Ip], which lie in K-tile blocks
+    [Ip / TILE_K, P, INTERMEDIATE_ROW]: on a row-major copy written back into the blocks, or
+    where Ip is one K-tile on a view of them (`reshape` gives one there, and copying a view
+    back onto itself is an overlapping copy, which torch refuses: found by
+    dispatcher/tests/test_properties.py at H = 32, w4a4)."""
+    kt, P, _ = inter.shape
+    blocks = inter[:, :, :TILE_K]
+    rows = blocks.permute(1, 0, 2).reshape(P, kt * TILE_K)
+    requantize(rows)
+    if rows.untyped_storage().data_ptr() != inter.untyped_storage().data_ptr():
+        blocks.copy_(rows.view(P, kt, TILE_K).permute(1, 0, 2))
+
+
 def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activation,
         quant_mode: str = "w4a16", out=None, workspace=None, deterministic: bool = True):
     """The layer call: 4 launches in w4a16 (routing, FC1, FC2, top-k reduce), all on the
@@ -120,14 +134,8 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
         prep.fc1_rows // cfg1.cta_rows, max_tiles, stream)
 
     if quant_mode == "w4a4":
-        # the intermediate's rows [P, Ip], requantized in place: a copy written back into the
-        # blocks, or where Ip is one K-tile a view of them (copying a view back onto itself is
-        # an overlapping copy, which torch refuses)
-        blocks = inter[:, :, :TILE_K]
-        rows = blocks.permute(1, 0, 2).reshape(P, Ip)
-        w4a4_requantize_intermediate(rows, weights, ids, order)
-        if rows.untyped_storage().data_ptr() != inter.untyped_storage().data_ptr():
-            blocks.copy_(rows.view(P, Ip // TILE_K, TILE_K).permute(1, 0, 2))
+        requantize_blocks(inter, lambda rows: w4a4_requantize_intermediate(rows, weights, ids,
+                                                                           order))
 
     # 3. FC2 (+ router weight) -> y [P, H] bf16 in original pair order, each row's columns in
     # the paired order of Y_BLOCK (moe_common.cute.topk_reduce)
