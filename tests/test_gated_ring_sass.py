@@ -4,7 +4,6 @@ K-tile's count and its barrier wait (FC1 NVFP4 306 -> 293 SASS per K-tile)."""
 from __future__ import annotations
 
 import importlib
-import subprocess
 import sys
 from pathlib import Path
 
@@ -24,19 +23,12 @@ compile_config(all_configs()[int(sys.argv[1])])
 # tall: FC1 NVFP4 silu, FC2 MXFP4 (all_configs' order)
 @pytest.mark.parametrize("index", [10, 19])
 def test_tall_k_loops_find_their_stage_without_signed_division(index, tmp_path):
-    from moe_common.testing import ptxas, ptxas_report
     from moe_gated.compile_cache import all_configs
 
     assert all_configs()[index].geometry == "tall"
-    report = ptxas_report(_PROBE, [index], "*GatedGemm*.ptx", tmp_path)
+    report, listing = sass_loops.probe_listing(_PROBE, [index], "*GatedGemm*.ptx", tmp_path)
     assert "0 bytes spill stores" in report, report
-    disassembler = sass_loops._cuobjdump(ptxas())
-    if disassembler is None:
-        pytest.skip("no cuobjdump")
-    sass = subprocess.run([disassembler, "-sass", str(tmp_path / "k.cubin")],
-                          capture_output=True, text=True, check=True).stdout
-    instrs = sass_loops.parse_sass(sass)
-    loops = sass_loops.mma_loops(instrs)
+    loops = sass_loops.mma_loops(listing)
     assert len(loops) >= 5, loops  # one per MMA width
     for _, _, body in loops:
         assert any("SYNCS.PHASECHK" in i for i in body), body  # the stage's full-barrier wait

@@ -84,8 +84,8 @@ def _cuobjdump(assembler: str):
     return str(beside) if beside.exists() else shutil.which("cuobjdump")
 
 
-def probe_sass(probe: str, args, kernel_glob: str, tmp_path) -> tuple:
-    """(ptxas's report, [SASS instruction]) of the one kernel that `probe` compiles
+def probe_listing(probe: str, args, kernel_glob: str, tmp_path) -> tuple:
+    """(ptxas's report, [(address, SASS instruction)]) of the one kernel that `probe` compiles
     (moe_common.testing.ptxas_report, which skips the calling test without ptxas; this skips
     it without cuobjdump)."""
     import pytest
@@ -98,7 +98,13 @@ def probe_sass(probe: str, args, kernel_glob: str, tmp_path) -> tuple:
         pytest.skip("no cuobjdump")
     sass = subprocess.run([disassembler, "-sass", str(Path(tmp_path) / "k.cubin")],
                           capture_output=True, text=True, check=True).stdout
-    return text, [i for _, i in parse_sass(sass)]
+    return text, parse_sass(sass)
+
+
+def probe_sass(probe: str, args, kernel_glob: str, tmp_path) -> tuple:
+    """(ptxas's report, [SASS instruction]): probe_listing without the addresses."""
+    text, listing = probe_listing(probe, args, kernel_glob, tmp_path)
+    return text, [i for _, i in listing]
 
 
 def report(ptx: str, workdir: Path) -> str:
