@@ -24,7 +24,7 @@ DIM_MULTIPLE = 32
 # (DeepSeek-V3 T=1024 2720 against 3112 us), at 48 rows and more 0.51-0.70. relu2 layers take
 # the same cutover. It was 48 before moe-gated's producer issued its copies from one elected
 # lane (at 32 rows 1.05-1.10, b7f4ca8; 0.88-0.93 at 361f507, just after).
-CUTOVER_ROWS_PER_EXPERT = 32
+CUTOVER_ROWS_PER_EXPERT = 24
 
 
 def unsupported_reason(shape, activation):
