@@ -9,7 +9,7 @@
 #        bench-static bench-generic-large profile ncu-band routing (AB_DIRS) racecheck-routing routing-shape band candidates bulk-band bulk-wide relu2;
 #        bulk-widths, split-small, mid-widths, mid-small, rows-256, mw4, generic-warps, ncu-routing,
 #        land-generic (land-tests, land-sanitize), auto-ab (auto-all, band-ab: AB_DIRS, AB_TOKENS),
-#        split-ab (AB_DIRS, SPLIT_LAYERS),
+#        split-ab (AB_DIRS, SPLIT_LAYERS), base-ab (AB_DIRS: whole older trees),
 #        check-ab (AB_DIRS, CHECK_PRESETS, CHECK_TOKENS),
 #        dispatch-points (static-points, cutover-points), cutover-mid; pipeline-probe (PROBE_PRESETS, PROBE_TOKENS, PROBE_MODES, PROBE_CLOCKS);
 #        all-tests, all-tests-par; pack (last: $OUT as one results.tgz); verify (GPU tests + sanitizers), serving (soak + hf bench); ncu-tensor (NCU_LAYERS); A/B in one run against older
@@ -262,6 +262,14 @@ for s in "$@"; do
               # a full sweep and a short one)
       for d in $AB_DIRS new; do
         step "band-ab-$(basename $d)" 250 env FUSED_MOE_COMMIT="$(tree_label $d)" PYTHONPATH="$(tree_path $d $(cd packages && echo *))" "${BENCH[@]}" --preset $FIVE --tokens ${AB_TOKENS:-64 128 256 512 1024 2048} --kernels auto --no-check --seed 1 --json "$OUT/band-ab-$(basename $d).json"
+      done ;;
+    base-ab)  # issue 29's last bar: the five presets at the bench's default T from each whole
+              # tree in $AB_DIRS (its dispatcher too: an older moe-common does not fit today's
+              # dispatcher; bench.py's protocol is the same since 8b6b63d), then this tree
+      for d in $AB_DIRS new; do
+        pp=$(tree_path $d $(cd packages && echo *))
+        [ $d != new ] && pp="$d/dispatcher/src:$pp"
+        step "base-ab-$(basename $d)" 300 env FUSED_MOE_COMMIT="$(tree_label $d)" PYTHONPATH="$pp" "${BENCH[@]}" --preset $FIVE --tokens 1 8 32 128 512 2048 8192 --kernels auto --no-check --seed 1 --json "$OUT/base-ab-$(basename $d).json"
       done ;;
     split-ab)  # per-kernel time under graph replay (tools/profile_split.py --graph) of each tree
                # in $AB_DIRS, then this tree, at SPLIT_LAYERS (kernel:preset:T): what a kernel
