@@ -39,6 +39,10 @@ MEASURED = [
     "2026-12-03-h200-361f507-cutover.json",
     # after moe-gated's group records and its 80- and 48-token tall widths: the same points
     "2026-12-04-h200-fc08658-cutover.json",
+    # after moe-generic's round-trip cuts and moe-gated's tall ring bits: the same points
+    "2026-12-05-h200-7ea0869-cutover.json",
+    # between them: 20, 24 and 28 rows per expert on every preset
+    "2026-12-05-h200-dfc0c62-cutover-mid.json",
 ]
 # file -> {row kernel label: tile width}: moe-generic with its width forced, one run of the tree
 # named; at ea2bbc3 the dispatcher ran 32-token tiles below 64 routed rows per expert, and

@@ -9,9 +9,9 @@
 #        bench-static bench-generic-large profile ncu-band routing (AB_DIRS) racecheck-routing routing-shape band candidates bulk-band bulk-wide relu2;
 #        bulk-widths, split-small, mid-widths, mid-small, rows-256, mw4, generic-warps, ncu-routing,
 #        land-generic (land-tests, land-sanitize), auto-ab (auto-all, band-ab: AB_DIRS, AB_TOKENS),
-#        split-ab (AB_DIRS, SPLIT_LAYERS),
+#        split-ab (AB_DIRS, SPLIT_LAYERS), base-ab (AB_DIRS: whole older trees),
 #        check-ab (AB_DIRS, CHECK_PRESETS, CHECK_TOKENS),
-#        dispatch-points (static-points, cutover-points); pipeline-probe (PROBE_PRESETS, PROBE_TOKENS, PROBE_MODES, PROBE_CLOCKS);
+#        dispatch-points (static-points, cutover-points), cutover-mid; pipeline-probe (PROBE_PRESETS, PROBE_TOKENS, PROBE_MODES, PROBE_CLOCKS);
 #        all-tests, all-tests-par; pack (last: $OUT as one results.tgz); verify (GPU tests + sanitizers), serving (soak + hf bench); ncu-tensor (NCU_LAYERS); A/B in one run against older
 #        trees (AB_DIRS): static-ab, kernel-ab (AB_KERNEL), ncu-static-ab (PROFILE_ARGS)
 set -u
@@ -263,6 +263,14 @@ for s in "$@"; do
       for d in $AB_DIRS new; do
         step "band-ab-$(basename $d)" 250 env FUSED_MOE_COMMIT="$(tree_label $d)" PYTHONPATH="$(tree_path $d $(cd packages && echo *))" "${BENCH[@]}" --preset $FIVE --tokens ${AB_TOKENS:-64 128 256 512 1024 2048} --kernels auto --no-check --seed 1 --json "$OUT/band-ab-$(basename $d).json"
       done ;;
+    base-ab)  # issue 29's last bar: the five presets at the bench's default T from each whole
+              # tree in $AB_DIRS (its dispatcher too: an older moe-common does not fit today's
+              # dispatcher; bench.py's protocol is the same since 8b6b63d), then this tree
+      for d in $AB_DIRS new; do
+        pp=$(tree_path $d $(cd packages && echo *))
+        [ $d != new ] && pp="$d/dispatcher/src:$pp"
+        step "base-ab-$(basename $d)" 300 env FUSED_MOE_COMMIT="$(tree_label $d)" PYTHONPATH="$pp" "${BENCH[@]}" --preset $FIVE --tokens 1 8 32 128 512 2048 8192 --kernels auto --no-check --seed 1 --json "$OUT/base-ab-$(basename $d).json"
+      done ;;
     split-ab)  # per-kernel time under graph replay (tools/profile_split.py --graph) of each tree
                # in $AB_DIRS, then this tree, at SPLIT_LAYERS (kernel:preset:T): what a kernel
                # change moves in FC1, FC2 and the small kernels apart
@@ -280,6 +288,11 @@ for s in "$@"; do
                       # T = 32-128, moe-generic against moe-gated at T = 512-2048
       bash "$0" static-points cutover-points ;;
     static-points) step static-points 200 "${BENCH[@]}" --preset $FIVE --tokens 32 64 128 --kernels moe-static moe-generic --no-check --seed 1 --json "$OUT/static-points.json" ;;
+    cutover-mid)  # each kernel forced between the 16 and 32 routed rows per expert of
+                  # cutover-points: 20, 24 and 28 rows (T x k / E) on every preset
+      step cutover-mid-32 250 "${BENCH[@]}" --preset deepseek-v3 qwen3.5-35b gpt-oss-120b --tokens 640 768 896 --kernels moe-generic moe-gated --no-check --seed 1 --json "$OUT/cutover-mid-32.json"
+      step cutover-mid-16 120 "${BENCH[@]}" --preset qwen3-30b-a3b --tokens 320 384 448 --kernels moe-generic moe-gated --no-check --seed 1 --json "$OUT/cutover-mid-16.json"
+      step cutover-mid-relu2 120 "${BENCH[@]}" --preset nemotron-relu2 --tokens 427 512 598 --kernels moe-generic moe-gated --no-check --seed 1 --json "$OUT/cutover-mid-relu2.json" ;;
     cutover-points) step cutover-points 300 "${BENCH[@]}" --preset $FIVE --tokens 512 1024 2048 --kernels moe-generic moe-gated --no-check --seed 1 --json "$OUT/cutover-points.json" ;;
     relu2)  # moe-gated's relu2 path: its GPU tests, then nemotron-relu2 with each kernel forced
       step relu2-tests 300 python3 -m pytest packages/moe-gated -m gpu -q -k "relu2 or geometry"

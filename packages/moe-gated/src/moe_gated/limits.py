@@ -16,15 +16,17 @@ MAX_TOKENS = 65536
 DIM_MULTIPLE = 32
 # Mean routed rows per local expert (T * top_k / E) from which moe-gated bids above moe-generic.
 # Below 256 rows per expert its tiles are 128 tokens wide (MMA 32..128 wide, the tall geometry);
-# below about a quarter tile per expert moe-generic's narrow tiles win. Measured on the H200,
-# each kernel forced in one run of fc08658 (`tools/gpu_steps.sh cutover-points`,
-# benchmarks/2026-12-04-h200-fc08658-cutover.json), moe-gated's time over moe-generic's: at 16
-# rows 1.09-1.16 (DeepSeek-V3, gpt-oss-120b, Qwen3.5-35B), at 24 rows 0.97 (nemotron-relu2
-# T=512; one point, within the dispatcher's 3%), at 32 rows 0.84-0.88 on all four presets there
-# (DeepSeek-V3 T=1024 2720 against 3112 us), at 48 rows and more 0.51-0.70. relu2 layers take
-# the same cutover. It was 48 before moe-gated's producer issued its copies from one elected
-# lane (at 32 rows 1.05-1.10, b7f4ca8; 0.88-0.93 at 361f507, just after).
-CUTOVER_ROWS_PER_EXPERT = 32
+# below about a fifth of a tile per expert moe-generic's narrow tiles win. Measured on the H200,
+# each kernel forced in one run of dfc0c62 (`tools/gpu_steps.sh cutover-mid`,
+# benchmarks/2026-12-05-h200-dfc0c62-cutover-mid.json), moe-gated's time over moe-generic's
+# on the five presets: at 20 rows 1.01-1.08, at 24 rows 0.92-1.00 (DeepSeek-V3 T=768 2339.8
+# against 2529.1 us, Qwen3.5-35B T=768 205.8 against 206.4), at 28 rows 0.84-0.92; at 16 rows
+# 1.07-1.14 and at 32 rows 0.84-0.90 (7ea0869, `cutover-points`,
+# benchmarks/2026-12-05-h200-7ea0869-cutover.json). relu2 layers take the same cutover
+# (nemotron-relu2: 1.065 / 0.985 / 0.915 at 20 / 24 / 28 rows). It was 32 until nemotron-relu2
+# T=512 (24 rows) ran 3.6% faster on moe-gated (7ea0869), and 48 before moe-gated's producer
+# issued its copies from one elected lane (b7f4ca8).
+CUTOVER_ROWS_PER_EXPERT = 24
 
 
 def unsupported_reason(shape, activation):
