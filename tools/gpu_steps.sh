@@ -12,7 +12,7 @@
 #        split-ab (AB_DIRS, SPLIT_LAYERS), base-ab (AB_DIRS: whole older trees),
 #        check-ab (AB_DIRS, CHECK_PRESETS, CHECK_TOKENS),
 #        dispatch-points (static-points, cutover-points), cutover-mid; pipeline-probe (PROBE_PRESETS, PROBE_TOKENS, PROBE_MODES, PROBE_CLOCKS);
-#        all-tests, all-tests-par; pack (last: $OUT as one results.tgz); verify (GPU tests + sanitizers), serving (soak + hf bench); ncu-tensor (NCU_LAYERS); A/B in one run against older
+#        all-tests, all-tests-par, generic-tests-par; pack (last: $OUT as one results.tgz); verify (GPU tests + sanitizers), serving (soak + hf bench); ncu-tensor (NCU_LAYERS); A/B in one run against older
 #        trees (AB_DIRS): static-ab, kernel-ab (AB_KERNEL), ncu-static-ab (PROFILE_ARGS)
 set -u
 OUT=${OUT:-/tmp/out}
@@ -70,6 +70,13 @@ for s in "$@"; do
                     # 968d650, 210 s and more at 851a088: a call that runs it after the
                     # five-preset table needs ~250 s left)
       step tests-kernels 560 python3 -m pytest packages/moe-common packages/moe-gated packages/moe-static -m gpu -q &
+      step tests-generic 560 python3 -m pytest packages/moe-generic -m gpu -q -k "not config_candidates" &
+      step tests-generic-c01 560 python3 -m pytest packages/moe-generic -m gpu -q -k "config_candidates and (case0 or case1)" &
+      step tests-generic-c23 560 python3 -m pytest packages/moe-generic -m gpu -q -k "config_candidates and not (case0 or case1)" &
+      step tests-layer 560 python3 -m pytest tests dispatcher/tests -m gpu -q &
+      wait ;;
+    generic-tests-par)  # all-tests-par without the moe-common, moe-gated and moe-static suites
+                        # (a change to moe-generic alone)
       step tests-generic 560 python3 -m pytest packages/moe-generic -m gpu -q -k "not config_candidates" &
       step tests-generic-c01 560 python3 -m pytest packages/moe-generic -m gpu -q -k "config_candidates and (case0 or case1)" &
       step tests-generic-c23 560 python3 -m pytest packages/moe-generic -m gpu -q -k "config_candidates and not (case0 or case1)" &
