@@ -53,6 +53,13 @@ ab() {  # log prefix, limit_s, kernel, presets, tokens, packages: one bench per 
     step "$n" $limit env FUSED_MOE_COMMIT="$(tree_label $d)" PYTHONPATH="$pp" "${BENCH[@]}" --preset $presets --tokens $tokens --kernels $kernel --no-check --seed ${AB_SEED:-1} --json "$OUT/$n.json"
   done
 }
+generic_tests_started() {  # moe-generic's GPU suite in three parts and the layer suites, as
+                          # background processes (all-tests-par, generic-tests-par wait for them)
+  step tests-generic 560 python3 -m pytest packages/moe-generic -m gpu -q -k "not config_candidates" &
+  step tests-generic-c01 560 python3 -m pytest packages/moe-generic -m gpu -q -k "config_candidates and (case0 or case1)" &
+  step tests-generic-c23 560 python3 -m pytest packages/moe-generic -m gpu -q -k "config_candidates and not (case0 or case1)" &
+  step tests-layer 560 python3 -m pytest tests dispatcher/tests -m gpu -q &
+}
 for s in "$@"; do
   case $s in
     static-quick) step static-quick 150 python3 tools/gpu_check.py --kernel static --sanitize ;;
@@ -70,17 +77,11 @@ for s in "$@"; do
                     # 968d650, 210 s and more at 851a088: a call that runs it after the
                     # five-preset table needs ~250 s left)
       step tests-kernels 560 python3 -m pytest packages/moe-common packages/moe-gated packages/moe-static -m gpu -q &
-      step tests-generic 560 python3 -m pytest packages/moe-generic -m gpu -q -k "not config_candidates" &
-      step tests-generic-c01 560 python3 -m pytest packages/moe-generic -m gpu -q -k "config_candidates and (case0 or case1)" &
-      step tests-generic-c23 560 python3 -m pytest packages/moe-generic -m gpu -q -k "config_candidates and not (case0 or case1)" &
-      step tests-layer 560 python3 -m pytest tests dispatcher/tests -m gpu -q &
+      generic_tests_started
       wait ;;
     generic-tests-par)  # all-tests-par without the moe-common, moe-gated and moe-static suites
                         # (a change to moe-generic alone)
-      step tests-generic 560 python3 -m pytest packages/moe-generic -m gpu -q -k "not config_candidates" &
-      step tests-generic-c01 560 python3 -m pytest packages/moe-generic -m gpu -q -k "config_candidates and (case0 or case1)" &
-      step tests-generic-c23 560 python3 -m pytest packages/moe-generic -m gpu -q -k "config_candidates and not (case0 or case1)" &
-      step tests-layer 560 python3 -m pytest tests dispatcher/tests -m gpu -q &
+      generic_tests_started
       wait ;;
     sanitize-gated) step sanitize-gated 200 compute-sanitizer --tool memcheck --report-api-errors no python3 tools/gpu_check.py --kernel gated --sanitize ;;
     sanitize-reduce)  # the top-k reduce's own GPU test under memcheck
@@ -296,7 +297,8 @@ for s in "$@"; do
       bash "$0" static-points cutover-points ;;
     static-points) step static-points 200 "${BENCH[@]}" --preset $FIVE --tokens 32 64 128 --kernels moe-static moe-generic --no-check --seed 1 --json "$OUT/static-points.json" ;;
     cutover-mid)  # each kernel forced between the 16 and 32 routed rows per expert of
-                  # cutover-points: 20, 24 and 28 rows (T x k / E) on every preset
+                  # cutover-points: 20, 24 and 28 rows (T x k / E) on every preset (T x k / E is
+                  # T / 32 on the first three presets, T / 16 on Qwen3-30B-A3B)
       step cutover-mid-32 250 "${BENCH[@]}" --preset deepseek-v3 qwen3.5-35b gpt-oss-120b --tokens 640 768 896 --kernels moe-generic moe-gated --no-check --seed 1 --json "$OUT/cutover-mid-32.json"
       step cutover-mid-16 120 "${BENCH[@]}" --preset qwen3-30b-a3b --tokens 320 384 448 --kernels moe-generic moe-gated --no-check --seed 1 --json "$OUT/cutover-mid-16.json"
       step cutover-mid-relu2 120 "${BENCH[@]}" --preset nemotron-relu2 --tokens 427 512 598 --kernels moe-generic moe-gated --no-check --seed 1 --json "$OUT/cutover-mid-relu2.json" ;;
