@@ -396,8 +396,7 @@ class GroupedGemm:
                          s_base + off["empty"], (s_base, off["stages"]))
         cols = None
         if cutlass.const_expr(self.staged_columns):
-            cols = (s_base + self.storage.offsets["table"],
-                    s_base + self.storage.offsets["columns"])
+            cols = (s_base + off["table"], s_base + off["columns"])
         if warp == 0:
             if lane == 0:
                 # full: with bulk copies one arrival (expect_tx) and the bytes, else each copying
