@@ -139,6 +139,7 @@ def _check_second_wgmma(ptx: str):
     (dict(device_capability=None), "silu", "CUDA device"),
     (dict(device_capability=(8, 0)), "silu", "sm_90"),
     (dict(hidden=2880 + 16), "silu", "multiple of 32"),
+    (dict(intermediate=65536 + 32), "silu", "intermediate=65568 exceeds"),
     (dict(top_k=33), "silu", "top_k=33"),
     (dict(num_local_experts=2048, num_experts=2048), "silu", "local experts"),
     (dict(tokens=70000), "silu", "tokens=70000"),

@@ -216,6 +216,7 @@ def test_tall_tiles_only_for_long_k_and_dividing_rows():
     (dict(device_capability=(10, 0)), "sm_90"),
     (dict(hidden=2880 + 16), "multiple of 32"),
     (dict(intermediate=100), "multiple of 32"),
+    (dict(hidden=65536 + 32), "hidden=65568 exceeds"),
     (dict(top_k=33), "top_k=33"),
     (dict(num_local_experts=2048, num_experts=2048), "local experts"),
     (dict(tokens=70000), "tokens=70000"),

@@ -125,6 +125,7 @@ def test_shared_memory_fits_one_cta_per_sm():
     (dict(device_capability=(12, 0)), "sm_90"),
     (dict(quant_mode="w4a4"), "w4a16 only"),
     (dict(hidden=2880 + 16), "multiple of 32"),
+    (dict(hidden=65536 + 32), "hidden=65568 exceeds"),
     (dict(tokens=1025, top_k=2), "routed pairs"),
     (dict(num_local_experts=513, num_experts=1024), "local experts"),
     (dict(dtype=torch.float16), "bf16"),

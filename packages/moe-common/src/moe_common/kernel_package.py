@@ -31,10 +31,19 @@ def hopper_reason(shape) -> Optional[str]:
     return shape.weights_reason
 
 
+# Largest hidden or intermediate size a kernel takes. The top-k reduce
+# (moe_common.cute.topk_reduce) counts T x H / 8 16-byte chunks in 32 bits: at T = 65536
+# (size_reason's largest) that count would wrap from H = 262144 and leave rows unreduced; up to
+# 65536 it stays at 2^29. Past it the dispatcher runs the reference.
+MAX_DIM = 65536
+
+
 def dims_reason(shape, multiple: int) -> Optional[str]:
     for name, v in (("hidden", shape.hidden), ("intermediate", shape.intermediate)):
         if v % multiple:
             return f"{name}={v} is not a multiple of {multiple}"
+        if v > MAX_DIM:
+            return f"{name}={v} exceeds the supported maximum {MAX_DIM}"
     return None
 
 
