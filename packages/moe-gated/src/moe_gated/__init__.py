@@ -1,4 +1,4 @@
-"""moe-gated: the prefill fused MoE for gated activations (silu, gelu_tanh, swigluoai) on sm_90a.
+"""moe-gated: the prefill fused MoE on sm_90a (gated activations silu, gelu_tanh, swigluoai; relu2).
 
 Callable directly when the package is installed alone:
 

@@ -1,4 +1,4 @@
-"""moe-gated's plugin: bids above moe-generic for gated activations on large routed batches.
+"""moe-gated's plugin: bids above moe-generic on large routed batches.
 
 The hook is moe_common.kernel_package's, bound to this package's limits, priority and runner:
 it depends on moe_common alone, so the package works installed alone; the dispatcher finds it
