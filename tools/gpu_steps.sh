@@ -10,7 +10,7 @@
 #        bulk-widths, split-small, mid-widths, mid-small, rows-256, mw4, generic-warps, ncu-routing,
 #        land-generic (land-tests, land-sanitize), auto-ab (auto-all, band-ab: AB_DIRS, AB_TOKENS),
 #        split-ab (AB_DIRS, SPLIT_LAYERS), base-ab (AB_DIRS: whole older trees),
-#        check-ab (AB_DIRS, CHECK_PRESETS, CHECK_TOKENS),
+#        check-ab (AB_DIRS, CHECK_PRESETS, CHECK_TOKENS), ncu-l2 (AB_DIRS, L2_LAYERS),
 #        dispatch-points (static-points, cutover-points), cutover-mid; pipeline-probe (PROBE_PRESETS, PROBE_TOKENS, PROBE_MODES, PROBE_CLOCKS);
 #        all-tests, all-tests-par, generic-tests-par; pack (last: $OUT as one results.tgz); verify (GPU tests + sanitizers), serving (soak + hf bench); ncu-tensor (NCU_LAYERS); A/B in one run against older
 #        trees (AB_DIRS): static-ab, kernel-ab (AB_KERNEL), ncu-static-ab (PROFILE_ARGS)
@@ -324,6 +324,18 @@ for s in "$@"; do
         ncu --import "/tmp/$n.ncu-rep" --page details >> "$OUT/$n.log" 2>&1
         ncu --import "/tmp/$n.ncu-rep" --page source --csv --print-source sass > "/tmp/$n.csv" 2>&1
         step $n-top 100 python3 tools/ncu_sass_top.py "/tmp/$n.csv"
+      done ;;
+    ncu-l2)  # DRAM bytes read and written and the L2 hit rate of each kernel of one eager call,
+             # after two calls that leave the L2 as a steady stream of calls does (ncu without
+             # its L2 flush), for each tree in $AB_DIRS and this one, at L2_LAYERS
+             # (kernel:preset:T, at most 8192 routed pairs: routing, [row scatter,] FC1, FC2,
+             # reduce): what the L2 eviction priorities move
+      for d in $AB_DIRS new; do
+        for kpt in ${L2_LAYERS:-gated:qwen3.5-35b:1024 generic:qwen3.5-35b:512 gated:deepseek-v3:1024}; do
+          IFS=: read -r kern pre tok <<< "$kpt"
+          per=$([ $kern = gated ] && echo 5 || echo 4)
+          step "ncu-l2-$(basename $d)-$kern-$pre-$tok" 200 env PYTHONPATH="$(tree_path $d $(cd packages && echo *))" ncu --cache-control none --clock-control none --kernel-name regex:cutlass --launch-skip $((3 * per)) -c $per --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct,gpu__time_duration.sum python3 tools/profile_split.py --kernel $kern --preset $pre --tokens $tok --calls 3 --no-profiler
+        done
       done ;;
     ncu-tensor)  # moe-gated's FC1 and FC2 at NCU_LAYERS (preset:T): the tensor pipe's busy share,
                  # issue activity and warp stalls (are the narrow tiles bound by their wgmmas?)
