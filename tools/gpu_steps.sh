@@ -326,8 +326,9 @@ for s in "$@"; do
         step $n-top 100 python3 tools/ncu_sass_top.py "/tmp/$n.csv"
       done ;;
     ncu-l2)  # DRAM bytes read and written and the L2 hit rate of each kernel of one eager call,
-             # after two calls that leave the L2 as a steady stream of calls does (ncu without
-             # its L2 flush), for each tree in $AB_DIRS and this one, at L2_LAYERS
+             # the fourth (after the compiling call and two more, which leave the L2 as a steady
+             # stream of calls does; ncu without its L2 flush), for each tree in $AB_DIRS and this
+             # one, at L2_LAYERS
              # (kernel:preset:T, at most 8192 routed pairs: routing, [row scatter,] FC1, FC2,
              # reduce): what the L2 eviction priorities move
       for d in $AB_DIRS new; do
