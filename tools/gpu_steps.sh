@@ -328,9 +328,8 @@ for s in "$@"; do
     ncu-l2)  # DRAM bytes read and written and the L2 hit rate of each kernel of one eager call,
              # the fourth (after the compiling call and two more, which leave the L2 as a steady
              # stream of calls does; ncu without its L2 flush), for each tree in $AB_DIRS and this
-             # one, at L2_LAYERS
-             # (kernel:preset:T, at most 8192 routed pairs: routing, [row scatter,] FC1, FC2,
-             # reduce): what the L2 eviction priorities move
+             # one, at L2_LAYERS (kernel:preset:T, at most 8192 routed pairs: routing, [row
+             # scatter,] FC1, FC2, reduce): what the L2 eviction priorities move
       for d in $AB_DIRS new; do
         for kpt in ${L2_LAYERS:-gated:qwen3.5-35b:1024 generic:qwen3.5-35b:512 gated:deepseek-v3:1024}; do
           IFS=: read -r kern pre tok <<< "$kpt"

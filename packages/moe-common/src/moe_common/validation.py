@@ -1,10 +1,10 @@
 """Input validation shared by the dispatcher, the reference and every kernel.
 
 `validate_inputs` makes cheap host-side checks only (shapes, dtypes, devices, contiguity,
-alignment, consistency with the weights): it never reads tensor values, so it causes no host
-sync and is safe to call while a CUDA graph is being captured. (`describe` reads MXFP4 weights'
-block scales once per weights version, packed.unpackable_reason: the first call on new MXFP4
-weights syncs once.) Routed ids are not range-checked:
+alignment, consistency with the weights): it reads no tensor values but an MXFP4 layer's block
+scales, once per weights version (`describe`: packed.unpackable_reason, one host sync on the
+first call with new weights), so afterwards it is safe to call while a CUDA graph is being
+captured. Routed ids are not range-checked:
 ids outside this layer's local expert range contribute nothing, by contract.
 
 Each rule raises its own ValueError naming the argument, what it got and what is allowed.
