@@ -4,8 +4,8 @@
 alignment, consistency with the weights): it reads no tensor values but an MXFP4 layer's block
 scales, once per weights version (`describe`: packed.unpackable_reason, one host sync on the
 first call with new weights), so afterwards it is safe to call while a CUDA graph is being
-captured. Routed ids are not range-checked:
-ids outside this layer's local expert range contribute nothing, by contract.
+captured. Routed ids are not range-checked: ids outside this layer's local expert range
+contribute nothing, by contract.
 
 Each rule raises its own ValueError naming the argument, what it got and what is allowed.
 """
