@@ -8,7 +8,7 @@
 #        static-quick static-tests generic-tests sanitize-static sanitize-generic sanitize-reduce
 #        bench-static bench-generic-large profile ncu-band routing (AB_DIRS) racecheck-routing routing-shape band candidates bulk-band bulk-wide relu2;
 #        bulk-widths, split-small, mid-widths, mid-small, rows-256, mw4, generic-warps, ncu-routing,
-#        land-generic (land-tests, land-sanitize), auto-ab (auto-all, band-ab: AB_DIRS, AB_TOKENS),
+#        land-generic (land-tests, land-sanitize), auto-ab (auto-all, band-ab: AB_DIRS, AB_TOKENS, AB_PRESETS),
 #        split-ab (AB_DIRS, SPLIT_LAYERS), base-ab (AB_DIRS: whole older trees),
 #        check-ab (AB_DIRS, CHECK_PRESETS, CHECK_TOKENS), ncu-l2 (AB_DIRS, L2_LAYERS),
 #        dispatch-points (static-points, cutover-points), cutover-mid; pipeline-probe (PROBE_PRESETS, PROBE_TOKENS, PROBE_MODES, PROBE_CLOCKS);
@@ -264,12 +264,12 @@ for s in "$@"; do
       for d in $AB_DIRS new; do
         step "check-ab-$(basename $d)" 250 env FUSED_MOE_COMMIT="$(tree_label $d)" PYTHONPATH="$(tree_path $d $(cd packages && echo *))" "${BENCH[@]}" --preset ${CHECK_PRESETS:-qwen3-30b-a3b gpt-oss-120b nemotron-relu2} --tokens ${CHECK_TOKENS:-128 512 2048} --kernels auto --seed 1 --json "$OUT/check-ab-$(basename $d).json"
       done ;;
-    band-ab)  # each tree in $AB_DIRS at AB_TOKENS (the points a change moves), then this tree
-              # at the same tokens: both halves run the same token list (a point's time depends
-              # on the work before it: at e68442e unchanged points read up to 5% apart between
-              # a full sweep and a short one)
+    band-ab)  # each tree in $AB_DIRS at AB_TOKENS (the points a change moves; AB_PRESETS, default
+              # the five), then this tree at the same points: both halves run the same token
+              # list (a point's time depends on the work before it: at e68442e unchanged points
+              # read up to 5% apart between a full sweep and a short one)
       for d in $AB_DIRS new; do
-        step "band-ab-$(basename $d)" 250 env FUSED_MOE_COMMIT="$(tree_label $d)" PYTHONPATH="$(tree_path $d $(cd packages && echo *))" "${BENCH[@]}" --preset $FIVE --tokens ${AB_TOKENS:-64 128 256 512 1024 2048} --kernels auto --no-check --seed 1 --json "$OUT/band-ab-$(basename $d).json"
+        step "band-ab-$(basename $d)" 250 env FUSED_MOE_COMMIT="$(tree_label $d)" PYTHONPATH="$(tree_path $d $(cd packages && echo *))" "${BENCH[@]}" --preset ${AB_PRESETS:-$FIVE} --tokens ${AB_TOKENS:-64 128 256 512 1024 2048} --kernels auto --no-check --seed 1 --json "$OUT/band-ab-$(basename $d).json"
       done ;;
     base-ab)  # issue 29's last bar: the five presets at the bench's default T from each whole
               # tree in $AB_DIRS (its dispatcher too: an older moe-common does not fit today's
