@@ -91,8 +91,9 @@ def requantize_blocks(inter, requantize):
 def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activation,
         quant_mode: str = "w4a16", out=None, workspace=None, deterministic: bool = True):
     """The layer call: 4 launches in w4a16 (routing, FC1, FC2, top-k reduce; the routing is 3
-    past 8192 routed pairs), all on the current stream, no host sync. Always deterministic (`deterministic` is accepted for the
-    common runner signature): each output element has one writer and a fixed summation order."""
+    past 8192 routed pairs), all on the current stream, no host sync. Always deterministic
+    (`deterministic` is accepted for the common runner signature): each output element has one
+    writer and a fixed summation order."""
     prep, T, k, P, E, off, bufs, stream, ids = call_facts(KERNEL_NAME, x, weights, topk_ids,
                                                           workspace)
     dev = x.device
