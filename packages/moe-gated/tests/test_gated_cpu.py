@@ -98,6 +98,12 @@ def _check_elected_copies(ptx: str):
     for asm in copies:
         assert "elect.sync" in asm, asm
     assert len(copies) >= 2, len(copies)  # B's halves and the weight groups
+    # the weight groups' copies (the loop over groups) are evict-first in L2, the token blocks'
+    # are not (ptx.BulkCopy: the weights are read once, the blocks were just written for FC1)
+    for asm in copies:
+        hinted = ".L2::cache_hint" in asm
+        assert hinted == ("LOOP:" in asm), asm
+        assert hinted == ("L2::evict_first" in asm), asm
 
 
 def _check_first_slab_overwrites(ptx: str, tall: bool):

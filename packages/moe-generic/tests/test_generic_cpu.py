@@ -114,6 +114,11 @@ def test_bulk_producer_copies_by_bulk_copies_only(tmp_path):
         elected = [b for b in copying if "elect.sync" in b]
         assert len(elected) == (1 if fc2 else 2), name
         assert all(b.count("cp.async.bulk") == (2 if fc2 else 1) for b in elected), name
+        # the weight block's copy alone is evict-first in L2 (ptx.BulkCopy), not the token rows
+        # nor FC2's run of the intermediate
+        assert all(b.count(".L2::cache_hint") == 1 and "L2::evict_first" in b
+                   for b in elected), name
+        assert not any(".L2::cache_hint" in b for b in copying if b not in elected), name
         if not fc2:  # the first order load (after the tile count's) after the first weight copy
             assert text.index("elect.sync") < [m.start() for m in
                                                 re.finditer(r"ld\.global\.u32", text)][1], name

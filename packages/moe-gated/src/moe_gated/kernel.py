@@ -404,12 +404,13 @@ class GatedGemm:
         bytes apart. A copy per group was 0.3-3.6% slower at the band's points (b55d70a
         against 8fc9d6c, BENCHMARKS.md). The address is formed here, per
         K-tile: the row tile's base address formed per item instead made ptxas spill 52 bytes
-        in the wide consumers (FC1 NVFP4)."""
+        in the wide consumers (FC1 NVFP4). The weights are read once per call: evict-first in
+        L2, so the token blocks and the intermediate stay there for their readers."""
         records, first, k_tiles, groups_here = a_src
         block = BLOCK_GROUPS * self.a_group_bytes
         ptx.bulk_copy_groups_g2s_elected(bar, dst, (records + (first + Int64(kt)) * block,),
                                          k_tiles, (block,), self.groups // BLOCK_GROUPS, block,
-                                         groups_here >> BLOCK_SHIFT)
+                                         groups_here >> BLOCK_SHIFT, evict_first=True)
 
     @cute.jit
     def _item_layout(self, cnt):

@@ -540,7 +540,9 @@ class GroupedGemm:
         """K-tile kt's stage, all but FC1's token rows: wait until it is free; with cfg.k_tail
         zero each live row past the real columns (this lane's stores, ordered before the elected
         arrival by the warp barrier); the elected lane's arrival expecting every byte of the
-        stage (the rows' too) and its copies of the weight blocks (FC2: and of the rows' run)."""
+        stage (the rows' too) and its copies of the weight blocks (FC2: and of the rows' run).
+        The weights are read once per call: evict-first in L2 (ptx.BulkCopy), the
+        token rows and the intermediate at the default priority."""
         cfg = self.cfg
         fc2 = cfg.phase == "fc2"
         ring.wait_empty(kt)
@@ -558,8 +560,9 @@ class GroupedGemm:
         copies = []
         for j in cutlass.range_constexpr(len(blocks)):
             t = blocks[j] + Int64(kt) * BLOCK_GROUPS
-            copies.append((stage + self.b_bytes + j * block,
-                           ops.records + t * self.a_group_bytes, block))
+            copies.append(ptx.BulkCopy(stage + self.b_bytes + j * block,
+                                       ops.records + t * self.a_group_bytes, block,
+                                       evict_first=True))
         run_src, run_bytes = run
         if cutlass.const_expr(fc2):
             copies.append((stage, run_src + Int64(kt) * Int64(ops.src_kt_bytes), run_bytes))

@@ -13,6 +13,8 @@ mbarriers and bulk copies (cp.async.bulk, the TMA engine's 1-D copy).
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from cutlass import Float32, Int32, Int64
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
@@ -565,6 +567,25 @@ def mbarrier_wait(addr, parity, *, loc=None, ip=None):
 
 # a bulk copy global -> shared that completes its bytes on an mbarrier
 _BULK_G2S = "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
+# the same with an L2 eviction policy (the asm block's 64-bit register `pol`, _POLICY_EVICT_FIRST)
+_BULK_G2S_HINT = _BULK_G2S + ".L2::cache_hint"
+# Lines a copy reads under this policy are the first the L2 evicts. A layer reads each weight
+# byte once per call, while the buffers it writes and reads back (tile-blocked token rows, the
+# intermediate, y: 12-30% of the weight bytes at the small-expert presets in the band) wait in
+# L2 for their reader with the weights streaming past them; ptxas folds the policy into a
+# constant descriptor (UBLKCP ... desc[URn]).
+_POLICY_EVICT_FIRST = [".reg .b64 pol;", "createpolicy.fractional.L2::evict_first.b64 pol, 1.0;"]
+
+
+class BulkCopy(NamedTuple):
+    """One copy of bulk_copies_g2s_elected: nbytes from global src to shared dst; only where the
+    run-time Int32 `when` is positive (None: always); evict_first: its lines under
+    _POLICY_EVICT_FIRST (for data the call reads once: the weights)."""
+    dst: object
+    src: object
+    nbytes: object
+    when: object = None
+    evict_first: bool = False
 
 
 @dsl_user_op
@@ -579,7 +600,8 @@ def bulk_copy_g2s(smem_addr, gmem_addr, nbytes, mbar, *, loc=None, ip=None):
 
 @dsl_user_op
 def bulk_copy_groups_g2s_elected(mbar, dst, srcs, group_stride, nbytes, groups: int,
-                                 dst_step: int, live, *, loc=None, ip=None):
+                                 dst_step: int, live, evict_first: bool = False, *, loc=None,
+                                 ip=None):
     """One elected lane of a converged warp copies min(live, groups) groups of regions (global
     -> shared) that complete on the mbarrier: group j's region r (of len(srcs)) is nbytes[r]
     bytes from srcs[r] + j x group_stride x nbytes[r] to dst + j x dst_step + sum(nbytes[:r])
@@ -587,20 +609,22 @@ def bulk_copy_groups_g2s_elected(mbar, dst, srcs, group_stride, nbytes, groups: 
     under bulk_copies_g2s_elected. The walk over the groups is a loop inside the asm block
     (its labels are local to the braces): unrolled, the compiler hoisted an address per group
     and region out of the caller's K-tile loop and moe-gated spilled (its 40-register producer,
-    and 52 bytes in the consumers of the wide FC1, whose own PTX had not changed)."""
+    and 52 bytes in the consumers of the wide FC1, whose own PTX had not changed).
+    evict_first: every copy under _POLICY_EVICT_FIRST."""
     n = len(srcs)
     ops = [Int32(mbar).ir_value(loc=loc, ip=ip), Int32(dst).ir_value(loc=loc, ip=ip),
            _i32(live, loc, ip), _i32(group_stride, loc, ip)]
     ops += [Int64(a).ir_value(loc=loc, ip=ip) for a in srcs]
     text = ["{", ".reg .pred p, q;", ".reg .b32 d, j, m;", f".reg .b64 a<{n}>, s<{n}>;",
             "elect.sync _|p, 0xffffffff;", "mov.b32 d, $1;", "min.s32 m, $2, %d;" % groups,
-            "mov.b32 j, 0;"]
+            "mov.b32 j, 0;"] + (_POLICY_EVICT_FIRST if evict_first else [])
     text += [f"mov.b64 a{r}, ${4 + r};" for r in range(n)]
     text += [f"mul.wide.s32 s{r}, $3, {nbytes[r]};" for r in range(n)]
     text += ["@!p bra DONE;", "LOOP:", "setp.lt.s32 q, j, m;", "@!q bra.uni DONE;"]
     off = 0
     for r in range(n):
-        text.append(f"{_BULK_G2S} [d+{off}], [a{r}], {nbytes[r]}, [$0];")
+        text.append(f"{_BULK_G2S_HINT} [d+{off}], [a{r}], {nbytes[r]}, [$0], pol;" if evict_first
+                    else f"{_BULK_G2S} [d+{off}], [a{r}], {nbytes[r]}, [$0];")
         off += nbytes[r]
     text += ["add.u32 d, d, %d;" % dst_step, "add.s32 j, j, 1;"]
     text += [f"add.s64 a{r}, a{r}, s{r};" for r in range(n)]
@@ -612,31 +636,36 @@ def bulk_copy_groups_g2s_elected(mbar, dst, srcs, group_stride, nbytes, groups: 
 def bulk_copies_g2s_elected(mbar, tx_bytes, copies, *, loc=None, ip=None):
     """One lane of a converged warp, chosen by elect.sync, arrives on the mbarrier expecting
     tx_bytes (None: no arrival) and starts the bulk copies (global -> shared) `copies`,
-    (dst, src, nbytes) each, or (dst, src, nbytes, when): only where the run-time Int32 `when`
-    is positive; they complete on the mbarrier. Every lane passes the same operands. Under
+    BulkCopy fields each (a tuple (dst, src, nbytes[, when]) is one); they complete on the
+    mbarrier. Every lane passes the same operands. Under
     elect.sync ptxas issues each copy once from uniform registers; under `if lane == 0` it wraps
     each in a loop over the active lanes' values (~25 SASS instructions a copy, moe-static's
     _fill)."""
+    copies = [BulkCopy(*c) for c in copies]
     ops = [Int32(mbar).ir_value(loc=loc, ip=ip)]
     cons = ["r"]
-    text = ["{", ".reg .pred p, q;" if any(len(c) == 4 for c in copies) else ".reg .pred p;",
-            "elect.sync _|p, 0xffffffff;"]
+    text = ["{", ".reg .pred p, q;" if any(c.when is not None for c in copies)
+            else ".reg .pred p;", "elect.sync _|p, 0xffffffff;"]
+    if any(c.evict_first for c in copies):
+        text[2:2] = _POLICY_EVICT_FIRST
     if tx_bytes is not None:
         ops.append(_i32(tx_bytes, loc, ip))
         cons.append("r")
         text[2:2] = [".reg .b64 st;"]
         text.append("@p mbarrier.arrive.expect_tx.shared::cta.b64 st, [$0], $1;")
     for copy in copies:
-        dst, src, n = copy[:3]
         k = len(ops)
-        ops += [Int32(dst).ir_value(loc=loc, ip=ip), Int64(src).ir_value(loc=loc, ip=ip),
-                _i32(n, loc, ip)]
+        ops += [Int32(copy.dst).ir_value(loc=loc, ip=ip), Int64(copy.src).ir_value(loc=loc, ip=ip),
+                _i32(copy.nbytes, loc, ip)]
         cons += ["r", "l", "r"]
         pred = "p"
-        if len(copy) == 4:
-            ops.append(_i32(copy[3], loc, ip))
+        if copy.when is not None:
+            ops.append(_i32(copy.when, loc, ip))
             cons.append("r")
             text.append(f"setp.gt.and.s32 q, ${k + 3}, 0, p;")
             pred = "q"
-        text.append(f"@{pred} {_BULK_G2S} [${k}], [${k + 1}], ${k + 2}, [$0];")
+        if copy.evict_first:
+            text.append(f"@{pred} {_BULK_G2S_HINT} [${k}], [${k + 1}], ${k + 2}, [$0], pol;")
+        else:
+            text.append(f"@{pred} {_BULK_G2S} [${k}], [${k + 1}], ${k + 2}, [$0];")
     _stmt(ops, "\n".join(text + ["}"]), ",".join(cons))
