@@ -36,7 +36,9 @@ SEG = 8  # 16-byte chunks per lane per pass: a warp moves 4 KiB of its row per p
 class RowScatter:
     """blocked (the module's layout) <- src rows: row r to each slot slots[r * copies + j]
     (tile * bn + n; -1: that copy is routed elsewhere). A warp per row loads it 512 contiguous
-    bytes per instruction and stores it one whole 128-byte line per 8 lanes."""
+    bytes per instruction and stores it one whole 128-byte line per 8 lanes. The stores are
+    plain, not streaming (st.cs allocates its lines evict-first): FC1 reads the blocks next,
+    and with the weights' copies evict-first (ptx.BulkCopy) they can wait for it in L2."""
 
     def __init__(self, bn: int):
         self.bn = bn
@@ -87,4 +89,4 @@ class RowScatter:
                             q = s0 + i * 32 + lane
                             if q < chunks:
                                 kt = q // (TILE_K // 8)
-                                ptx.st_cs_v4(line + Int64(kt) * (self.bn * TILE_K * 2), *vals[i])
+                                ptx.st_v4(line + Int64(kt) * (self.bn * TILE_K * 2), *vals[i])

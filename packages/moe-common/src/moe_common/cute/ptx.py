@@ -276,14 +276,6 @@ def st_v2_if(addr, a, b, pred, *, loc=None, ip=None):
 
 
 @dsl_user_op
-def st_cs_v4(addr, a, b, c, d, *, loc=None, ip=None):
-    """16-byte streaming store (st.cs: its lines are allocated evict-first, so a stream of
-    them does not push out lines that are read again)."""
-    _stmt([Int64(addr).ir_value(loc=loc, ip=ip)] + [_i32(x, loc, ip) for x in (a, b, c, d)],
-          "st.global.cs.v4.u32 [$0], {$1, $2, $3, $4};", "l,r,r,r,r")
-
-
-@dsl_user_op
 def red_add_f32(addr, a, *, loc=None, ip=None):
     """Atomic fp32 add at L2, no result (relaxed, gpu scope)."""
     _stmt([Int64(addr).ir_value(loc=loc, ip=ip), Float32(a).ir_value(loc=loc, ip=ip)], "red.global.add.f32 [$0], $1;", "l,f")
