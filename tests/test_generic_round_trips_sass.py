@@ -5,12 +5,15 @@
    a second round trip before the first copy). Checked in every width's FC1 and FC2.
 2. FC2's epilogue with the producer warp (the 32- and 48-token tiles): the pair indices and
    router weights come from the shared table the producer filled (_stage_columns: one 8-byte
-   shared load per column, no global load of them after the K loop); the only global loads left
-   after the last K-tile are the global scale and the biases, issued together.
+   shared load per column), the global scale and the biases from the stage the producer stored
+   them in after its K loop (_stage_operands: one 4-byte shared load each); no global load is
+   left after the last K-tile. The producer loads the scale and biases before its K loop (one
+   16-byte load per lane).
 """
 from __future__ import annotations
 
 import importlib
+import re
 import sys
 from pathlib import Path
 
@@ -46,7 +49,7 @@ def test_tile_fields_load_with_the_tile_count(phase, act, bn, tmp_path):
 
 
 @pytest.mark.parametrize("bn,bodies", [(32, 4), (48, 6)])
-def test_fc2_epilogue_reads_its_columns_from_the_table(bn, bodies, tmp_path):
+def test_fc2_epilogue_reads_its_columns_and_operands_from_shared_memory(bn, bodies, tmp_path):
     from moe_generic.compile_cache import config
     from moe_generic.grouped_gemm import GroupedGemm
 
@@ -68,7 +71,13 @@ def test_fc2_epilogue_reads_its_columns_from_the_table(bn, bodies, tmp_path):
     for lo, hi in epilogues:
         body = instrs[lo:hi]
         global_loads = [i for i in body if sass_loops.opcode(i) == "LDG"]
-        assert len(global_loads) == 1 + 2 * cfg.mw, global_loads  # gscale, 2 biases per group
-        assert all(".CONSTANT" in i for i in global_loads), global_loads
-        table_reads = [i for i in body if sass_loops.opcode(i) == "LDS" and ".64" in i]
+        assert not global_loads, global_loads  # the scale and biases too: _stage_operands
+        shared = [i for i in body if sass_loops.opcode(i) == "LDS"]
+        table_reads = [i for i in shared if ".64" in i]
         assert len(table_reads) == 2 * (bn // 8), table_reads  # a thread's columns
+        operand_reads = [i for i in shared if not re.search(r"\bLDS\.", i)]  # 4 bytes
+        assert len(operand_reads) == 1 + 2 * cfg.mw, operand_reads  # gscale, 2 biases per group
+    # the producer, before its first copy: the biases (16 bytes per lane), the global scale
+    first_copy = next(n for n, i in enumerate(instrs) if "UBLKCP" in i)
+    early = [i for i in instrs[:first_copy] if ".CONSTANT" in i and sass_loops.opcode(i) == "LDG"]
+    assert len(early) == 2 and sum(".128" in i for i in early) == 1, early

@@ -32,7 +32,10 @@ applies the activation with gate (row r) and up (row r + 8) of the same j in the
 (weights repacked so), FC2 the router weight and writes each (pair, h) exactly once, with y's
 columns in the paired order of Y_BLOCK, so the top-k sum afterwards is deterministic. With a
 producer warp, FC2's pair indices and router weights reach the epilogue through a shared table
-that warp fills after its last copy (_stage_columns), not by two dependent loads after the K loop.
+that warp fills after its last copy (_stage_columns), not by two dependent loads after the K loop,
+and the expert's global scale and the CTA's row biases, which that warp loads before its K loop,
+through the ring stage after the K loop's last (_stage_operands): the epilogue starts without a
+global round trip.
 """
 from __future__ import annotations
 
@@ -156,9 +159,12 @@ class GroupedGemm:
         self.b_iters = self.b_chunks // self.threads
         bars = cfg.stages if cfg.producer_warps else 0
         # FC2 with a producer warp: it stages each token slot's (pair, router weight) for the
-        # epilogue (_stage_columns), completing the `columns` barrier
+        # epilogue (_stage_columns) and the CTA's row biases and the expert's global scale
+        # (_stage_operands), completing the `columns` barrier
         self.staged_columns = cfg.phase == "fc2" and cfg.producer_warps == 1
         slots = cfg.bn if self.staged_columns else 0
+        # the epilogue finds a row's bias by a mask of its group (_epilogue_operands)
+        assert not self.staged_columns or cfg.cta_rows & (cfg.cta_rows - 1) == 0, cfg
         mem = cute.struct.MemRange
         self.storage = shared_storage("GroupedGemmStorage", {
             "stages": cute.struct.Align[mem[cutlass.Uint8, cfg.stages * self.stage_bytes], 128],
@@ -254,25 +260,38 @@ class GroupedGemm:
 
     # ------------------------------------------------------------------ pieces
     @cute.jit
-    def _epilogue_operands(self, ops, e, group0, r):
+    def _epilogue_operands(self, ops, e, cols, group0, r):
         """Expert e's global scale and the biases of rows r and r + 8 of this thread's groups
-        (always read, zeros when the layer has none: one less compile variant), all loaded
-        together at the epilogue's start (before the K loop they take 5 more registers: FC2's
-        32-token tiles at 112, 3 CTAs per SM, or spilling inside the K loop at 96)."""
-        gscale = ptx.ld_nc_f32(ops.gscale + Int64(e) * 4)
+        (always read, zeros when the layer has none: one less compile variant). With cols (FC2's
+        producer warp staged them: _stage_operands) from shared memory once the `columns`
+        barrier completes, else all loaded from global memory together at the epilogue's start
+        (before the K loop they take 5 more registers: FC2's 32-token tiles at 112, 3 CTAs per
+        SM, or spilling inside the K loop at 96)."""
         biases = []
-        for g in cutlass.range_constexpr(self.cfg.mw):
-            brow = ops.bias + (Int64(e) * Int64(ops.row_groups * 16)
-                               + Int64((group0 + g) * 16 + r)) * 4
-            biases.append((ptx.ld_nc_f32(brow), ptx.ld_nc_f32(brow + 32)))
+        if cutlass.const_expr(cols is not None):
+            _, bar, staged = cols
+            ptx.mbarrier_wait(bar, 0)
+            gscale = ptx.f32_bits(ptx.ld_shared_u32(staged + self.cfg.cta_rows * 4))
+            # the group's row in the CTA: groups are CTA-major (group0), n_groups a power of 2
+            n_groups = self.cfg.warps * self.cfg.mw
+            for g in cutlass.range_constexpr(self.cfg.mw):
+                brow = staged + (((group0 + g) & (n_groups - 1)) * 16 + r) * 4
+                biases.append((ptx.f32_bits(ptx.ld_shared_u32(brow)),
+                               ptx.f32_bits(ptx.ld_shared_u32(brow + 32))))
+        else:
+            gscale = ptx.ld_nc_f32(ops.gscale + Int64(e) * 4)
+            for g in cutlass.range_constexpr(self.cfg.mw):
+                brow = ops.bias + (Int64(e) * Int64(ops.row_groups * 16)
+                                   + Int64((group0 + g) * 16 + r)) * 4
+                biases.append((ptx.ld_nc_f32(brow), ptx.ld_nc_f32(brow + 32)))
         return gscale, biases
 
     @cute.jit
     def _epilogue(self, ops, acc, e, cols, p0, p1, group0, r, q):
         """Global scale, bias; FC1 the activation into the intermediate, FC2 the router weight
-        into y (each (pair, row) written once; cols: the shared table of _stage_columns, or None
-        to load the columns here)."""
-        pre = self._epilogue_operands(ops, e, group0, r)
+        into y (each (pair, row) written once; cols: the shared table and operands the producer
+        staged (_stage_columns, _stage_operands), or None to load them here)."""
+        pre = self._epilogue_operands(ops, e, cols, group0, r)
         if cutlass.const_expr(self.cfg.phase == "fc2"):
             self._epilogue_fc2(ops, acc, pre, cols, p0, p1, group0, r, q)
         else:
@@ -319,19 +338,18 @@ class GroupedGemm:
         where they sit side by side, so a warp instruction writes 4 tokens x 32 contiguous
         bytes (a sector each). Steps:
         1. per column (token slot): its pair and router weight, from the shared table the
-           producer warp filled (cols: _stage_columns, once its barrier completes), else loaded
-           here (clamped into the tile), every load issued before the first store (not 2 serial
-           round trips per column after it: Qwen3-30B-A3B T=512 -4.5%), and the address of its y
-           row at this thread's first group's columns (the next group's are 32 bytes on: an
-           immediate offset);
+           producer warp filled (cols: _stage_columns, its barrier waited for by
+           _epilogue_operands), else loaded here (clamped into the tile), every load issued
+           before the first store (not 2 serial round trips per column after it: Qwen3-30B-A3B
+           T=512 -4.5%), and the address of its y row at this thread's first group's columns
+           (the next group's are 32 bytes on: an immediate offset);
         2. per group inside y's rows (out_rows is a multiple of 32: a group is in or out, one
            warp-uniform branch): one store per column, predicated on the column holding one of
            the tile's pairs (no branch per column)."""
         cfg = self.cfg
         gscale, biases = pre
         if cutlass.const_expr(cols is not None):
-            table, bar = cols
-            ptx.mbarrier_wait(bar, 0)
+            table = cols[0]
         columns = []
         for nb in cutlass.range_constexpr(self.nb):
             for c in cutlass.range_constexpr(2):
@@ -386,10 +404,16 @@ class GroupedGemm:
            for the stage it refills to be released;
         3. an MMA warp runs the same decode and MMAs per K-tile as _mainloop, waiting only for
            that stage's copies, then releases it (_consume), and writes its rows (_epilogue);
-        4. FC2 with one producer warp: that warp loads the tile's pair indices before its K
-           loop and, after it, their router weights into a shared table (_stage_columns), which
-           the epilogue reads once the `columns` barrier completes: the epilogue starts without
-           a round trip for them (only for its global scale and biases)."""
+        4. FC2 with one producer warp: that warp loads the tile's pair indices, the expert's
+           global scale and the CTA's row biases before its K loop (_column_pairs,
+           _operand_loads) and, after it, stores the pairs and their router weights into the
+           shared table (_stage_columns) and the scale and biases into the stage after the K
+           loop's last (_stage_operands, _staged_at), which the epilogue reads once the
+           `columns` barrier completes: the epilogue starts without a global round trip (its
+           first FFMA waited on the scale's and biases' loads: 7.7% of FC2's stall samples,
+           ncu); held in the MMA warps' registers over the K loop they would cost 5
+           (_epilogue_operands); in the producer warp's none, the kernel's count being set by
+           the MMA warps' K loop (32 tokens, NVFP4: 96 registers before and after)."""
         cfg = self.cfg
         off = self.storage.offsets
         ring = StageRing(cfg.stages, self.stage_bytes, s_base + off["full"],
@@ -408,12 +432,16 @@ class GroupedGemm:
         cute.arch.sync_threads()
         if warp >= cfg.warps:
             pairs = self._column_pairs(ops, lane, p0, p1) if self.staged_columns else []
+            held = self._operand_loads(ops, lane, bidx, e) if self.staged_columns else None
             if cutlass.const_expr(cfg.producer_bulk):
                 self._produce_bulk(ops, lane, bidx, e, p0, p1, ring)
             else:
                 self._produce(ops, warp - cfg.warps, lane, bidx, e, p0, p1, ring)
             if cutlass.const_expr(self.staged_columns):
                 self._stage_columns(ops, lane, pairs, cols)
+                self._stage_operands(ops, lane, held, ring)
+                # release: this lane's stores (table, operands) before the epilogue's reads
+                ptx.mbarrier_arrive(cols[1])
         else:
             a_warp_off = self.b_bytes + warp * cfg.mw * self.a_group_bytes
             group0 = (bidx * cfg.warps + warp) * cfg.mw
@@ -428,19 +456,65 @@ class GroupedGemm:
         return [ptx.ld_u32(ops.pair_orig + Int64(cutlass.min(p0 + i * 32 + lane, p1 - 1)) * 4)
                 for i in range(-(-self.cfg.bn // 32))]
 
+    def _staged_at(self, ops, ring):
+        """Where the producer stages the epilogue's operands (_stage_operands): the CTA's row
+        biases (fp32, cta_rows of them) and then the global scale, at the start of the stage of
+        use k_tiles, the first after the K loop's last. Not beside the table: at 32 tokens
+        (NVFP4) 4 CTAs per SM leave 200 bytes per CTA unallocated (4 x (57144 + 1024 reserved)
+        of 233472), and these are 516. That stage's last use, k_tiles - stages, is released
+        stages - 1 K-tiles before the MMA warps' epilogue (a K loop shorter than the ring never
+        used it), by threads that waited for its copies' completion before reading it: the
+        producer's plain stores after that release follow the copies' writes."""
+        return ring.at(ops.k_tiles)
+
+    def _bias_chunk(self, i, lane):
+        """The 16-byte chunk of the CTA's biases (4 rows) that lane copies in pass i: 32 per
+        pass, the 128 rows of the dispatched tiles in one; a CTA of 64 rows (the 8- and
+        16-token tiles with a producer warp, probes only) has 16, and lanes 16-31 copy the last
+        (the same bytes as lane 15)."""
+        chunk = i * 32 + lane
+        if self.cfg.cta_rows < 128:
+            chunk = cutlass.min(chunk, self.cfg.cta_rows // 4 - 1)
+        return chunk
+
+    @cute.jit
+    def _operand_loads(self, ops, lane, bidx, e):
+        """Expert e's global scale (its bits) and this lane's chunks of the CTA's row biases
+        (rows bidx x cta_rows .. of expert e, 16-byte aligned: an expert's bias rows are padded
+        to 128), loads issued before the K loop and held in the producer's registers over it
+        (5 at 128 rows: one 16-byte load per lane)."""
+        rows = self.cfg.cta_rows
+        gscale = ptx.ld_nc_u32(ops.gscale + Int64(e) * 4)
+        first = ops.bias + (Int64(e) * Int64(ops.row_groups * 16) + Int64(bidx * rows)) * 4
+        return gscale, [ptx.ld_nc_v4(first + Int64(self._bias_chunk(i, lane)) * 16)
+                        for i in range(-(-rows // 128))]
+
+    @cute.jit
+    def _stage_operands(self, ops, lane, held, ring):
+        """After the producer's K loop and _stage_columns: wait until the stage of use k_tiles is
+        free (_staged_at), then the biases it loaded (_operand_loads) into it, one 16-byte store
+        per lane and chunk (_bias_chunk), and the global scale from lane 0. Waiting after the
+        router weights' round trip (_stage_columns), not before it, the release it waits for
+        comes during that round trip."""
+        gscale, chunks = held
+        ring.wait_empty(ops.k_tiles)
+        staged = self._staged_at(ops, ring)
+        for i in cutlass.range_constexpr(len(chunks)):
+            ptx.st_shared_v4(staged + self._bias_chunk(i, lane) * 16, *chunks[i])
+        if lane == 0:
+            ptx.st_shared_u32(staged + self.cfg.cta_rows * 4, gscale)
+
     @cute.jit
     def _stage_columns(self, ops, lane, pairs, cols):
-        """After the producer's K loop: slot n's (pair, router weight) into the shared table, then
-        every lane arrives on the `columns` barrier (release: its stores before the epilogue's
-        reads)."""
-        table, bar = cols
+        """After the producer's K loop: slot n's (pair, router weight) into the shared table (the
+        caller then arrives on the `columns` barrier)."""
+        table, _ = cols
         for i in cutlass.range_constexpr(len(pairs)):
             n = i * 32 + lane
             if n < self.cfg.bn:
                 w = ptx.ld_nc_u32(ops.route_w + Int64(pairs[i]) * 4)
                 ptx.st_shared_u32(table + n * 8, pairs[i])
                 ptx.st_shared_u32(table + n * 8 + 4, w)
-        ptx.mbarrier_arrive(bar)
 
     @cute.jit
     def _produce(self, ops, pw, lane, bidx, e, p0, p1, ring):
@@ -600,7 +674,8 @@ class GroupedGemm:
         """An MMA warp with producer warps: the K loop (wait for the stage's copies, decode and
         MMA as _mainloop does, release the stage: every thread arrives after its own
         shared-memory reads, so each read is ordered before the refill by the barrier itself),
-        then the epilogue."""
+        then the epilogue (cols: the table, its barrier and, formed after the K loop, where the
+        operands are staged: _staged_at)."""
         cfg = self.cfg
         for kt in cutlass.range(ops.k_tiles, unroll=1):
             ring.wait_full(kt)
@@ -609,7 +684,10 @@ class GroupedGemm:
                                          cfg.weight_format) for gi in range(cfg.mw)]
             fm.mma_ktile(acc, words, stage + b_lane, live_nb, cfg.weight_format)
             ring.release(kt)
-        self._epilogue(ops, acc, e, cols, p0, p1, group0, r, q)
+        staged = None
+        if cutlass.const_expr(cols is not None):
+            staged = (*cols, self._staged_at(ops, ring))
+        self._epilogue(ops, acc, e, staged, p0, p1, group0, r, q)
 
     @cute.jit
     def _mainloop(self, live_nb: int, acc, k_tiles, s_base, lane, b_lane, sources, src, k_real,
