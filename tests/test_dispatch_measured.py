@@ -1,5 +1,6 @@
 """The dispatcher's choice against the kernels' measured times (CPU: `explain` on the presets'
-shapes as an H200 would see them, the times from the recorded benchmark JSON).
+shapes as an sm_90 GPU would see them, the times from the recorded benchmark JSON, H200 unless
+the file names the H100).
 
 Each JSON below forced every kernel at the same points in one run of the tree it names; where
 two measured the same point, the later one in MEASURED stands. At every point the kernel the
@@ -43,6 +44,9 @@ MEASURED = [
     "2026-12-05-h200-7ea0869-cutover.json",
     # between them: 20, 24 and 28 rows per expert on every preset
     "2026-12-05-h200-dfc0c62-cutover-mid.json",
+    # the same after the weights went evict-first in L2 (672f63a), on an H100
+    "2026-12-05-h100-436c8c7-cutover-mid-32.json", "2026-12-05-h100-436c8c7-cutover-mid-16.json",
+    "2026-12-05-h100-436c8c7-cutover-mid-relu2.json",
 ]
 # file -> {row kernel label: tile width}: moe-generic with its width forced, one run of the tree
 # named; at ea2bbc3 the dispatcher ran 32-token tiles below 64 routed rows per expert, and
