@@ -16,7 +16,7 @@ import torch
 
 from moe_common.formats import get_format, weight_global_scale
 from moe_common.reference import reference_moe
-from moe_common.types import Activation
+from moe_common.types import WEIGHT_FORMATS, Activation
 from moe_common.weights import MoEWeights
 
 
@@ -50,7 +50,7 @@ def metrics(out, ref):
 def check_dequant():
     from moe_common.cute.dequant import dequantize_weights
     rows = []
-    for fmt in ("nvfp4", "mxfp4"):
+    for fmt in WEIGHT_FORMATS:
         w = build_weights(4, 256, 128, fmt)
         d13, d2 = dequantize_weights(w)
         F = get_format(fmt)

@@ -30,7 +30,7 @@ from dispatcher import FusedMoE, fused_moe
 from dispatcher.bench import compare
 from dispatcher.api import int32_ids
 from moe_common.reference import reference_moe
-from moe_common.types import Activation
+from moe_common.types import ACTIVATIONS, WEIGHT_FORMATS, Activation
 from moe_common.weights import MoEWeights
 
 PATTERNS = ("distinct", "duplicates", "minus_one", "out_of_range", "all_dropped", "one_hot")
@@ -52,7 +52,7 @@ class Case:
 
 @st.composite
 def activations(draw):
-    name = draw(st.sampled_from(("silu", "gelu_tanh", "swigluoai", "relu2")))
+    name = draw(st.sampled_from(ACTIVATIONS))
     if name != "swigluoai":
         return Activation(name)
     limit = draw(st.sampled_from((None, 0.5, 7.0)))
@@ -87,7 +87,7 @@ def _ids(draw, g, tokens, top_k, lo, hi, num_experts, dtype):
 def cases(draw, device="cpu", max_tokens=24):
     seed = draw(st.integers(0, 2**31 - 1))
     g = torch.Generator().manual_seed(seed)
-    fmt = draw(st.sampled_from(("nvfp4", "mxfp4")))
+    fmt = draw(st.sampled_from(WEIGHT_FORMATS))
     act = draw(activations())
     quant_mode = draw(st.sampled_from(("w4a16", "w4a4")))
     local = draw(st.integers(1, 6))

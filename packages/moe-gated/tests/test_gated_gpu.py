@@ -15,12 +15,10 @@ from moe_common.testing import (
     assert_close, assert_graph_replay_matches_eager, check_case, check_one_workspace,
     check_out_of_range_ids, random_layer, random_routing,
 )
+from moe_common.types import ACTIVATIONS, QUANT_MODES, WEIGHT_FORMATS
 
 pytestmark = pytest.mark.gpu
 
-ACTS = ("silu", "gelu_tanh", "swigluoai", "relu2")
-FORMATS = ("nvfp4", "mxfp4")
-MODES = ("w4a16", "w4a4")
 
 # (T, E, H, I, top_k): H and I include 2880 and 704 (padded internally; with the tall geometry
 # 2880 also leaves the last 256-row tile half full, see test_each_tile_geometry). The first two
@@ -31,7 +29,8 @@ SHAPES = [(256, 8, 1024, 768, 4), (512, 128, 2048, 768, 8), (1024, 16, 2880, 704
 
 def _cases():
     out = []
-    for n, (act, fmt, mode) in enumerate(itertools.product(ACTS, FORMATS, MODES)):
+    combos = itertools.product(ACTIVATIONS, WEIGHT_FORMATS, QUANT_MODES)
+    for n, (act, fmt, mode) in enumerate(combos):
         out.append((SHAPES[n % len(SHAPES)], act, fmt, mode, n % 2 == 1))
     return out
 
@@ -61,7 +60,7 @@ def test_each_tile_geometry(geometry, fmt, mode, monkeypatch):
     _run((333, 8, 512, 1856, 6), "relu2", fmt, mode, bias=True)
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", WEIGHT_FORMATS)
 def test_skewed_routing_and_empty_experts(fmt):
     # Zipf-like routing: a few experts get many full tiles, the tail gets none
     T, E, k = 4096, 64, 4
@@ -71,7 +70,7 @@ def test_skewed_routing_and_empty_experts(fmt):
     _run((1000, 32, 1024, 256, 1), "swigluoai", fmt, bias=True, skew=4.0, id_dtype=torch.int64)
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", WEIGHT_FORMATS)
 def test_expert_parallel_slice(fmt):
     _run((600, 16, 512, 256, 4), "silu", fmt, bias=True, ep=True)
 

@@ -13,7 +13,7 @@ from moe_common.fragments import (
 from moe_common.formats import pack_e2m1
 from moe_common.cute import jit
 from moe_common.testing import check_operands_marshal, make_shape
-from moe_common.types import Activation
+from moe_common.types import ACTIVATIONS, WEIGHT_FORMATS, Activation
 from moe_generic.limits import unsupported_reason
 
 
@@ -166,7 +166,7 @@ def test_32_token_tiles_leave_room_for_four_ctas_per_sm():
     from moe_generic.grouped_gemm import GroupedGemm
 
     for phase, act in (("fc1", "silu"), ("fc2", "none")):
-        for fmt in ("nvfp4", "mxfp4"):
+        for fmt in WEIGHT_FORMATS:
             smem = GroupedGemm(config(phase, fmt, act, 32)).smem_bytes
             assert 4 * (smem + 1024) <= 228 * 1024, (phase, fmt, smem)
 
@@ -249,7 +249,7 @@ def test_declines_with_reason(kw, needle):
 
 
 def test_offers_supported_shapes():
-    for act in ("silu", "gelu_tanh", "swigluoai", "relu2"):
+    for act in ACTIVATIONS:
         assert unsupported_reason(_shape(hidden=2880, intermediate=704), Activation(act)) is None
 
 

@@ -12,13 +12,10 @@ from moe_common.testing import (
     assert_close, assert_graph_replay_matches_eager, check_case, check_one_workspace,
     check_out_of_range_ids, random_layer, random_routing,
 )
-from moe_common.types import Activation
+from moe_common.types import ACTIVATIONS, QUANT_MODES, WEIGHT_FORMATS, Activation
 
 pytestmark = pytest.mark.gpu
 
-ACTS = ("silu", "gelu_tanh", "swigluoai", "relu2")
-FORMATS = ("nvfp4", "mxfp4")
-MODES = ("w4a16", "w4a4")
 
 # (T, E, H, I, top_k): decode and prefill; H and I include 2880 and 704 (padded internally)
 DECODE = [(1, 8, 256, 128, 2), (7, 128, 2048, 768, 8), (32, 256, 512, 704, 8), (64, 8, 2880, 256, 4)]
@@ -27,7 +24,8 @@ PREFILL = [(512, 128, 1024, 768, 8), (1024, 256, 512, 256, 8), (2048, 8, 2880, 2
 
 def _cases():
     out = []
-    for n, (act, fmt, mode) in enumerate(itertools.product(ACTS, FORMATS, MODES)):
+    combos = itertools.product(ACTIVATIONS, WEIGHT_FORMATS, QUANT_MODES)
+    for n, (act, fmt, mode) in enumerate(combos):
         bias = n % 2 == 1
         for shapes in (DECODE, PREFILL):
             out.append((shapes[n % len(shapes)], act, fmt, mode, bias))
@@ -45,7 +43,7 @@ def test_matches_reference(shape, act, fmt, mode, bias):
     _run_case(shape, act, fmt, mode, bias)
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", WEIGHT_FORMATS)
 def test_expert_parallel_slice(fmt):
     # half of the routes go to experts another rank owns: they must contribute nothing
     _run_case((300, 16, 512, 256, 4), "silu", fmt, "w4a16", True, ep=True)

@@ -9,7 +9,7 @@ import torch
 
 from moe_common.cute import jit
 from moe_common.testing import check_operands_marshal, make_shape, ptxas_report
-from moe_common.types import PRIORITY_GENERIC, PRIORITY_STATIC, Activation
+from moe_common.types import ACTIVATIONS, PRIORITY_GENERIC, PRIORITY_STATIC, Activation
 from moe_static.limits import CUTOVER_TOKENS, priority, unsupported_reason
 
 
@@ -177,7 +177,7 @@ def test_plugin_offer_and_decline():
     from moe_static import plugin
 
     assert "CUDA" in plugin.can_handle(_shape(device_capability=None), Activation()).reason
-    for act in ("silu", "gelu_tanh", "swigluoai", "relu2"):
+    for act in ACTIVATIONS:
         offer = plugin.can_handle(_shape(hidden=2880, intermediate=704), Activation(act))
         assert offer.kernel == "moe-static" and offer.priority == priority(_shape())
 

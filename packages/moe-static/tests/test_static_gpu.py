@@ -12,11 +12,11 @@ from moe_common.testing import (
     assert_graph_replay_matches_eager, check_case, check_one_workspace, check_out_of_range_ids,
     random_layer, random_routing,
 )
+from moe_common.types import ACTIVATIONS, WEIGHT_FORMATS
 
 pytestmark = pytest.mark.gpu
 
-ACTS = ("silu", "gelu_tanh", "swigluoai", "relu2")
-FORMATS = ("nvfp4", "mxfp4")
+
 # (T, E, H, I, top_k): decode sizes; H and I include 2880 and 704 (padded internally)
 DECODE = [(1, 8, 256, 128, 2), (7, 128, 2048, 768, 8), (32, 256, 512, 704, 8), (64, 8, 2880, 256, 4),
           (128, 64, 1024, 512, 8)]
@@ -28,14 +28,15 @@ def _run(shape, act, fmt, bias, **kw):
     return check_case(fused_moe, shape, act, fmt, bias=bias, **kw)
 
 
-@pytest.mark.parametrize("act,fmt,bias", list(itertools.product(ACTS, FORMATS, (False, True))))
+@pytest.mark.parametrize("act,fmt,bias",
+                         list(itertools.product(ACTIVATIONS, WEIGHT_FORMATS, (False, True))))
 def test_matches_reference(act, fmt, bias):
     for n, shape in enumerate(DECODE):
-        if (n + ACTS.index(act)) % 2 == 0 or shape[0] == 1:
+        if (n + ACTIVATIONS.index(act)) % 2 == 0 or shape[0] == 1:
             _run(shape, act, fmt, bias)
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", WEIGHT_FORMATS)
 def test_expert_parallel_slice(fmt):
     _run((40, 16, 512, 256, 4), "silu", fmt, True, ep=True)
     _run((3, 16, 512, 256, 4), "swigluoai", fmt, False, ep=True)
@@ -74,7 +75,7 @@ def test_mixed_team_shapes(shape, act, teams):
     warps = torch.cuda.get_device_properties(0).multi_processor_count * WARPS
     if choose_teams(T, k, E, fc1_groups, H // 16, warps) != teams:
         pytest.skip(f"{warps} warps give another team shape for {shape}")
-    for fmt in FORMATS:
+    for fmt in WEIGHT_FORMATS:
         _run(shape, act, fmt, True)
 
 
@@ -91,10 +92,10 @@ def owned_rows(monkeypatch):
 def test_fc2_by_owned_rows(owned_rows):
     from moe_static import fused_moe
 
-    for n, act in enumerate(ACTS):
+    for n, act in enumerate(ACTIVATIONS):
         # H = 256: 16 groups, most CTAs own none; H = 2880: 180 groups, 1 or 2 per CTA
-        _run((1, 8, 256, 128, 2), act, FORMATS[n % 2], n % 2 == 0)
-        _run((5, 32, 2880, 256, 4), act, FORMATS[(n + 1) % 2], n % 2 == 1)
+        _run((1, 8, 256, 128, 2), act, WEIGHT_FORMATS[n % 2], n % 2 == 0)
+        _run((5, 32, 2880, 256, 4), act, WEIGHT_FORMATS[(n + 1) % 2], n % 2 == 1)
     _run((40, 16, 512, 256, 4), "silu", "mxfp4", True, ep=True)
     _run((200, 64, 1024, 384, 8), "gelu_tanh", "nvfp4", False, skew=2.0, id_dtype=torch.int64)
     # FC2 by teams of one whose CTA shares cut units (40 units of 4 K-tiles per CTA: 10 K-tiles
@@ -107,8 +108,8 @@ def test_fc2_by_owned_rows(owned_rows):
 
 def test_one_token():
     # H = 2880 ends FC1 on a half K-tile (masked), I = 704 gives FC2 6 K-tiles
-    for n, act in enumerate(ACTS):
-        _run((1, 64, 2880, 704, 8), act, FORMATS[n % 2], n % 2 == 0)
+    for n, act in enumerate(ACTIVATIONS):
+        _run((1, 64, 2880, 704, 8), act, WEIGHT_FORMATS[n % 2], n % 2 == 0)
     _run((1, 16, 2048, 768, 8), "silu", "nvfp4", True, ep=True)  # FC2 by owned rows
     _run((1, 16, 1024, 1088, 8), "gelu_tanh", "mxfp4", False)  # FC1 by teams of one
 

@@ -56,7 +56,7 @@ from .formats import (
     unswizzle_scales_128x4,
     weight_global_scale,
 )
-from .types import Activation, make_activation
+from .types import WEIGHT_FORMATS, Activation, make_activation
 
 Scale = Optional[Union[float, torch.Tensor]]
 
@@ -695,7 +695,7 @@ class MoEWeights:
             else:
                 _fail(f"w1_weight_sf: got dtype {sf_dtype}; allowed: float8_e4m3fn (NVFP4) or uint8 / float8_e8m0fnu (MXFP4)")
         fmt = get_format(weight_format)
-        if quant_mode in ("nvfp4", "mxfp4") and quant_mode != fmt.name:
+        if quant_mode in WEIGHT_FORMATS and quant_mode != fmt.name:
             _fail(f"quant_mode: got {quant_mode!r} for {fmt.name} weights; allowed: 'w4a16', 'w4a4' or {fmt.name!r}")
         e, n1, h_half = w1_weight.shape
         h, i = 2 * h_half, 2 * w2_weight.shape[2]

@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 from moe_common.cute import jit
+from moe_common.types import WEIGHT_FORMATS
 
 from .kernel import GEOMETRIES, GatedConfig, GatedGemm, GatedOperands
 from .limits import ACTIVATIONS
 
-FORMATS = ("nvfp4", "mxfp4")
 
 def config(phase: str, weight_format: str, activation: str, geometry: str = "wide") -> GatedConfig:
     return GatedConfig(phase=phase, weight_format=weight_format,
@@ -38,7 +38,7 @@ def all_configs():
     """Every configuration the dispatcher can pick (CPU CI compiles each for sm_90a)."""
     out = []
     for geometry in GEOMETRIES:
-        for fmt in FORMATS:
+        for fmt in WEIGHT_FORMATS:
             out += [config("fc1", fmt, a, geometry) for a in ACTIVATIONS]
             out.append(config("fc2", fmt, "none", geometry))
     return out

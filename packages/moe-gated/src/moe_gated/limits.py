@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 from moe_common.kernel_package import dims_reason, hopper_reason, size_reason
+from moe_common import types
 from moe_common.types import PRIORITY_GATED, PRIORITY_GENERIC
 
 KERNEL_NAME = "moe-gated"
-# FC1's activations: gated ones pair gate and up rows in one fragment; relu2 takes its rows as
-# intermediate columns (moe_common.packed)
-ACTIVATIONS = ("silu", "gelu_tanh", "swigluoai", "relu2")
+# FC1's activations, all of them: gated ones pair gate and up rows in one fragment; relu2 takes
+# its rows as intermediate columns (moe_common.packed)
+ACTIVATIONS = types.ACTIVATIONS
 MAX_TOP_K = 32
 MAX_LOCAL_EXPERTS = 1024  # the shared routing kernel's limit (one thread per expert)
 MAX_TOKENS = 65536
@@ -25,7 +26,11 @@ DIM_MULTIPLE = 32
 # benchmarks/2026-12-05-h200-7ea0869-cutover.json). relu2 layers take the same cutover
 # (nemotron-relu2: 1.065 / 0.985 / 0.915 at 20 / 24 / 28 rows). It was 32 until nemotron-relu2
 # T=512 (24 rows) ran 3.6% faster on moe-gated (7ea0869), and 48 before moe-gated's producer
-# issued its copies from one elected lane (b7f4ca8).
+# issued its copies from one elected lane (b7f4ca8). Checked again after the weights went
+# evict-first in L2 (672f63a; an H100, `cutover-mid` at 436c8c7,
+# benchmarks/2026-12-05-h100-436c8c7-cutover-mid-*.json): at 24 rows 0.968-1.026 (Qwen3.5-35B
+# T=768 231.8 against 225.8), at 20 rows 1.025-1.070, at 28 rows 0.894-0.992; 28 would give up
+# 3.3% at gpt-oss-120b T=768.
 CUTOVER_ROWS_PER_EXPERT = 24
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from moe_common.cute import jit
+from moe_common.types import ACTIVATIONS, WEIGHT_FORMATS
 
 from .grouped_gemm import GemmConfig, GemmOperands, GroupedGemm
 
@@ -91,14 +92,14 @@ def all_configs():
     """Every configuration the dispatcher or a forced width (BN_CHOICES) can run (CPU CI
     compiles each for sm_90a)."""
     out = []
-    for fmt in ("nvfp4", "mxfp4"):
+    for fmt in WEIGHT_FORMATS:
         for bn in BN_CHOICES:
-            for act in ("silu", "gelu_tanh", "swigluoai", "relu2"):
+            for act in ACTIVATIONS:
                 for k_tail in (False, True):  # one config where the tail changes nothing
                     out.append(config("fc1", fmt, act, bn, k_tail=k_tail))
             out.append(config("fc2", fmt, "none", bn))
         # the 256-row tiles of long K loops
-        for act in ("silu", "gelu_tanh", "swigluoai", "relu2"):
+        for act in ACTIVATIONS:
             out.append(config("fc1", fmt, act, 64, rows=256, k_tiles=TALL_MIN_KTILES))
         out.append(config("fc2", fmt, "none", 64, rows=256, k_tiles=TALL_MIN_KTILES))
     return list(dict.fromkeys(out))

@@ -2,11 +2,9 @@
 from __future__ import annotations
 
 from moe_common.cute import jit
+from moe_common.types import ACTIVATIONS, WEIGHT_FORMATS
 
 from .kernel import StaticConfig, StaticMoE, StaticOperands
-
-FORMATS = ("nvfp4", "mxfp4")
-ACTIVATIONS = ("silu", "gelu_tanh", "swigluoai", "relu2")
 
 # Warps per FC1 and per FC2 unit that the runner chooses between (runner.choose_teams)
 TEAM_SHAPES = ((2, 2), (1, 1), (2, 1), (1, 2))
@@ -33,5 +31,5 @@ def get(weight_format: str, activation: str, ids_bytes: int = 4, teams: tuple = 
 
 def all_configs():
     """Every configuration the dispatcher can pick (CPU CI compiles each for sm_90a)."""
-    return [config(f, a, b, t, c) for c in (False, True) for f in FORMATS for a in ACTIVATIONS
-            for b in (4, 8) for t in TEAM_SHAPES]
+    return [config(f, a, b, t, c) for c in (False, True) for f in WEIGHT_FORMATS
+            for a in ACTIVATIONS for b in (4, 8) for t in TEAM_SHAPES]

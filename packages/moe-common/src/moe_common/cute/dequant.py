@@ -13,6 +13,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64
 
+from ..types import WEIGHT_FORMATS
 from . import ptx
 from .decode import decode_e2m1x8, mxfp4_scale_pair, nvfp4_scale_pair
 
@@ -23,7 +24,7 @@ class Dequantize:
     """Compiled once per format: [E, N, K] codes -> [E, N, K] bf16."""
 
     def __init__(self, weight_format: str):
-        assert weight_format in ("nvfp4", "mxfp4")
+        assert weight_format in WEIGHT_FORMATS
         self.weight_format = weight_format
         self.block = 16 if weight_format == "nvfp4" else 32
 
