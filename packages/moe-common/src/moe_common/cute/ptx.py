@@ -565,7 +565,10 @@ _BULK_G2S_HINT = _BULK_G2S + ".L2::cache_hint"
 # byte once per call, while the buffers it writes and reads back (tile-blocked token rows, the
 # intermediate, y: 12-30% of the weight bytes at the small-expert presets in the band) wait in
 # L2 for their reader with the weights streaming past them; ptxas folds the policy into a
-# constant descriptor (UBLKCP ... desc[URn]).
+# constant descriptor (UBLKCP ... desc[URn]). The policy alone (12327f9 against 2a553aa, H200,
+# same run, `tools/gpu_steps.sh band-ab`): T = 512..2048 -1.9% to +0.8% (Qwen3.5-35B T=512
+# 171.8 -> 168.6 us); with 12c1ee7 and edd0ccf (672f63a, H100) T = 64..256 up to 6% faster
+# (BENCHMARKS.md, "Measured decisions").
 _POLICY_EVICT_FIRST = [".reg .b64 pol;", "createpolicy.fractional.L2::evict_first.b64 pol, 1.0;"]
 
 
