@@ -2,13 +2,11 @@
 from __future__ import annotations
 
 from moe_common.kernel_package import dims_reason, hopper_reason, size_reason
-from moe_common import types
-from moe_common.types import PRIORITY_GATED, PRIORITY_GENERIC
+# FC1's activations (ACTIVATIONS), all of them: gated ones pair gate and up rows in one
+# fragment; relu2 takes its rows as intermediate columns (moe_common.packed)
+from moe_common.types import ACTIVATIONS, PRIORITY_GATED, PRIORITY_GENERIC
 
 KERNEL_NAME = "moe-gated"
-# FC1's activations, all of them: gated ones pair gate and up rows in one fragment; relu2 takes
-# its rows as intermediate columns (moe_common.packed)
-ACTIVATIONS = types.ACTIVATIONS
 MAX_TOP_K = 32
 MAX_LOCAL_EXPERTS = 1024  # the shared routing kernel's limit (one thread per expert)
 MAX_TOKENS = 65536

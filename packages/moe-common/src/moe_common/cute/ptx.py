@@ -572,6 +572,13 @@ _BULK_G2S_HINT = _BULK_G2S + ".L2::cache_hint"
 _POLICY_EVICT_FIRST = [".reg .b64 pol;", "createpolicy.fractional.L2::evict_first.b64 pol, 1.0;"]
 
 
+def _bulk_g2s(dst: str, src: str, nbytes, mbar: str, evict_first: bool) -> str:
+    """The text of one bulk copy (operands as PTX text), with `pol` where evict_first."""
+    if evict_first:
+        return f"{_BULK_G2S_HINT} [{dst}], [{src}], {nbytes}, [{mbar}], pol;"
+    return f"{_BULK_G2S} [{dst}], [{src}], {nbytes}, [{mbar}];"
+
+
 class BulkCopy(NamedTuple):
     """One copy of bulk_copies_g2s_elected: nbytes from global src to shared dst; only where the
     run-time Int32 `when` is positive (None: always); evict_first: its lines under
@@ -589,7 +596,7 @@ def bulk_copy_g2s(smem_addr, gmem_addr, nbytes, mbar, *, loc=None, ip=None):
     nbytes of transactions on the mbarrier."""
     _stmt([Int32(smem_addr).ir_value(loc=loc, ip=ip), Int64(gmem_addr).ir_value(loc=loc, ip=ip),
            _i32(nbytes, loc, ip), Int32(mbar).ir_value(loc=loc, ip=ip)],
-          f"{_BULK_G2S} [$0], [$1], $2, [$3];",
+          _bulk_g2s("$0", "$1", "$2", "$3", False),
           "r,l,r,r")
 
 
@@ -618,8 +625,7 @@ def bulk_copy_groups_g2s_elected(mbar, dst, srcs, group_stride, nbytes, groups: 
     text += ["@!p bra DONE;", "LOOP:", "setp.lt.s32 q, j, m;", "@!q bra.uni DONE;"]
     off = 0
     for r in range(n):
-        text.append(f"{_BULK_G2S_HINT} [d+{off}], [a{r}], {nbytes[r]}, [$0], pol;" if evict_first
-                    else f"{_BULK_G2S} [d+{off}], [a{r}], {nbytes[r]}, [$0];")
+        text.append(_bulk_g2s(f"d+{off}", f"a{r}", nbytes[r], "$0", evict_first))
         off += nbytes[r]
     text += ["add.u32 d, d, %d;" % dst_step, "add.s32 j, j, 1;"]
     text += [f"add.s64 a{r}, a{r}, s{r};" for r in range(n)]
@@ -659,8 +665,6 @@ def bulk_copies_g2s_elected(mbar, tx_bytes, copies, *, loc=None, ip=None):
             cons.append("r")
             text.append(f"setp.gt.and.s32 q, ${k + 3}, 0, p;")
             pred = "q"
-        if copy.evict_first:
-            text.append(f"@{pred} {_BULK_G2S_HINT} [${k}], [${k + 1}], ${k + 2}, [$0], pol;")
-        else:
-            text.append(f"@{pred} {_BULK_G2S} [${k}], [${k + 1}], ${k + 2}, [$0];")
+        text.append(f"@{pred} " + _bulk_g2s(f"${k}", f"${k + 1}", f"${k + 2}", "$0",
+                                            copy.evict_first))
     _stmt(ops, "\n".join(text + ["}"]), ",".join(cons))
