@@ -23,7 +23,7 @@ from moe_generic.runner import pick_bn
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 MEASURED = [
-    # moe-static against moe-generic at T = 1..128 (moe_static.limits.CUTOVER_TOKENS)
+    # moe-static against moe-generic at T = 1..128 (moe_static.limits.CUTOVER_ROWS_PER_EXPERT)
     "2026-12-01-h200-b122685-static.json", "2026-12-01-h200-b122685-static-all.json",
     # moe-generic (with its producer-warp tiles) against moe-gated at 16-48 routed rows per
     # expert (moe_gated.limits.CUTOVER_ROWS_PER_EXPERT)
@@ -47,6 +47,9 @@ MEASURED = [
     # the same after the weights went evict-first in L2 (672f63a), on an H100
     "2026-12-05-h100-436c8c7-cutover-mid-32.json", "2026-12-05-h100-436c8c7-cutover-mid-16.json",
     "2026-12-05-h100-436c8c7-cutover-mid-relu2.json",
+    # moe-static against moe-generic at T = 1..128 after moe-generic's changes since b7f4ca8
+    # (the points of every earlier static file), on an H100
+    "2026-12-05-h100-d073081-static-small.json", "2026-12-05-h100-d073081-static-points.json",
 ]
 # file -> {row kernel label: tile width}: moe-generic with its width forced, one run of the tree
 # named; at ea2bbc3 the dispatcher ran 32-token tiles below 64 routed rows per expert, and

@@ -11,7 +11,7 @@
 #        land-generic (land-tests, land-sanitize), auto-ab (auto-all, band-ab: AB_DIRS, AB_TOKENS, AB_PRESETS),
 #        split-ab (AB_DIRS, SPLIT_LAYERS), base-ab (AB_DIRS: whole older trees),
 #        check-ab (AB_DIRS, CHECK_PRESETS, CHECK_TOKENS), ncu-l2 (AB_DIRS, L2_LAYERS),
-#        dispatch-points (static-points, cutover-points), cutover-mid; pipeline-probe (PROBE_PRESETS, PROBE_TOKENS, PROBE_MODES, PROBE_CLOCKS);
+#        dispatch-points (static-small, static-points, cutover-points), cutover-mid; pipeline-probe (PROBE_PRESETS, PROBE_TOKENS, PROBE_MODES, PROBE_CLOCKS);
 #        all-tests, all-tests-par, generic-tests-par; pack (last: $OUT as one results.tgz); verify (GPU tests + sanitizers), serving (soak + hf bench); ncu-tensor (NCU_LAYERS); A/B in one run against older
 #        trees (AB_DIRS): static-ab, kernel-ab (AB_KERNEL), ncu-static-ab (PROFILE_ARGS)
 set -u
@@ -293,9 +293,10 @@ for s in "$@"; do
       step mid-small 200 python3 tools/band_probe.py --preset qwen3-30b-a3b qwen3.5-35b --tokens 512 1024 --bn --kernels auto --config '48:mw=1,warps=8' --seed ${AB_SEED:-1} --json "$OUT/mid-small.json" ;;
     dispatch-points)  # each kernel forced where the dispatcher's cutovers lie (JSON for
                       # tests/test_dispatch_measured.py): moe-static against moe-generic at
-                      # T = 32-128, moe-generic against moe-gated at T = 512-2048
-      bash "$0" static-points cutover-points ;;
+                      # T = 1-128, moe-generic against moe-gated at T = 512-2048
+      bash "$0" static-small static-points cutover-points ;;
     static-points) step static-points 200 "${BENCH[@]}" --preset $FIVE --tokens 32 64 128 --kernels moe-static moe-generic --no-check --seed 1 --json "$OUT/static-points.json" ;;
+    static-small) step static-small 300 "${BENCH[@]}" --preset $FIVE --tokens 1 2 4 8 16 24 --kernels moe-static moe-generic --no-check --seed 1 --json "$OUT/static-small.json" ;;
     cutover-mid)  # each kernel forced between the 16 and 32 routed rows per expert of
                   # cutover-points: 20, 24 and 28 rows (T x k / E) on every preset (T x k / E is
                   # T / 32 on the first three presets, T / 16 on Qwen3-30B-A3B)

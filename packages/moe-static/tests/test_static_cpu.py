@@ -143,28 +143,26 @@ def test_bids_above_every_kernel_only_up_to_the_cutover(monkeypatch):
     assert 0 < priority(_shape(tokens=129, top_k=8)) < PRIORITY_GENERIC
 
 
-def test_measured_cutover_is_thirty_two_tokens():
-    # measured ahead of moe-generic at every T <= 16 point, ahead or level (0.99-1.08) at T=32 on
-    # all five presets and mixed from T=64 (bench-static at 5b8dce0, again at b122685:
-    # BENCHMARKS.md)
-    assert CUTOVER_TOKENS == 32
+def test_measured_cutover_is_eight_tokens_for_small_experts():
+    # ahead of or level with moe-generic at T <= 8 on Qwen3-30B-A3B and Qwen3.5-35B, 3-6% behind
+    # at T=16 (static-small at d073081, an H100: limits.py)
+    assert CUTOVER_TOKENS == 8
     for k in (1, 4, 8):
-        assert priority(_shape(tokens=32, top_k=k)) == PRIORITY_STATIC
-        assert 0 < priority(_shape(tokens=33, top_k=k)) < PRIORITY_GENERIC
+        assert priority(_shape(tokens=8, top_k=k)) == PRIORITY_STATIC
+        assert 0 < priority(_shape(tokens=9, top_k=k)) < PRIORITY_GENERIC
 
 
 @pytest.mark.parametrize("experts,top_k,hidden,inter,tokens,highest", [
-    (256, 8, 2048, 512, 64, True),  # Qwen3.5-35B: 2 routed rows per expert, 1.0M weights
-    (256, 8, 7168, 2048, 64, False),  # DeepSeek-V3: 2 rows, but 14.7M
-    (128, 4, 2880, 2880, 64, False),  # gpt-oss-120b: 2 rows, 8.3M
-    (128, 6, 2688, 1856, 64, False),  # nemotron-relu2: 3 rows, 5.0M
-    (128, 8, 2048, 768, 64, False),  # Qwen3-30B-A3B: 4 rows
-    (256, 8, 2048, 512, 128, False),  # 4 rows
-    (128, 4, 2048, 512, 97, False),  # 3.03 rows
-    (8, 2, 2048, 512, 32, True),  # small experts: up to 32 tokens whatever the rows (8 here)
-    (256, 8, 7168, 2048, 31, True),  # large experts: below 1 row per expert (0.97)
-    (256, 8, 7168, 2048, 32, False),  # 1 row
-    (8, 2, 7168, 2048, 4, False),  # 1 row at 4 tokens
+    (128, 8, 2048, 768, 8, True),  # Qwen3-30B-A3B: 8 tokens, half a row, 1.6M weights
+    (128, 8, 2048, 768, 16, False),  # 16 tokens
+    (256, 8, 2048, 512, 16, False),  # Qwen3.5-35B: half a row, past 8 tokens
+    (8, 2, 2048, 512, 8, True),  # small experts: up to 8 tokens whatever the rows (2 here)
+    (256, 8, 7168, 2048, 7, True),  # DeepSeek-V3, 14.7M: 0.22 rows per expert
+    (256, 8, 7168, 2048, 8, False),  # a quarter row
+    (128, 6, 2688, 1856, 5, True),  # nemotron-relu2, 5.0M: 0.23 rows
+    (128, 6, 2688, 1856, 6, False),  # 0.28 rows
+    (128, 4, 2880, 2880, 8, False),  # gpt-oss-120b, 8.3M: a quarter row
+    (8, 2, 7168, 2048, 1, False),  # a quarter row at 1 token
 ])
 def test_bids_highest_for_small_batches_by_expert_size(experts, top_k, hidden, inter,
                                                        tokens, highest):

@@ -9,24 +9,23 @@ MAX_LOCAL_EXPERTS = 512  # shared-memory routing tables (kernel.MAX_LOCAL_EXPERT
 MAX_PAIRS = 2048  # routed pairs T * top_k held in shared memory (kernel.MAX_PAIRS)
 DIM_MULTIPLE = 32
 # When moe-static bids above every kernel: for small experts (H x I below SMALL_EXPERT_ELEMENTS)
-# up to CUTOVER_TOKENS tokens or CUTOVER_ROWS_PER_EXPERT mean routed rows per expert (T * k / E,
-# E all experts: a slice's local experts get the same mean), for large ones below
-# LARGE_EXPERT_ROWS rows per expert. A long weight stream per expert keeps moe-generic's bulk-copy
-# ring full (268912f); a short one is latency, which moe-static's fixed grid hides. Measured on
-# the H200, each kernel forced in one run of b7f4ca8 (`tools/gpu_steps.sh dispatch-points`,
-# benchmarks/2026-12-02-h200-b7f4ca8-static-points.json), moe-static against moe-generic, us:
-# - small: Qwen3-30B-A3B (1.6M) T=32 103.0 / 106.9, T=64 (4 rows) 128.1 / 117.7; Qwen3.5-35B
-#   (1.0M) T=32 97.4 / 106.3, T=64 (2 rows) 136.7 / 138.0;
-# - large, at 1-1.5 rows (T=32): DeepSeek-V3 (14.7M) 1135.8 / 1060.1, gpt-oss-120b (8.3M)
-#   322.0 / 311.1, nemotron-relu2 (5.0M) 180.8 / 178.8; at 2-3 rows (T=64) 4-8% behind;
-# - T=128 (4-6 rows): behind on all five, 10-48%.
-# - large, below one row (T = 8, 16; a run of dbc99f5,
-#   benchmarks/2026-12-02-h200-dbc99f5-static-small.json): ahead by 4-20% on gpt-oss-120b and
-#   nemotron-relu2, level on DeepSeek-V3 (T=8 391.8 / 396.4; T=16, half a row, 696.8 / 679.5).
-CUTOVER_TOKENS = 32
-CUTOVER_ROWS_PER_EXPERT = 3
+# up to CUTOVER_TOKENS tokens, for large ones below LARGE_EXPERT_ROWS mean routed rows per expert
+# (T * k / E, E all experts: a slice's local experts get the same mean). There the call is a
+# fixed latency, which moe-static's single launch hides best; past them moe-generic's bulk-copy
+# ring streams as fast or faster. Measured on an H100, each kernel forced in one run of d073081
+# (`tools/gpu_steps.sh static-small static-points`,
+# benchmarks/2026-12-05-h100-d073081-static-{small,points}.json), moe-static / moe-generic:
+# - small, Qwen3-30B-A3B (1.6M) and Qwen3.5-35B (1.0M): T = 1-8 0.73-1.01 (Qwen3.5-35B T=1
+#   13.2 / 18.1, Qwen3-30B-A3B T=8, half a row, 67.8 / 69.8); T=16 1.03 / 1.06, T = 24-64
+#   1.04-1.12 (Qwen3-30B-A3B T=32 136.4 / 122.0, Qwen3.5-35B T=64 167.2 / 157.2);
+# - large, DeepSeek-V3 (14.7M), gpt-oss-120b (8.3M), nemotron-relu2 (5.0M): below a quarter
+#   row (T = 1-4) 0.875-1.02; at a quarter to 0.38 rows (T=8) 1.00-1.03 (DeepSeek-V3 550.0 /
+#   533.7); from half a row (T = 16-64) 1.02-1.08;
+# - T=128: 1.12-1.51 on all five. The rows rule does not order the small experts (Qwen3-30B-A3B
+#   at half a row ahead, Qwen3.5-35B at half a row 6% behind); the token count does.
+CUTOVER_TOKENS = 8
 SMALL_EXPERT_ELEMENTS = 4 * 2**20
-LARGE_EXPERT_ROWS = 1
+LARGE_EXPERT_ROWS = 0.25
 
 
 def unsupported_reason(shape, activation):
@@ -49,11 +48,10 @@ def unsupported_reason(shape, activation):
 
 def priority(shape) -> int:
     """Above every kernel up to the cutovers (see CUTOVER_TOKENS), else below moe-generic."""
-    rows_per_expert = shape.tokens * shape.top_k / max(1, shape.num_experts)
     if shape.hidden * shape.intermediate < SMALL_EXPERT_ELEMENTS:
-        highest = shape.tokens <= CUTOVER_TOKENS or rows_per_expert <= CUTOVER_ROWS_PER_EXPERT
+        highest = shape.tokens <= CUTOVER_TOKENS
     else:
-        highest = rows_per_expert < LARGE_EXPERT_ROWS
+        highest = shape.tokens * shape.top_k < LARGE_EXPERT_ROWS * max(1, shape.num_experts)
     if highest:
         return PRIORITY_STATIC
     return PRIORITY_GENERIC - 5  # still above the reference, below moe-generic
