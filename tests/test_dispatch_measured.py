@@ -23,7 +23,8 @@ from moe_generic.runner import pick_bn
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 MEASURED = [
-    # moe-static against moe-generic at T = 1..128 (moe_static.limits.CUTOVER_ROWS_PER_EXPERT)
+    # moe-static against moe-generic at T = 1..128 (moe_static.limits.CUTOVER_TOKENS and
+    # LARGE_EXPERT_ROWS)
     "2026-12-01-h200-b122685-static.json", "2026-12-01-h200-b122685-static-all.json",
     # moe-generic (with its producer-warp tiles) against moe-gated at 16-48 routed rows per
     # expert (moe_gated.limits.CUTOVER_ROWS_PER_EXPERT)
