@@ -51,7 +51,7 @@ def priority(shape) -> int:
     if shape.hidden * shape.intermediate < SMALL_EXPERT_ELEMENTS:
         highest = shape.tokens <= CUTOVER_TOKENS
     else:
-        highest = shape.tokens * shape.top_k < LARGE_EXPERT_ROWS * max(1, shape.num_experts)
+        highest = shape.routed_rows < LARGE_EXPERT_ROWS * max(1, shape.num_experts)
     if highest:
         return PRIORITY_STATIC
     return PRIORITY_GENERIC - 5  # still above the reference, below moe-generic
