@@ -1,6 +1,6 @@
 """tools/pipeline_probe.py on the CPU: each mode's patched moe-gated kernel assembles for
 sm_90a and has changed what the mode says (the copies or the decode and wgmmas taken away, the
-weight copies made one per K-tile, a 16-token MMA width added, the decode or the wgmmas
+weight copies made one per K-tile, a 16-token MMA width added, FC1's widths replaced, the decode or the wgmmas
 alone taken away, the epilogues taken away, the token rows' copies taken away, the records
 at the checkpoint's size with the one-byte scales' conversion)."""
 from __future__ import annotations
@@ -31,6 +31,7 @@ compile_cache.compile_config(compile_cache.config("fc1", "nvfp4", "silu", "tall"
                                                  ("onecopy", True, True),
                                                  ("width48", True, True),
                                                  ("width16", True, True),
+                                                 ("fc1ladder-128-80-64-48-40-32", True, True),
                                                  ("nodecode", True, True),
                                                  ("nomma", True, False),
                                                  ("mmaonly", False, True),
@@ -57,6 +58,8 @@ def test_each_mode_changes_what_it_says(mode, copies, wgmmas, tmp_path):
         assert bool(b_copies) == (mode == "full"), b_copies
     assert ("m64n48k16" in ptx) == wgmmas  # FC1 ships the 48 width (kernel.FC1_ONLY_WIDTHS)
     assert ("m64n16k16" in ptx) == (mode == "width16")
+    ladder = mode.startswith("fc1ladder")  # FC1's tall widths exactly the ladder's
+    assert ("m64n40k16" in ptx) == ladder and ("m64n96k16" in ptx) == (wgmmas and not ladder)
     # the block-scale multiplies are the decode's last step; nomma folds the decoded registers
     assert ("mul.rn.bf16x2" in ptx) == (mode not in ("producer", "nodecode", "mmaonly"))
     assert ("xor.b32 nmx" in ptx) == (mode == "nomma")

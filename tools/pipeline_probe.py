@@ -29,7 +29,8 @@ Candidates for what the first three find, on the same footing:
    per expert, ~1.13 MMA columns per routed pair instead of ~1.24); results right, checked;
    measured 2-4% faster there and shipped since e999638 (the mode is then the shipped kernel).
    Each of these adds its width to the tall tile's shipped ones (moe_gated.kernel.WIDTHS), in
-   FC1 and FC2 alike.
+   FC1 and FC2 alike. `fc1ladder-W-W-...` (e.g. `fc1ladder-128-96-80-64-48-40-32`): FC1's
+   tall widths exactly these, FC2's as shipped; results right, checked.
 What the consumers' own time goes to, the same way (their ratios to `consumers` split it):
 7. `nodecode`: the e2m1 decode and block-scale multiply taken away, each k16 slab's wgmmas
    fed the raw code words as A (wgmma_decode._slab_ptx patched): the copies, the shared-memory
@@ -86,6 +87,15 @@ MODES = ("full", "consumers", "producer", "onecopy", "width48", "width16", "widt
          "nodecode", "nomma", "mmaonly", "noepilogue", "nob", "bytescales")
 ANY_KERNEL = ("full", "bytescales")  # modes that patch moe-common, not moe-gated
 CHECKED = ("full", "width48", "width16", "width80")  # the modes whose results are right
+LADDER = re.compile(r"^fc1ladder(-\d+)+$")  # FC1's tall widths (checked too)
+
+
+def mode_arg(mode: str) -> str:
+    """A mode named on the command line: one of MODES or an FC1 ladder."""
+    if mode in MODES or LADDER.match(mode):
+        return mode
+    raise argparse.ArgumentTypeError(f"mode {mode!r}; allowed: {', '.join(MODES)}, "
+                                     "fc1ladder-W-W-...")
 
 
 def _raw_codes_slab(g: int, s: int, code: str, s_r: str, s_r8: str, half: int) -> list:
@@ -256,8 +266,18 @@ def patch(mode: str) -> None:
         width = int(mode[5:])  # in FC1 and FC2 (FC1_ONLY_WIDTHS would keep it from FC2)
         kernel.WIDTHS[128] = tuple(sorted(set(kernel.WIDTHS[128]) | {width}, reverse=True))
         kernel.FC1_ONLY_WIDTHS = tuple(w for w in kernel.FC1_ONLY_WIDTHS if w != width)
+    elif LADDER.match(mode):
+        widths = tuple(sorted({int(w) for w in mode.split("-")[1:]}, reverse=True))
+        init = GatedGemm.__init__
+
+        def __init__(self, cfg):
+            init(self, cfg)
+            if cfg.phase == "fc1" and self.bn == 128:
+                self.widths = widths
+
+        GatedGemm.__init__ = __init__
     else:
-        raise ValueError(f"mode {mode!r}; allowed: {', '.join(MODES)}")
+        raise ValueError(f"mode {mode!r}; allowed: {', '.join(MODES)}, fc1ladder-W-W-...")
 
 
 def parse_samples(text: str) -> list:
@@ -318,7 +338,7 @@ def run_mode(mode: str, presets, tokens, seed: int, clocks: bool = False,
             sampler = ClockSampler() if clocks else contextlib.nullcontext()
             with sampler:
                 got = bench_preset(PRESETS[name], batch, kernels=[kernel], seed=seed,
-                                   check=mode in CHECKED, log=lambda s: None)
+                                   check=mode in CHECKED or bool(LADDER.match(mode)), log=lambda s: None)
             load = under_load(sampler.samples) if clocks else None
             for r in got:
                 r["kernel"] = f"{kernel} {mode}"
@@ -333,7 +353,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", nargs="+", default=["deepseek-v3", "qwen3-30b-a3b"])
     ap.add_argument("--tokens", nargs="+", type=int, default=[512, 1024, 2048])
-    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    ap.add_argument("--modes", nargs="+", default=list(MODES), type=mode_arg)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json")
     ap.add_argument("--mode-timeout", type=float, default=150.0, help="seconds per mode")
@@ -342,7 +362,7 @@ def main(argv=None) -> int:
                     help=f"the kernel forced (other than moe-gated: modes {', '.join(ANY_KERNEL)})")
     ap.add_argument("--clocks", action="store_true",
                     help="sample the SM clock and power beside each point (nvidia-smi)")
-    ap.add_argument("--one", choices=MODES, help=argparse.SUPPRESS)  # a child process's mode
+    ap.add_argument("--one", type=mode_arg, help=argparse.SUPPRESS)  # a child process's mode
     args = ap.parse_args(argv)
     if args.kernel != "moe-gated" and not set([args.one] if args.one else args.modes) <= set(
             ANY_KERNEL):
@@ -388,7 +408,8 @@ def summary(rows) -> str:
     for r in rows:
         if "time_us" in r:
             times.setdefault((r["shape"], r["T"]), {})[r["kernel"].split()[-1]] = r["time_us"]
-    modes = [m for m in MODES if any(m in t for t in times.values())]
+    seen = [m for t in times.values() for m in t]
+    modes = [m for m in MODES if m in seen] + [m for m in dict.fromkeys(seen) if m not in MODES]
     lines = ["preset T full_us " + " ".join(f"{m}/full" for m in modes if m != "full")]
     for (shape, t), by_mode in times.items():
         full = by_mode.get("full")
