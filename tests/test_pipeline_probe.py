@@ -1,7 +1,7 @@
 """tools/pipeline_probe.py on the CPU: each mode's patched moe-gated kernel assembles for
 sm_90a and has changed what the mode says (the copies or the decode and wgmmas taken away, the
 weight copies made one per K-tile, a 16-token MMA width added, FC1's widths replaced, the decode or the wgmmas
-alone taken away, the epilogues taken away, the token rows' copies taken away, the records
+alone taken away, the epilogues taken away, the token rows' copies taken away or halved, the records
 at the checkpoint's size with the one-byte scales' conversion)."""
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ compile_cache.compile_config(compile_cache.config("fc1", "nvfp4", "silu", "tall"
                                                  ("mmaonly", False, True),
                                                  ("noepilogue", True, True),
                                                  ("nob", True, True),
+                                                 ("halfb", True, True),
                                                  ("bytescales", True, True)])
 def test_each_mode_changes_what_it_says(mode, copies, wgmmas, tmp_path):
     from moe_common.testing import inline_asm_blocks, ptxas_report
@@ -52,10 +53,11 @@ def test_each_mode_changes_what_it_says(mode, copies, wgmmas, tmp_path):
     looped = [b for b in inline_asm_blocks(ptx)[0] if "cp.async.bulk" in b and "bra" in b]
     assert len(looped) == (0 if mode in ("onecopy", "consumers", "mmaonly") else 1), looped
     assert all(b.count("cp.async.bulk") == 1 for b in looped), looped
-    # B's halves: copies of their own outside the weights' loop, none in nob
+    # B's halves: copies of their own outside the weights' loop, none in nob, one in halfb
     b_copies = [b for b in inline_asm_blocks(ptx)[0] if "cp.async.bulk" in b and "bra" not in b]
-    if mode in ("full", "nob"):
-        assert bool(b_copies) == (mode == "full"), b_copies
+    if mode in ("full", "nob", "halfb"):
+        assert sum(b.count("cp.async.bulk") for b in b_copies) == {"full": 2, "nob": 0,
+                                                                   "halfb": 1}[mode], b_copies
     assert ("m64n48k16" in ptx) == wgmmas  # FC1 ships the 48 width (kernel.FC1_ONLY_WIDTHS)
     assert ("m64n16k16" in ptx) == (mode == "width16")
     ladder = mode.startswith("fc1ladder")  # FC1's tall widths exactly the ladder's

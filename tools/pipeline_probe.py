@@ -48,7 +48,9 @@ What the consumers' own time goes to, the same way (their ratios to `consumers` 
    the consumers multiply whatever B the stage holds: what B's L2 -> shared-memory traffic
    costs (a K-tile's B is 8 KB at 32 tokens beside 18-20 KB of weight records in the tall
    tile). Two CTAs of a cluster sharing B by TMA multicast (the queue handing out pairs of row
-   tiles of one token tile) would save at most half of it.
+   tiles of one token tile) would save at most half of it. `halfb`: each K-tile's B as its first
+   64-column half alone (half the bytes read from L2 and written to shared memory): the most
+   that multicast, which halves the L2 reads alone, could return.
 What one-byte block scales would buy (the records hold bf16 scales: NVFP4's 1280-byte record
 is 11% larger than the checkpoint's codes and e4m3 scales, MXFP4's 1152 6%):
 12. `bytescales`: records of the checkpoint's size (1152 / 1088 bytes: the scale bytes as they
@@ -84,7 +86,7 @@ import sys
 import tempfile
 
 MODES = ("full", "consumers", "producer", "onecopy", "width48", "width16", "width80",
-         "nodecode", "nomma", "mmaonly", "noepilogue", "nob", "bytescales")
+         "nodecode", "nomma", "mmaonly", "noepilogue", "nob", "halfb", "bytescales")
 ANY_KERNEL = ("full", "bytescales")  # modes that patch moe-common, not moe-gated
 CHECKED = ("full", "width48", "width16", "width80")  # the modes whose results are right
 LADDER = re.compile(r"^fc1ladder(-\d+)+$")  # FC1's tall widths (checked too)
@@ -218,6 +220,25 @@ def patch(mode: str) -> None:
                 for q in cutlass.range(n_kt, unroll=1):
                     self._copy_a(s_base + s * self.stage_bytes + q * sub + a_off, kt0 + q,
                                  a_src, bar)
+
+        GatedGemm._produce = _produce
+    elif mode == "halfb":
+        @cute.jit
+        def _produce(self, s_base, g, kt0, n_kt, halves: cutlass.Constexpr, src):
+            """GatedGemm._produce with each K-tile's B as its first 64-column half alone."""
+            b_tile, b_copy, half, sub, a_off, a_src = src
+            s = g % self.stages
+            ptx.mbarrier_wait(s_base + self.empty_off + s * 8, ((g // self.stages) % 2) ^ 1)
+            bar = s_base + self.full_off + s * 8
+            with_a = halves < 2
+            ptx.bulk_copies_g2s_elected(bar, n_kt * ((b_copy + a_src[3] * self.a_group_bytes)
+                                                     if with_a else 0), [])
+            if cutlass.const_expr(with_a):
+                for q in cutlass.range(n_kt, unroll=1):
+                    at = s_base + s * self.stage_bytes + q * sub
+                    ptx.bulk_copies_g2s_elected(
+                        bar, None, [(at, b_tile + Int64(kt0 + q) * self.b_bytes, b_copy)])
+                    self._copy_a(at + a_off, kt0 + q, a_src, bar)
 
         GatedGemm._produce = _produce
     elif mode == "producer":
