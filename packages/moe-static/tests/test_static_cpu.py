@@ -153,15 +153,16 @@ def test_measured_cutover_is_eight_tokens_for_small_experts():
 
 
 @pytest.mark.parametrize("experts,top_k,hidden,inter,tokens,highest", [
-    (128, 8, 2048, 768, 8, True),  # Qwen3-30B-A3B: 8 tokens, half a row, 1.6M weights
+    (128, 8, 2048, 768, 8, True),  # Qwen3-30B-A3B: 8 tokens, half a row, 1.5M weights
     (128, 8, 2048, 768, 16, False),  # 16 tokens
     (256, 8, 2048, 512, 16, False),  # Qwen3.5-35B: half a row, past 8 tokens
     (8, 2, 2048, 512, 8, True),  # small experts: up to 8 tokens whatever the rows (2 here)
-    (256, 8, 7168, 2048, 7, True),  # DeepSeek-V3, 14.7M: 0.22 rows per expert
+    (128, 6, 2688, 1856, 8, True),  # nemotron-relu2, 4.8M: 8 tokens (0.38 rows)
+    (128, 6, 2688, 1856, 9, False),  # 9 tokens
+    (128, 4, 2880, 2880, 8, True),  # gpt-oss-120b, 7.9M: 8 tokens (a quarter row)
+    (128, 4, 2880, 2880, 16, False),  # 16 tokens
+    (256, 8, 7168, 2048, 7, True),  # DeepSeek-V3, 14.0M: 0.22 rows per expert
     (256, 8, 7168, 2048, 8, False),  # a quarter row
-    (128, 6, 2688, 1856, 5, True),  # nemotron-relu2, 5.0M: 0.23 rows
-    (128, 6, 2688, 1856, 6, False),  # 0.28 rows
-    (128, 4, 2880, 2880, 8, False),  # gpt-oss-120b, 8.3M: a quarter row
     (8, 2, 7168, 2048, 1, False),  # a quarter row at 1 token
 ])
 def test_bids_highest_for_small_batches_by_expert_size(experts, top_k, hidden, inter,
