@@ -25,8 +25,8 @@ DIM_MULTIPLE = 32
 #   at half a row ahead, Qwen3.5-35B at half a row 6% behind); the token count does.
 # On the H200 the T=8 points the H100 finds level are not: moe-generic at f35f74c took 123.3 us
 # at gpt-oss-120b and 85.4 at nemotron-relu2 (benchmarks/2026-12-05-h200-f35f74c-auto-all.json),
-# moe-static 115.7 / 78.1 at dfc0c62 and 114.6 / 79.3 at b7f4ca8, forced (its kernel the same
-# but for the weights' L2 policy); DeepSeek-V3 370.6 against 389.0 / 391.8. Those are other
+# moe-static 115.7 / 78.1 at dfc0c62 (its kernel the same but for the weights' L2 policy;
+# forced at dbc99f5, 114.6 / 79.3); DeepSeek-V3 370.6 against 389.0 (391.8). Those are other
 # runs (one tree's runs differ by 2-3%), but 6-9% apart, so the token rule covers experts up to
 # 10M elements (between gpt-oss-120b and DeepSeek-V3) and DeepSeek-V3 keeps the rows rule.
 CUTOVER_TOKENS = 8
