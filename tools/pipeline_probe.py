@@ -205,39 +205,28 @@ def patch(mode: str) -> None:
             ptx.bulk_copies_g2s_elected(s_base + self.full_off + s * 8, 0, [])
 
         GatedGemm._produce = _produce
-    elif mode == "nob":
-        @cute.jit
-        def _produce(self, s_base, g, kt0, n_kt, halves: cutlass.Constexpr, src):
-            """GatedGemm._produce with the B copies left out (A with B's first half)."""
-            _, _, _, sub, a_off, a_src = src
-            s = g % self.stages
-            ptx.mbarrier_wait(s_base + self.empty_off + s * 8, ((g // self.stages) % 2) ^ 1)
-            bar = s_base + self.full_off + s * 8
-            with_a = halves < 2
-            ptx.bulk_copies_g2s_elected(bar, n_kt * (a_src[3] * self.a_group_bytes if with_a
-                                                     else 0), [])
-            if cutlass.const_expr(with_a):
-                for q in cutlass.range(n_kt, unroll=1):
-                    self._copy_a(s_base + s * self.stage_bytes + q * sub + a_off, kt0 + q,
-                                 a_src, bar)
+    elif mode in ("nob", "halfb"):
+        b_halves = 0 if mode == "nob" else 1  # B's halves copied per K-tile (shipped: 2)
 
-        GatedGemm._produce = _produce
-    elif mode == "halfb":
         @cute.jit
         def _produce(self, s_base, g, kt0, n_kt, halves: cutlass.Constexpr, src):
-            """GatedGemm._produce with each K-tile's B as its first 64-column half alone."""
-            b_tile, b_copy, half, sub, a_off, a_src = src
+            """GatedGemm._produce with the B copies left out (nob) or each K-tile's B as its
+            first 64-column half alone (halfb); A with B's first half."""
+            b_tile, b_copy, _, sub, a_off, a_src = src
             s = g % self.stages
             ptx.mbarrier_wait(s_base + self.empty_off + s * 8, ((g // self.stages) % 2) ^ 1)
             bar = s_base + self.full_off + s * 8
             with_a = halves < 2
-            ptx.bulk_copies_g2s_elected(bar, n_kt * ((b_copy + a_src[3] * self.a_group_bytes)
-                                                     if with_a else 0), [])
+            tx = a_src[3] * self.a_group_bytes
+            if cutlass.const_expr(b_halves):
+                tx = tx + b_copy
+            ptx.bulk_copies_g2s_elected(bar, n_kt * (tx if with_a else 0), [])
             if cutlass.const_expr(with_a):
                 for q in cutlass.range(n_kt, unroll=1):
                     at = s_base + s * self.stage_bytes + q * sub
-                    ptx.bulk_copies_g2s_elected(
-                        bar, None, [(at, b_tile + Int64(kt0 + q) * self.b_bytes, b_copy)])
+                    if cutlass.const_expr(b_halves):
+                        ptx.bulk_copies_g2s_elected(
+                            bar, None, [(at, b_tile + Int64(kt0 + q) * self.b_bytes, b_copy)])
                     self._copy_a(at + a_off, kt0 + q, a_src, bar)
 
         GatedGemm._produce = _produce
