@@ -1,8 +1,8 @@
 """tools/pipeline_probe.py on the CPU: each mode's patched moe-gated kernel assembles for
 sm_90a and has changed what the mode says (the copies or the decode and wgmmas taken away, the
-weight copies made one per K-tile, a 16-token MMA width added, FC1's widths replaced, the decode or the wgmmas
-alone taken away, the epilogues taken away, the token rows' copies taken away or halved, the records
-at the checkpoint's size with the one-byte scales' conversion)."""
+weight copies made one per K-tile, a 16-token MMA width added, FC1's widths replaced, the
+decode or the wgmmas alone taken away, the epilogues taken away, the token rows' copies taken
+away or halved, the records at the checkpoint's size with the one-byte scales' conversion)."""
 from __future__ import annotations
 
 import importlib

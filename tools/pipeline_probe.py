@@ -89,7 +89,12 @@ MODES = ("full", "consumers", "producer", "onecopy", "width48", "width16", "widt
          "nodecode", "nomma", "mmaonly", "noepilogue", "nob", "halfb", "bytescales")
 ANY_KERNEL = ("full", "bytescales")  # modes that patch moe-common, not moe-gated
 CHECKED = ("full", "width48", "width16", "width80")  # the modes whose results are right
-LADDER = re.compile(r"^fc1ladder(-\d+)+$")  # FC1's tall widths (checked too)
+LADDER = re.compile(r"^fc1ladder(-\d+)+$")  # FC1's tall widths (results right: checked)
+
+
+def checked(mode: str) -> bool:
+    """Whether the mode's results are right, so the bench checks them."""
+    return mode in CHECKED or bool(LADDER.match(mode))
 
 
 def mode_arg(mode: str) -> str:
@@ -348,7 +353,7 @@ def run_mode(mode: str, presets, tokens, seed: int, clocks: bool = False,
             sampler = ClockSampler() if clocks else contextlib.nullcontext()
             with sampler:
                 got = bench_preset(PRESETS[name], batch, kernels=[kernel], seed=seed,
-                                   check=mode in CHECKED or bool(LADDER.match(mode)), log=lambda s: None)
+                                   check=checked(mode), log=lambda s: None)
             load = under_load(sampler.samples) if clocks else None
             for r in got:
                 r["kernel"] = f"{kernel} {mode}"
