@@ -59,7 +59,14 @@ is 11% larger than the checkpoint's codes and e4m3 scales, MXFP4's 1152 6%):
    two fields in place (one LOP3: mask, OR the exponent's offset) or after a rotation by 8
    (SHF, LOP3): 12 instructions for NVFP4's 8 words, 6 for MXFP4's 4, where bf16 scales take a
    second 16-byte load (measured: BENCHMARKS.md, not built).
-`bytescales` and `full` also run moe-generic or moe-static (`--kernel`).
+What the padded MMA columns' data costs (a tile's token slots past its pairs, up to the MMA
+width, hold whatever earlier calls left there: other routings' token rows; at the power cap a
+tensor core multiplying zeros may draw less than one multiplying data):
+13. `padzero` and `padnoise`: every input copy of the bench's rotation routed as the first (so
+   no call writes a slot that another call pads) and moe-gated's tile-blocked B buffers
+   (PAD_BUFFERS) zero-filled (`padzero`) or filled with randn bf16 (`padnoise`) when allocated:
+   the same work, the padded columns all zeros or all data. Results right, checked.
+`bytescales`, `padzero`, `padnoise` and `full` also run moe-generic or moe-static (`--kernel`).
 With `--clocks` each (preset, T) is also timed beside `nvidia-smi`'s SM clock and board power
 (every 50 ms, ClockSampler), summarized over the samples near the point's highest power (its
 bench replays): a mode that takes work away can also raise the clock the rest runs at, since
@@ -86,9 +93,14 @@ import sys
 import tempfile
 
 MODES = ("full", "consumers", "producer", "onecopy", "width48", "width16", "width80",
-         "nodecode", "nomma", "mmaonly", "noepilogue", "nob", "halfb", "bytescales")
-ANY_KERNEL = ("full", "bytescales")  # modes that patch moe-common, not moe-gated
-CHECKED = ("full", "width48", "width16", "width80")  # the modes whose results are right
+         "nodecode", "nomma", "mmaonly", "noepilogue", "nob", "halfb", "bytescales",
+         "padzero", "padnoise")
+# modes that patch moe-common or the bench, not moe-gated
+ANY_KERNEL = ("full", "bytescales", "padzero", "padnoise")
+# the modes whose results are right
+CHECKED = ("full", "width48", "width16", "width80", "padzero", "padnoise")
+# the tile-blocked B buffers whose token slots past a tile's pairs no kernel writes
+PAD_BUFFERS = ("x_blocked", "inter_blocked")
 LADDER = re.compile(r"^fc1ladder(-\d+)+$")  # FC1's tall widths (results right: checked)
 
 
@@ -174,6 +186,9 @@ def patch(mode: str) -> None:
     """Patch moe-gated's kernel (or, `ANY_KERNEL`, moe-common's weight records) for `mode`
     (before anything compiles)."""
     if mode == "full":
+        return
+    if mode in ("padzero", "padnoise"):
+        _patch_padding(mode == "padzero")
         return
     if mode == "bytescales":
         from moe_common import fragments
@@ -293,6 +308,43 @@ def patch(mode: str) -> None:
         GatedGemm.__init__ = __init__
     else:
         raise ValueError(f"mode {mode!r}; allowed: {', '.join(MODES)}, fc1ladder-W-W-...")
+
+
+def _patch_padding(zero: bool) -> None:
+    """padzero / padnoise: the bench's input copies share the first copy's routing, and the
+    PAD_BUFFERS are zero- or randn-filled when allocated."""
+    import torch
+
+    from dispatcher import bench, presets
+    from moe_common import workspace
+
+    first = {}
+    draw = presets.random_inputs
+
+    def random_inputs(p, tokens, **kw):
+        x, weights, ids = draw(p, tokens, **kw)
+        weights, ids = first.setdefault((p.name, tokens), (weights, ids))
+        return x, weights, ids
+
+    bench.random_inputs = random_inputs
+    get = workspace.Workspace.get
+
+    asked = {}
+
+    def get_filled(self, name, shape, dtype, device, zeroed=False):
+        buf = get(self, name, shape, dtype, device, zeroed)
+        # filled at each new shape (a new T: its first call is the bench's eager warm-up, so
+        # the fill is never captured in the timed graph), as slots of an earlier T hold data
+        if name in PAD_BUFFERS and asked.get((id(self), name)) != tuple(shape):
+            asked[(id(self), name)] = tuple(shape)
+            whole = self._buffers[name]
+            if zero:
+                whole.zero_()
+            else:
+                whole.copy_(torch.randn(whole.shape, device=whole.device).to(whole.dtype))
+        return buf
+
+    workspace.Workspace.get = get_filled
 
 
 def parse_samples(text: str) -> list:
