@@ -51,6 +51,10 @@ MEASURED = [
     # moe-static against moe-generic at T = 1..128 after moe-generic's changes since b7f4ca8
     # (the points of every earlier static file), on an H100
     "2026-12-05-h100-d073081-static-small.json", "2026-12-05-h100-d073081-static-points.json",
+    # every point of the three above on the H200 in one run, after moe-static's cutover went to
+    # 10M weights per matrix (36e40e9)
+    "2026-12-05-h200-3cbddb3-static-small.json", "2026-12-05-h200-3cbddb3-static-points.json",
+    "2026-12-05-h200-3cbddb3-cutover.json",
 ]
 # file -> {row kernel label: tile width}: moe-generic with its width forced, one run of the tree
 # named; at ea2bbc3 the dispatcher ran 32-token tiles below 64 routed rows per expert, and
