@@ -29,6 +29,9 @@ DIM_MULTIPLE = 32
 # forced at dbc99f5, 114.6 / 79.3); DeepSeek-V3 370.6 against 389.0 (391.8). Those are other
 # runs (one tree's runs differ by 2-3%), but 6-9% apart, so the token rule covers experts up to
 # 10M elements (between gpt-oss-120b and DeepSeek-V3) and DeepSeek-V3 keeps the rows rule.
+# One H200 run at 3cbddb3 (`tools/gpu_steps.sh dispatch-points`), moe-static / moe-generic at
+# T=8: gpt-oss-120b 113.3 / 123.0, nemotron-relu2 76.5 / 83.9, Qwen3.5-35B 40.7 / 40.4,
+# Qwen3-30B-A3B 50.4 / 57.3, DeepSeek-V3 385.9 / 369.4; at T=4 DeepSeek-V3 213.5 / 207.8.
 CUTOVER_TOKENS = 8
 SMALL_EXPERT_ELEMENTS = 10 * 2**20
 LARGE_EXPERT_ROWS = 0.25
