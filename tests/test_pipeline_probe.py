@@ -2,7 +2,8 @@
 sm_90a and has changed what the mode says (the copies or the decode and wgmmas taken away, the
 weight copies made one per K-tile, a 16-token MMA width added, FC1's widths replaced, the
 decode or the wgmmas alone taken away, the epilogues taken away, the token rows' copies taken
-away or halved, the records at the checkpoint's size with the one-byte scales' conversion)."""
+away or halved, the records at the checkpoint's size with the one-byte scales' conversion),
+and the padding modes' routing and buffer fills."""
 from __future__ import annotations
 
 import importlib
@@ -110,3 +111,27 @@ def test_summary_lists_the_clocks_when_sampled():
         "preset T mode us sm_mhz power_w",
         "deepseek-v3 1024 full 2710.3 1538 694",
         "deepseek-v3 1024 consumers 2188.7 1980 640"]
+
+
+@pytest.mark.parametrize("mode", ["padzero", "padnoise"])
+def test_padding_modes_route_alike_and_fill_the_token_blocks(mode, monkeypatch):
+    """padzero / padnoise: the bench's input copies share one routing (their token rows differ)
+    and moe-gated's tile-blocked B buffers are filled at each new shape, not at each call."""
+    import torch
+
+    from dispatcher import bench
+    from dispatcher.presets import PRESETS
+    from moe_common import workspace
+
+    monkeypatch.setattr(bench, "random_inputs", bench.random_inputs)  # restored afterwards
+    monkeypatch.setattr(workspace.Workspace, "get", workspace.Workspace.get)
+    pipeline_probe.patch(mode)
+    p = PRESETS["qwen3-30b-a3b"]
+    (x0, w0, ids0), (x1, w1, ids1) = (bench.random_inputs(p, 4) for _ in range(2))
+    assert torch.equal(ids0, ids1) and torch.equal(w0, w1) and not torch.equal(x0, x1)
+    ws = workspace.Workspace()
+    ws.get("x_blocked", (4, 8), torch.bfloat16, "cpu").fill_(3)
+    assert bool((ws.get("x_blocked", (4, 8), torch.bfloat16, "cpu") == 3).all())  # same shape
+    refilled = ws.get("x_blocked", (2, 8), torch.bfloat16, "cpu")  # a new T's shape
+    assert not bool((refilled == 3).any())
+    assert bool((refilled == 0).all()) == (mode == "padzero")

@@ -328,8 +328,7 @@ def _patch_padding(zero: bool) -> None:
 
     bench.random_inputs = random_inputs
     get = workspace.Workspace.get
-
-    asked = {}
+    asked = {}  # (workspace, buffer) -> the shape last filled
 
     def get_filled(self, name, shape, dtype, device, zeroed=False):
         buf = get(self, name, shape, dtype, device, zeroed)
