@@ -102,6 +102,7 @@ CHECKED = ("full", "width48", "width16", "width80", "padzero", "padnoise")
 # the tile-blocked B buffers whose token slots past a tile's pairs no kernel writes
 PAD_BUFFERS = ("x_blocked", "inter_blocked")
 LADDER = re.compile(r"^fc1ladder(-\d+)+$")  # FC1's tall widths (results right: checked)
+ALLOWED = f"{', '.join(MODES)}, fc1ladder-W-W-..."  # what an unknown mode's error lists
 
 
 def checked(mode: str) -> bool:
@@ -113,8 +114,7 @@ def mode_arg(mode: str) -> str:
     """A mode named on the command line: one of MODES or an FC1 ladder."""
     if mode in MODES or LADDER.match(mode):
         return mode
-    raise argparse.ArgumentTypeError(f"mode {mode!r}; allowed: {', '.join(MODES)}, "
-                                     "fc1ladder-W-W-...")
+    raise argparse.ArgumentTypeError(f"mode {mode!r}; allowed: {ALLOWED}")
 
 
 def _raw_codes_slab(g: int, s: int, code: str, s_r: str, s_r8: str, half: int) -> list:
@@ -307,14 +307,12 @@ def patch(mode: str) -> None:
 
         GatedGemm.__init__ = __init__
     else:
-        raise ValueError(f"mode {mode!r}; allowed: {', '.join(MODES)}, fc1ladder-W-W-...")
+        raise ValueError(f"mode {mode!r}; allowed: {ALLOWED}")
 
 
 def _patch_padding(zero: bool) -> None:
     """padzero / padnoise: the bench's input copies share the first copy's routing, and the
     PAD_BUFFERS are zero- or randn-filled when allocated."""
-    import torch
-
     from dispatcher import bench, presets
     from moe_common import workspace
 
@@ -340,7 +338,7 @@ def _patch_padding(zero: bool) -> None:
             if zero:
                 whole.zero_()
             else:
-                whole.copy_(torch.randn(whole.shape, device=whole.device).to(whole.dtype))
+                whole.normal_()
         return buf
 
     workspace.Workspace.get = get_filled
