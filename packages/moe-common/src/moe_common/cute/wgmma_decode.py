@@ -125,8 +125,10 @@ def wgmma_decode_k128(accs, codes, scales, weight_format: str, b_smem, n: int, p
     lines = ["{", ".reg .pred p;", ".reg .b64 d0, ds;" if n <= 256 else ".reg .b64 d0, ds, d1;",
              f".reg .b32 {', '.join(regs)};", f".reg .b16 {', '.join(halves)};",
              f"setp.ne.b32 p, ${one}, 0;", *first_pred,
-             f"cvt.u64.u32 d0, ${addr};", "shr.u64 d0, d0, 4;", "and.b64 d0, d0, 16383;",
-             f"or.b64 d0, d0, {((b_lbo >> 4) << 16) | ((b_sbo >> 4) << 32) | (layout << 62)};"]
+             # the start address field is bits 0-13 of addr >> 4: a shared address (< 228 KiB)
+             # fits it, so no mask; the other fields are constants in both halves
+             ".reg .b32 dlo;", f"shr.b32 dlo, ${addr}, 4;", f"or.b32 dlo, dlo, {(b_lbo >> 4) << 16};",
+             f"mov.b64 d0, {{dlo, {(b_sbo >> 4) | (layout << 30)}}};"]
     for s in slabs:
         for g in range(G):
             w0 = base + g * per_g
