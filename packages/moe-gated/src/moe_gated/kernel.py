@@ -118,9 +118,11 @@ STG_TOKENS = 32  # FC1 epilogue: tokens per staged chunk (512 bytes per warp)
 # skipped); 32 in the wide tile made ptxas spill 4 bytes (NVFP4), 48 does not
 Y_STORE_TOKENS = {128: 32, 288: 48}
 ITEM_SLOTS = 8  # work-item ring from the producer to the consumers (it leads by <= stages items)
-# a ring slot: (item, expert, first pair, end pair), the tile facts the producer has loaded
-# anyway, so a consumer starts an item without a global round trip
-ITEM_BYTES = 16
+# a ring slot: (item, expert, first pair, end pair; token tile, row tile, 0, 0), the tile
+# facts the producer has loaded or computed anyway, so a consumer starts an item without a
+# global round trip or a division of its own (item // row_tiles by a run-time divisor was
+# ~30 SASS per item in each consumer warp)
+ITEM_BYTES = 32
 
 
 def _align(nbytes: int) -> int:
@@ -307,7 +309,7 @@ class GatedGemm:
                 self._producer(s_base, lane, total, row_tiles, ops)
         else:
             cute.arch.setmaxregister_increase(CONSUMER_REGS)
-            self._consumer(s_base, warp, lane, total, row_tiles, ops)
+            self._consumer(s_base, warp, lane, total, ops)
 
     # ------------------------------------------------------------------ producer warp
     @cute.jit
@@ -326,7 +328,7 @@ class GatedGemm:
             e = ptx.ld_u32(ops.tile_expert + Int64(tile) * 4)
             p0 = ptx.ld_u32(ops.tile_start + Int64(tile) * 4)
             p1 = ptx.ld_u32(ops.tile_end + Int64(tile) * 4)
-            self._post_item(s_base, lane, i, item, e, p0, p1)
+            self._post_item(s_base, lane, i, item, e, p0, p1, tile, rt)
             width, per, sub, a_off, half = self._item_layout(p1 - p0)
             b_copy = width * HALF_BYTES  # each half's first (MMA width) tokens
             # the row tile's weight groups (fewer in a partial row tile), in blocks of
@@ -357,7 +359,7 @@ class GatedGemm:
             if lane == 0:
                 item = ptx.atom_add_global(ops.queue, 1)
             item = cute.arch.shuffle_sync(item, 0)
-        self._post_item(s_base, lane, i, item, 0, 0, 0)  # past the end: the consumers stop
+        self._post_item(s_base, lane, i, item, 0, 0, 0, 0, 0)  # past the end: consumers stop
         # queue[0]: next ticket; queue[1]: CTAs finished. The last CTA to finish sets both back
         # to 0, so the next launch (or CUDA-graph replay) starts from a clean queue.
         if lane == 0:
@@ -433,13 +435,15 @@ class GatedGemm:
         return n
 
     @cute.jit
-    def _post_item(self, s_base, lane, i, item, e, p0, p1):
-        """Write item number i and its tile's expert and pair range into its ring slot and
-        complete the slot's mbarrier phase. The producer leads by at most `stages` items (each
-        has >= 1 K-tile), so a slot is never rewritten before every consumer has read it."""
+    def _post_item(self, s_base, lane, i, item, e, p0, p1, tile, rt):
+        """Write item number i, its tile's expert and pair range, its token tile and row tile
+        into its ring slot and complete the slot's mbarrier phase. The producer leads by at
+        most `stages` items (each has >= 1 K-tile), so a slot is never rewritten before every
+        consumer has read it."""
         if lane == 0:
             items = self._items(s_base)
             ptx.st_shared_v4(items.at(i), item, e, p0, p1)
+            ptx.st_shared_v4(items.at(i) + 16, tile, rt, 0, 0)
             items.arrive_full(i)
 
     # ------------------------------------------------------------------ consumer warps
@@ -536,23 +540,24 @@ class GatedGemm:
         _store_fragments(acc, res)
 
     @cute.jit
-    def _consumer(self, s_base, warp, lane, total, row_tiles, ops):
+    def _consumer(self, s_base, warp, lane, total, ops):
         i = Int32(0)
         g = Int32(0)  # K-tiles consumed
-        item, e, p0, p1 = self._next_item(s_base, i)
+        item, e, p0, p1, tile, rt = self._next_item(s_base, i)
         while item < total:
-            self._work_item(item // row_tiles, item % row_tiles, e, p0, p1, i, g, s_base, warp,
-                            lane, ops)
+            self._work_item(tile, rt, e, p0, p1, i, g, s_base, warp, lane, ops)
             g = g + self._item_stages(self._item_layout(p1 - p0)[1], ops.k_tiles)
             i = i + 1
-            item, e, p0, p1 = self._next_item(s_base, i)
+            item, e, p0, p1, tile, rt = self._next_item(s_base, i)
 
     @cute.jit
     def _next_item(self, s_base, i):
-        """(item, expert, first pair, end pair) of the i-th item."""
+        """(item, expert, first pair, end pair, token tile, row tile) of the i-th item."""
         items = self._items(s_base)
         items.wait_full(i)
-        return ptx.ld_shared_v4(items.at(i))
+        item, e, p0, p1 = ptx.ld_shared_v4(items.at(i))
+        tile, rt, _, _ = ptx.ld_shared_v4(items.at(i) + 16)
+        return item, e, p0, p1, tile, rt
 
     @cute.jit
     def _release(self, s_base, lane, g):
