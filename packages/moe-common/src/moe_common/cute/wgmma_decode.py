@@ -127,7 +127,8 @@ def wgmma_decode_k128(accs, codes, scales, weight_format: str, b_smem, n: int, p
              f"setp.ne.b32 p, ${one}, 0;", *first_pred,
              # the start address field is bits 0-13 of addr >> 4: a shared address (< 228 KiB)
              # fits it, so no mask; the other fields are constants in both halves
-             ".reg .b32 dlo;", f"shr.b32 dlo, ${addr}, 4;", f"or.b32 dlo, dlo, {(b_lbo >> 4) << 16};",
+             ".reg .b32 dlo;", f"shr.b32 dlo, ${addr}, 4;",
+             f"or.b32 dlo, dlo, {(b_lbo >> 4) << 16};",
              f"mov.b64 d0, {{dlo, {(b_sbo >> 4) | (layout << 30)}}};"]
     for s in slabs:
         for g in range(G):
