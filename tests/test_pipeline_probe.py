@@ -144,3 +144,16 @@ def test_padding_modes_route_alike_and_fill_the_token_blocks(mode, monkeypatch):
     refilled = ws.get("x_blocked", (2, 8), torch.bfloat16, "cpu")  # a new T's shape
     assert not bool((refilled == 3).any())
     assert bool((refilled == 0).all()) == (mode == "padzero")
+
+
+@pytest.mark.parametrize("args", [["--kernel", "generic", "--probe-mode", "lanegather"],
+                                  ["--kernel", "gated", "--probe-mode", "nob"]])
+def test_gpu_check_runs_only_checked_modes(args):
+    """tools/gpu_check.py --probe-mode: moe-gated and a mode whose results are right (a check
+    of a mode that computes wrong results by design would only report that)."""
+    import subprocess
+
+    res = subprocess.run([sys.executable, str(TOOLS / "gpu_check.py"), *args],
+                         capture_output=True, text=True)
+    assert res.returncode == 2, res.stderr
+    assert "needs --kernel gated and a mode whose results are right" in res.stderr

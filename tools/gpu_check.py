@@ -100,7 +100,17 @@ def main():
     ap.add_argument("--kernel", default="generic", choices=["generic", "static", "gated"])
     ap.add_argument("--first", type=int, default=None,
                     help="with --sanitize: only the first N cases (racecheck is slow)")
+    ap.add_argument("--probe-mode", default=None,
+                    help="with --kernel gated: moe-gated patched as tools/pipeline_probe.py's "
+                         "mode (one whose results are right), e.g. to run it under a sanitizer")
     args = ap.parse_args()
+    if args.probe_mode is not None:
+        import pipeline_probe  # beside this file
+
+        if args.kernel != "gated" or not pipeline_probe.checked(args.probe_mode):
+            ap.error(f"--probe-mode {args.probe_mode!r}: needs --kernel gated and a mode whose "
+                     f"results are right: {', '.join(pipeline_probe.CHECKED)}")
+        pipeline_probe.patch(args.probe_mode)  # before anything compiles
     if args.sanitize and args.kernel == "gated":
         # gated activations only; the first two take the tall geometry (the second's FC2,
         # H=320 with rows padded to 384, ends on a half-empty 256-row tile), the last two the
