@@ -55,6 +55,10 @@ MEASURED = [
     # 10M weights per matrix (36e40e9)
     "2026-12-05-h200-3cbddb3-static-small.json", "2026-12-05-h200-3cbddb3-static-points.json",
     "2026-12-05-h200-3cbddb3-cutover.json",
+    # moe-generic against moe-gated at 16-64 rows per expert after moe-gated's tall loop trim
+    # (1028e9e), on an H100
+    "2026-12-06-h100-5f71179-cutover-points.json", "2026-12-06-h100-5f71179-cutover-mid-32.json",
+    "2026-12-06-h100-5f71179-cutover-mid-16.json", "2026-12-06-h100-5f71179-cutover-mid-relu2.json",
 ]
 # file -> {row kernel label: tile width}: moe-generic with its width forced, one run of the tree
 # named; at ea2bbc3 the dispatcher ran 32-token tiles below 64 routed rows per expert, and

@@ -2,9 +2,8 @@
 sm_90a and has changed what the mode says (the copies or the decode and wgmmas taken away, the
 weight copies made one per K-tile, a 16-token MMA width added, FC1's widths replaced, the
 decode or the wgmmas alone taken away, the epilogues taken away, the token rows' copies taken
-away or halved, the records at the checkpoint's size with the one-byte scales' conversion,
-FC1's token rows copied by the producer's lanes), and the padding modes' routing and buffer
-fills."""
+away or halved, the records at the checkpoint's size with the one-byte scales' conversion),
+and the padding modes' routing and buffer fills."""
 from __future__ import annotations
 
 import importlib
@@ -40,8 +39,7 @@ compile_cache.compile_config(compile_cache.config("fc1", "nvfp4", "silu", "tall"
                                                  ("noepilogue", True, True),
                                                  ("nob", True, True),
                                                  ("halfb", True, True),
-                                                 ("bytescales", True, True),
-                                                 ("lanegather", True, True)])
+                                                 ("bytescales", True, True)])
 def test_each_mode_changes_what_it_says(mode, copies, wgmmas, tmp_path):
     from moe_common.testing import inline_asm_blocks, ptxas_report
 
@@ -58,16 +56,9 @@ def test_each_mode_changes_what_it_says(mode, copies, wgmmas, tmp_path):
     assert all(b.count("cp.async.bulk") == 1 for b in looped), looped
     # B's halves: copies of their own outside the weights' loop, none in nob, one in halfb
     b_copies = [b for b in inline_asm_blocks(ptx)[0] if "cp.async.bulk" in b and "bra" not in b]
-    if mode in ("full", "nob", "halfb", "lanegather"):
-        assert sum(b.count("cp.async.bulk") for b in b_copies) == {
-            "full": 2, "nob": 0, "halfb": 1, "lanegather": 0}[mode], b_copies
-    # lanegather: B by the producer lanes' 16-byte copies (2 halves x 8 chunks of each of a
-    # lane's 4 token slots), tracked by the stage's barrier, the consumers' proxy fence
-    gather = mode == "lanegather"
-    assert ptx.count("cp.async.cg.shared.global") == (64 if gather else 0)
-    assert ("cp.async.mbarrier.arrive.shared::cta.b64" in ptx) == gather
-    assert ("fence.proxy.async.shared::cta" in ptx) == gather
-    assert not gather or "0 bytes spill stores" in report, report  # (40 producer registers)
+    if mode in ("full", "nob", "halfb"):
+        assert sum(b.count("cp.async.bulk") for b in b_copies) == {"full": 2, "nob": 0,
+                                                                   "halfb": 1}[mode], b_copies
     assert ("m64n48k16" in ptx) == wgmmas  # FC1 ships the 48 width (kernel.FC1_ONLY_WIDTHS)
     assert ("m64n16k16" in ptx) == (mode == "width16")
     ladder = mode.startswith("fc1ladder")  # FC1's tall widths exactly the ladder's
@@ -146,7 +137,7 @@ def test_padding_modes_route_alike_and_fill_the_token_blocks(mode, monkeypatch):
     assert bool((refilled == 0).all()) == (mode == "padzero")
 
 
-@pytest.mark.parametrize("args", [["--kernel", "generic", "--probe-mode", "lanegather"],
+@pytest.mark.parametrize("args", [["--kernel", "generic", "--probe-mode", "width48"],
                                   ["--kernel", "gated", "--probe-mode", "nob"]])
 def test_gpu_check_runs_only_checked_modes(args):
     """tools/gpu_check.py --probe-mode: moe-gated and a mode whose results are right (a check

@@ -11,7 +11,7 @@
 #        land-generic (land-tests, land-sanitize), auto-ab (auto-all, band-ab: AB_DIRS, AB_TOKENS, AB_PRESETS),
 #        split-ab (AB_DIRS, SPLIT_LAYERS), base-ab (AB_DIRS: whole older trees),
 #        check-ab (AB_DIRS, CHECK_PRESETS, CHECK_TOKENS), ncu-l2 (AB_DIRS, L2_LAYERS),
-#        dispatch-points (static-small, static-points, cutover-points), cutover-mid; pipeline-probe (PROBE_PRESETS, PROBE_TOKENS, PROBE_MODES, PROBE_CLOCKS); lanegather (PROBE_PRESETS, PROBE_TOKENS);
+#        dispatch-points (static-small, static-points, cutover-points), cutover-mid; pipeline-probe (PROBE_PRESETS, PROBE_TOKENS, PROBE_MODES, PROBE_CLOCKS);
 #        all-tests, all-tests-par, generic-tests-par; pack (last: $OUT as one results.tgz); verify (GPU tests + sanitizers), serving (soak + hf bench); ncu-tensor (NCU_LAYERS); A/B in one run against older
 #        trees (AB_DIRS): static-ab, kernel-ab (AB_KERNEL), ncu-static-ab (PROFILE_ARGS)
 set -u
@@ -311,18 +311,10 @@ for s in "$@"; do
                      # the copies alone) and candidates, against the kernel as shipped
                      # (tools/pipeline_probe.py: modes full consumers producer onecopy width48
                      # width16 width80 nodecode nomma mmaonly noepilogue nob halfb bytescales
-                     # padzero padnoise lanegather fc1ladder-W-W-...;
+                     # padzero padnoise fc1ladder-W-W-...;
                      # PROBE_KERNEL=moe-generic or moe-static: full bytescales)
       n=pipeline-probe${PROBE_KERNEL:+-$PROBE_KERNEL}
       step $n 560 python3 tools/pipeline_probe.py --preset ${PROBE_PRESETS:-deepseek-v3 qwen3-30b-a3b} --tokens ${PROBE_TOKENS:-512 1024 2048} ${PROBE_MODES:+--modes $PROBE_MODES} ${PROBE_KERNEL:+--kernel $PROBE_KERNEL} ${PROBE_CLOCKS:+--clocks} --seed 1 --json "$OUT/$n.json" ;;
-    lanegather)  # what FC1 copying its own token rows would cost in place of the row scatter
-                 # (tools/pipeline_probe.py, mode lanegather): the probe against the shipped
-                 # kernel at the tall band points (results checked), then gpu_check's two tall
-                 # cases with the mode under memcheck and racecheck
-      step lanegather-probe 450 python3 tools/pipeline_probe.py --preset ${PROBE_PRESETS:-qwen3.5-35b deepseek-v3 qwen3-30b-a3b} --tokens ${PROBE_TOKENS:-512 1024} --modes full lanegather --seed 1 --json "$OUT/lanegather-probe.json"
-      for tool in memcheck racecheck; do
-        step lanegather-$tool 240 compute-sanitizer --tool $tool --report-api-errors no --error-exitcode 9 python3 tools/gpu_check.py --kernel gated --sanitize --first 2 --probe-mode lanegather
-      done ;;
     profile) step profile 200 python3 tools/profile_split.py --preset deepseek-v3 --tokens 8192 ;;
     ncu-band)  # where the band's time goes, per SASS line: FC1 and FC2 of one call at each of
                # BAND_LAYERS (kernel:preset:T), warp stalls and smem wavefronts by line

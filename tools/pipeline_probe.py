@@ -66,17 +66,6 @@ tensor core multiplying zeros may draw less than one multiplying data):
    no call writes a slot that another call pads) and moe-gated's tile-blocked B buffers
    (PAD_BUFFERS) zero-filled (`padzero`) or filled with randn bf16 (`padnoise`) when allocated:
    the same work, the padded columns all zeros or all data. Results right, checked.
-What FC1 reading its token rows itself would cost (the row scatter writes T x k rows of bf16
-for FC1's bulk copies: 11.9 us of 246.5 at Qwen3.5-35B T=1024 on an H100, at 1028e9e; a gather
-needs one 16-byte copy per token chunk, from the producer warp's lanes):
-14. `lanegather`: FC1's tall B copied by every lane of the producer warp, 16-byte cp.async per
-   chunk of each token slot below the MMA width (width / 2 per lane per K-tile), the destination
-   formed by XOR as a gather would (chunk c of token n at c ^ (n % 8)), each lane's copies
-   tracked by `cp.async.mbarrier.arrive` on the stage's full barrier before the elected lane's
-   counted arrival, and the consumers' `fence.proxy.async` after each stage's wait (cp.async
-   writes through the generic proxy, wgmma reads through the async one). It copies the same
-   bytes from the same tile-blocked buffer, so the results are right (checked) and the scatter
-   still runs: its time over `full` is the gather's cost, to set against the scatter's time.
 `bytescales`, `padzero`, `padnoise` and `full` also run moe-generic or moe-static (`--kernel`).
 With `--clocks` each (preset, T) is also timed beside `nvidia-smi`'s SM clock and board power
 (every 50 ms, ClockSampler), summarized over the samples near the point's highest power (its
@@ -105,11 +94,11 @@ import tempfile
 
 MODES = ("full", "consumers", "producer", "onecopy", "width48", "width16", "width80",
          "nodecode", "nomma", "mmaonly", "noepilogue", "nob", "halfb", "bytescales",
-         "padzero", "padnoise", "lanegather")
+         "padzero", "padnoise")
 # modes that patch moe-common or the bench, not moe-gated
 ANY_KERNEL = ("full", "bytescales", "padzero", "padnoise")
 # the modes whose results are right
-CHECKED = ("full", "width48", "width16", "width80", "padzero", "padnoise", "lanegather")
+CHECKED = ("full", "width48", "width16", "width80", "padzero", "padnoise")
 # the tile-blocked B buffers whose token slots past a tile's pairs no kernel writes
 PAD_BUFFERS = ("x_blocked", "inter_blocked")
 LADDER = re.compile(r"^fc1ladder(-\d+)+$")  # FC1's tall widths (results right: checked)
@@ -303,8 +292,6 @@ def patch(mode: str) -> None:
 
         GatedGemm._epilogue_fc1 = _epilogue_fc1
         GatedGemm._epilogue_fc2 = _epilogue_fc2
-    elif mode == "lanegather":
-        _patch_lane_gather()
     elif mode in ("width48", "width16", "width80"):  # the tall tile's widths and this one
         width = int(mode[5:])  # in FC1 and FC2 (FC1_ONLY_WIDTHS would keep it from FC2)
         kernel.WIDTHS[128] = tuple(sorted(set(kernel.WIDTHS[128]) | {width}, reverse=True))
@@ -321,63 +308,6 @@ def patch(mode: str) -> None:
         GatedGemm.__init__ = __init__
     else:
         raise ValueError(f"mode {mode!r}; allowed: {ALLOWED}")
-
-
-def _patch_lane_gather() -> None:
-    """lanegather: FC1's tall B by 16-byte cp.async from every lane of the producer warp
-    instead of two bulk copies per K-tile (see the module docstring)."""
-    import cutlass
-    import cutlass.cute as cute
-    from cutlass import Int64
-
-    from moe_common.cute import ptx
-    from moe_gated.kernel import HALF_BYTES, GatedGemm
-
-    shipped_produce, shipped_wait = GatedGemm._produce, GatedGemm._wait_stage
-
-    def gathers(self) -> bool:
-        return self.cfg.phase == "fc1" and self.gpw == 2
-
-    @cute.jit
-    def _produce(self, s_base, g, kt0, n_kt, halves: cutlass.Constexpr, src):
-        # (halves != 0: a K-tile split over two stages, traced but never run in the tall tile)
-        if cutlass.const_expr(not gathers(self) or halves != 0):
-            shipped_produce(self, s_base, g, kt0, n_kt, halves, src)
-        else:
-            b_tile, b_copy, half, sub, a_off, a_src = src
-            ring = self._stages(s_base)
-            ring.wait_empty(g)
-            stage = ring.at(g)
-            bar = ring.full_bar(g)
-            lane = cute.arch.lane_idx()
-            width = b_copy // HALF_BYTES
-            for q in cutlass.range(n_kt, unroll=1):
-                row_kt = b_tile + Int64(kt0 + q) * self.b_bytes
-                for j in cutlass.range_constexpr(self.bn // 32):  # token slot lane + 32 j
-                    n = lane + 32 * j
-                    if n < width:
-                        for h in cutlass.range_constexpr(2):
-                            src_row = row_kt + h * (self.b_bytes // 2) + Int64(n * HALF_BYTES)
-                            dst_row = stage + q * sub + h * half + n * HALF_BYTES
-                            for c in cutlass.range_constexpr(HALF_BYTES // 16):
-                                # the destination by XOR, as a gather from token rows would
-                                # place chunk c of token n at c ^ (n % 8) (the same bytes here)
-                                ptx.cp_async_16(dst_row ^ (c * 16), src_row + c * 16)
-            ptx.cp_async_mbarrier_arrive(bar)  # every lane, before the counted arrival below
-            cute.arch.sync_warp()
-            ptx.bulk_copies_g2s_elected(bar, n_kt * (a_src[3] * self.a_group_bytes), [])
-            for q in cutlass.range(n_kt, unroll=1):
-                self._copy_a(stage + q * sub + a_off, kt0 + q, a_src, bar)
-
-    @cute.jit
-    def _wait_stage(self, s_base, g):
-        at = shipped_wait(self, s_base, g)
-        if cutlass.const_expr(gathers(self)):
-            ptx.fence_proxy_async_shared()  # cp.async wrote B (generic proxy); wgmma reads it
-        return at
-
-    GatedGemm._produce = _produce
-    GatedGemm._wait_stage = _wait_stage
 
 
 def _patch_padding(zero: bool) -> None:

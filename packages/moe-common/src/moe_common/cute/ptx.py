@@ -402,15 +402,6 @@ def cp_async_16_zfill(smem_addr, gmem_addr, nbytes, *, loc=None, ip=None):
 
 
 @dsl_user_op
-def cp_async_mbarrier_arrive(mbar, *, loc=None, ip=None):
-    """An arrival on the mbarrier at `mbar` once this thread's earlier cp.async copies have
-    landed. Without .noinc the barrier's pending count is raised by one as this executes, so the
-    arrival is net zero: the barrier's phase also waits for those copies, with its init count
-    unchanged, provided this runs before the phase's last counted arrival."""
-    _stmt([_i32(mbar, loc, ip)], "cp.async.mbarrier.arrive.shared::cta.b64 [$0];", "r")
-
-
-@dsl_user_op
 def cp_async_commit(*, loc=None, ip=None):
     _stmt([], "cp.async.commit_group;", "")
 
