@@ -11,7 +11,7 @@
 #        land-generic (land-tests, land-sanitize), auto-ab (auto-all, band-ab: AB_DIRS, AB_TOKENS, AB_PRESETS),
 #        split-ab (AB_DIRS, SPLIT_LAYERS), base-ab (AB_DIRS: whole older trees),
 #        check-ab (AB_DIRS, CHECK_PRESETS, CHECK_TOKENS), ncu-l2 (AB_DIRS, L2_LAYERS),
-#        dispatch-points (static-small, static-points, cutover-points), cutover-mid; pipeline-probe (PROBE_PRESETS, PROBE_TOKENS, PROBE_MODES, PROBE_CLOCKS);
+#        dispatch-points (static-small, static-points, cutover-points), cutover-mid; pipeline-probe (PROBE_PRESETS, PROBE_TOKENS, PROBE_MODES, PROBE_CLOCKS); tail-probe;
 #        all-tests, all-tests-par, generic-tests-par; pack (last: $OUT as one results.tgz); verify (GPU tests + sanitizers), serving (soak + hf bench); ncu-tensor (NCU_LAYERS); A/B in one run against older
 #        trees (AB_DIRS): static-ab, kernel-ab (AB_KERNEL), ncu-static-ab (PROFILE_ARGS)
 set -u
@@ -315,6 +315,14 @@ for s in "$@"; do
                      # PROBE_KERNEL=moe-generic or moe-static: full bytescales)
       n=pipeline-probe${PROBE_KERNEL:+-$PROBE_KERNEL}
       step $n 560 python3 tools/pipeline_probe.py --preset ${PROBE_PRESETS:-deepseek-v3 qwen3-30b-a3b} --tokens ${PROBE_TOKENS:-512 1024 2048} ${PROBE_MODES:+--modes $PROBE_MODES} ${PROBE_KERNEL:+--kernel $PROBE_KERNEL} ${PROBE_CLOCKS:+--clocks} --seed 1 --json "$OUT/$n.json" ;;
+    tail-probe)  # moe-gated's last wave: DeepSeek-V3's matrices at 32 routed rows per expert
+                 # (T = 4E) with E = 256, 264, 248 experts, i.e. FC1 items of 256 rows 4096, 4224,
+                 # 3968 on 132 SMs (31.0, 32.0, 30.1 waves; FC2 54.3, 56.0, 52.6): the time
+                 # follows E if the queue balances the items, the rounded-up waves if the last
+                 # wave's few items run alone (E=264 then costs what E=256 does)
+      for et in 256:1024 264:1056 248:992; do
+        step tail-probe-${et%:*} 150 "${BENCH[@]}" --preset deepseek-v3 --experts ${et%:*} --tokens ${et#*:} --kernels moe-gated --no-check --seed 1 --json "$OUT/tail-probe-${et%:*}.json"
+      done ;;
     profile) step profile 200 python3 tools/profile_split.py --preset deepseek-v3 --tokens 8192 ;;
     ncu-band)  # where the band's time goes, per SASS line: FC1 and FC2 of one call at each of
                # BAND_LAYERS (kernel:preset:T), warp stalls and smem wavefronts by line
