@@ -319,7 +319,8 @@ for s in "$@"; do
                  # (T = 4E) with E = 256, 264, 248 experts, i.e. FC1 items of 256 rows 4096, 4224,
                  # 3968 on 132 SMs (31.0, 32.0, 30.1 waves; FC2 54.3, 56.0, 52.6): the time
                  # follows E if the queue balances the items, the rounded-up waves if the last
-                 # wave's few items run alone (E=264 then costs what E=256 does)
+                 # wave's few items run alone (E=264 then costs what E=256 does). At 5af6ac3 on an
+                 # H100: per expert within 0.15% at all three (benchmarks/HISTORY.md, 2026-12-06)
       for et in 256:1024 264:1056 248:992; do
         step tail-probe-${et%:*} 150 "${BENCH[@]}" --preset deepseek-v3 --experts ${et%:*} --tokens ${et#*:} --kernels moe-gated --no-check --seed 1 --json "$OUT/tail-probe-${et%:*}.json"
       done ;;
