@@ -12,7 +12,7 @@
 #        split-ab (AB_DIRS, SPLIT_LAYERS), base-ab (AB_DIRS: whole older trees),
 #        check-ab (AB_DIRS, CHECK_PRESETS, CHECK_TOKENS), ncu-l2 (AB_DIRS, L2_LAYERS),
 #        dispatch-points (static-small, static-points, cutover-points), cutover-mid; pipeline-probe (PROBE_PRESETS, PROBE_TOKENS, PROBE_MODES, PROBE_CLOCKS); tail-probe;
-#        drain-probe (DRAIN_PRESETS, DRAIN_TOKENS);
+#        drain-probe (DRAIN_PRESETS, DRAIN_TOKENS); tma-row-probe;
 #        all-tests, all-tests-par, generic-tests-par; pack (last: $OUT as one results.tgz); verify (GPU tests + sanitizers), serving (soak + hf bench); ncu-tensor (NCU_LAYERS); A/B in one run against older
 #        trees (AB_DIRS): static-ab, kernel-ab (AB_KERNEL), ncu-static-ab (PROFILE_ARGS)
 set -u
@@ -329,6 +329,8 @@ for s in "$@"; do
                   # beside the per-kernel split of one of its points under graph replay
       step drain-probe 400 python3 tools/drain_probe.py --preset ${DRAIN_PRESETS:-deepseek-v3 qwen3.5-35b qwen3-30b-a3b} --tokens ${DRAIN_TOKENS:-512 1024 2048} --seed 1 --json "$OUT/drain-probe.json"
       step drain-split 200 python3 tools/profile_split.py --kernel gated --preset deepseek-v3 --tokens 1024 --graph ;;
+    tma-row-probe)  # FC1's token rows by one tensor-map copy per row: placement and rate
+      step tma-row-probe 200 python3 tools/tma_row_probe.py --json "$OUT/tma-row-probe.json" ;;
     profile) step profile 200 python3 tools/profile_split.py --preset deepseek-v3 --tokens 8192 ;;
     ncu-band)  # where the band's time goes, per SASS line: FC1 and FC2 of one call at each of
                # BAND_LAYERS (kernel:preset:T), warp stalls and smem wavefronts by line
