@@ -105,8 +105,10 @@ def tensor_map(x: torch.Tensor) -> torch.Tensor:
 
     t, h = x.shape
     err, tm = d.cuTensorMapEncodeTiled(
-        d.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, x.data_ptr(), [h, t],
-        [x.stride(0) * 2], [64, 1], [1, 1], d.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+        d.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, d.cuuint32_t(2), x.data_ptr(),
+        [d.cuuint64_t(h), d.cuuint64_t(t)], [d.cuuint64_t(x.stride(0) * 2)],
+        [d.cuuint32_t(64), d.cuuint32_t(1)], [d.cuuint32_t(1), d.cuuint32_t(1)],
+        d.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
         d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
         d.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
         d.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
