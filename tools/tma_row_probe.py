@@ -121,7 +121,7 @@ def expected(x: torch.Tensor, rows: torch.Tensor, col0: int, half_bytes: int) ->
     """The stage as bytes: half hb, slot n, physical chunk c ^ (n % 8) = columns col0 + 64 hb +
     8 c .. + 7 of row rows[n] (zeros past H)."""
     t, h = x.shape
-    xp = torch.zeros(t, col0 + 128, dtype=x.dtype, device=x.device)
+    xp = torch.zeros(t, max(h, col0 + 128), dtype=x.dtype, device=x.device)
     xp[:, :h] = x
     want = torch.zeros(2, half_bytes // 2, dtype=x.dtype, device=x.device)
     for hb in range(2):
@@ -145,11 +145,14 @@ def main(argv=None) -> int:
     dev = torch.device("cuda")
     x = torch.randn(args.tokens, args.hidden, device=dev).to(torch.bfloat16)
     tmap = tensor_map(x)
+    # the placement also at a hidden size that is not a multiple of 128 (gpt-oss-120b's), whose
+    # last K-tile's copies read past H (the tensor map's zero fill)
+    x_odd = torch.randn(args.tokens, 2880, device=dev).to(torch.bfloat16)
+    checks = [(x, tmap), (x_odd, tensor_map(x_odd))]
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     from cuda.bindings import driver as d
     stream = d.CUstream(torch.cuda.current_stream().cuda_stream)
     results = []
-    last_tile = (args.hidden - 1) // 128 * 128  # the K-tile holding column H - 1
     for slots in args.slots:
         rows = torch.randint(0, args.tokens, (slots,), dtype=torch.int32, device=dev)
         for warps in (1, 4):
@@ -158,11 +161,12 @@ def main(argv=None) -> int:
                                     Int32(1), jit.example_stream())
             out = torch.full((2 * probe.half,), 0xFF, dtype=torch.uint8, device=dev)
             ok = True
-            for col0 in (0, last_tile):
-                out.fill_(0xFF)
-                fn(tmap.data_ptr(), rows.data_ptr(), out.data_ptr(), col0, 1, 1, stream)
-                torch.cuda.synchronize()
-                ok &= bool(torch.equal(out, expected(x, rows, col0, probe.half)))
+            for xc, tc in checks:
+                for col0 in (0, (xc.shape[1] - 1) // 128 * 128):  # the first and last K-tile
+                    out.fill_(0xFF)
+                    fn(tc.data_ptr(), rows.data_ptr(), out.data_ptr(), col0, 1, 1, stream)
+                    torch.cuda.synchronize()
+                    ok &= bool(torch.equal(out, expected(xc, rows, col0, probe.half)))
             fn(tmap.data_ptr(), rows.data_ptr(), out.data_ptr(), 0, args.reps, sms, stream)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
