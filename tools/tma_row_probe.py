@@ -14,9 +14,11 @@ scatter writes and the wgmma descriptor reads) when the destination is 128-byte 
    the K-tile that holds column H - 1 (past H: the tensor map's zero fill) into two 64-column
    halves, one copy per row and half issued by the slot's lane, and writes the stage out; the
    host compares every byte with the swizzled layout above;
-2. rate: one CTA per SM repeats that for `--reps` stages (expect_tx, copies, wait), issued by
-   1 or 4 warps, and the time per copy per SM is printed beside what a K-tile of the tall FC1
-   loop takes (about 0.9 us for DeepSeek-V3 T=1024 on an H100: 1766 K-tiles per SM in ~1.6 ms).
+2. rate: one CTA per SM repeats that for `--reps` stages (expect_tx, copies), issued by 1 or 4
+   warps, with 1 stage in flight (each waited for: the copies' latency) or a ring of 4 (a stage
+   reused once its copies landed: the issue and the TMA unit's rate); the time per copy per SM
+   is printed, to set beside what FC1 needs (DeepSeek-V3 T=1024 on an H100: ~96 copies per
+   K-tile of ~0.9 us, 1766 K-tiles per SM in ~1.6 ms).
 """
 from __future__ import annotations
 
@@ -51,13 +53,15 @@ def tensormap_acquire(tmap, *, loc=None, ip=None):
 
 
 class RowProbe:
-    """Per CTA: `reps` stages of `slots` token rows x 2 halves, copied by `warps` warps (slot j
-    by warp j // 32 % warps... lane j % 32), CTA 0 writing its last stage to `out`."""
+    """Per CTA: `reps` stages of `slots` token rows x 2 halves through a ring of `ring` stages
+    (a stage is reused once its previous copies have landed), copied by `warps` warps (slot j by
+    lane j % 32 of warp j // 32 % warps), CTA 0 writing its last stage to `out`."""
 
-    def __init__(self, slots: int, warps: int):
-        self.slots, self.warps = slots, warps
+    def __init__(self, slots: int, warps: int, ring: int = 1):
+        self.slots, self.warps, self.ring = slots, warps, ring
         self.half = -(-slots * 128 // 1024) * 1024
-        self.smem = 2 * self.half + 1024
+        self.stage = 2 * self.half
+        self.smem = ring * self.stage + 1024
 
     @cute.jit
     def __call__(self, tmap: Int64, rows: Int64, out: Int64, col0: Int32, reps: Int32,
@@ -72,9 +76,10 @@ class RowProbe:
         smem = cutlass.memory.SmemAllocator()
         buf = smem.allocate_array(cutlass.Uint8, self.smem, byte_alignment=1024)
         base = Int32(buf.toint())
-        bar = base + 2 * self.half
+        bars = base + self.ring * self.stage
         if tidx == 0:
-            ptx.mbarrier_init(bar, 1)
+            for s in cutlass.range_constexpr(self.ring):
+                ptx.mbarrier_init(bars + 8 * s, 1)
             ptx.fence_mbarrier_init()
         tensormap_acquire(tmap)
         cute.arch.sync_threads()
@@ -82,19 +87,27 @@ class RowProbe:
         toks = [ptx.ld_u32(rows + Int64(cutlass.min(tidx + 32 * self.warps * u, self.slots - 1)) * 4)
                 for u in range(per)]
         for r in cutlass.range(reps, unroll=1):
+            s = r % self.ring
+            bar = bars + 8 * s
+            if r >= self.ring:  # the stage's previous copies have landed
+                ptx.mbarrier_wait(bar, (r // self.ring - 1) % 2)
+            cute.arch.sync_threads()
             if tidx == 0:
                 ptx.mbarrier_arrive_expect_tx(bar, self.slots * 256)
             cute.arch.sync_threads()  # the expected bytes before any copy completes
+            at = base + s * self.stage
             for u in cutlass.range_constexpr(per):
                 j = tidx + 32 * self.warps * u
                 if j < self.slots:
                     for h in cutlass.range_constexpr(2):
-                        tma_row(base + h * self.half + j * 128, tmap, col0 + 64 * h, toks[u], bar)
-            ptx.mbarrier_wait(bar, r % 2)
-            cute.arch.sync_threads()  # every thread past the wait before the next expect_tx
+                        tma_row(at + h * self.half + j * 128, tmap, col0 + 64 * h, toks[u], bar)
+        for r in cutlass.range(cutlass.max(reps - self.ring, 0), reps, unroll=1):
+            ptx.mbarrier_wait(bars + 8 * (r % self.ring), (r // self.ring) % 2)
+        cute.arch.sync_threads()
         if bid == 0:
-            for i in cutlass.range(tidx, 2 * self.half // 16, 32 * self.warps, unroll=1):
-                v = ptx.ld_shared_v4(base + i * 16)
+            last = base + ((reps - 1) % self.ring) * self.stage
+            for i in cutlass.range(tidx, self.stage // 16, 32 * self.warps, unroll=1):
+                v = ptx.ld_shared_v4(last + i * 16)
                 ptx.st_v4(out + Int64(i) * 16, v[0], v[1], v[2], v[3])
 
 
@@ -155,11 +168,11 @@ def main(argv=None) -> int:
     results = []
     for slots in args.slots:
         rows = torch.randint(0, args.tokens, (slots,), dtype=torch.int32, device=dev)
-        for warps in (1, 4):
-            probe = RowProbe(slots, warps)
+        for warps, ring in ((1, 1), (4, 1), (1, 4), (4, 4)):
+            probe = RowProbe(slots, warps, ring)
             fn = jit.compile_kernel(probe, Int64(0), Int64(0), Int64(0), Int32(0), Int32(1),
                                     Int32(1), jit.example_stream())
-            out = torch.full((2 * probe.half,), 0xFF, dtype=torch.uint8, device=dev)
+            out = torch.full((probe.stage,), 0xFF, dtype=torch.uint8, device=dev)
             ok = True
             for xc, tc in checks:
                 for col0 in (0, (xc.shape[1] - 1) // 128 * 128):  # the first and last K-tile
@@ -174,12 +187,12 @@ def main(argv=None) -> int:
             end.record()
             torch.cuda.synchronize()
             us = start.elapsed_time(end) * 1e3
-            r = {"slots": slots, "warps": warps, "placement_ok": ok, "reps": args.reps,
+            r = {"slots": slots, "warps": warps, "ring": ring, "placement_ok": ok, "reps": args.reps,
                  "ctas": sms, "us": us, "us_per_stage": us / args.reps,
                  "ns_per_copy_per_sm": us * 1e3 / (args.reps * 2 * slots),
                  "GBps": sms * args.reps * slots * 256 / (us * 1e3)}
             results.append(r)
-            print(f"slots {slots} warps {warps}: placement {'right' if ok else 'WRONG'}; "
+            print(f"slots {slots} warps {warps} ring {ring}: placement {'right' if ok else 'WRONG'}; "
                   f"{r['us_per_stage']:.3f} us per stage of {2 * slots} copies "
                   f"({r['ns_per_copy_per_sm']:.1f} ns per copy per SM, {r['GBps']:.0f} GB/s "
                   f"over {sms} SMs)", flush=True)
