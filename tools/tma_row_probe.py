@@ -19,6 +19,11 @@ scatter writes and the wgmma descriptor reads) when the destination is 128-byte 
    reused once its copies landed: the issue and the TMA unit's rate); the time per copy per SM
    is printed, to set beside what FC1 needs (DeepSeek-V3 T=1024 on an H100: ~96 copies per
    K-tile of ~0.9 us, 1766 K-tiles per SM in ~1.6 ms).
+At 4c44bb6 on an H100 (benchmarks/HISTORY.md, 2026-12-06): the placement is right, past H too;
+ptxas issues per-lane tensor copies one lane at a time (ELECT, two R2UR, two PLOP3, UTMALDG,
+BRA), ~21 ns per copy per warp; four warps reach 7.3 ns per copy per SM without finding the TMA
+unit's limit. FC1 built on it (three spare warps issuing, cddb2b4) was 7.5-26% slower at
+DeepSeek-V3 and Qwen3-30B-A3B T = 1024-2048 (BENCHMARKS.md, "Measured decisions").
 """
 from __future__ import annotations
 
