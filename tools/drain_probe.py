@@ -135,11 +135,13 @@ def main(argv=None) -> int:
             for i, ph in enumerate(PHASES):
                 r = {"preset": name, "tokens": t, "gemm": ph, **summarize(stamps[i], n[ph])}
                 rows.append(r)
+                pct = {k: 100 * r[k] for k in ("start_offset_frac", "end_idle_frac",
+                                                   "model_end_idle_frac")}
                 print(f"{name} T={t} {ph}: {r['ctas']} CTAs, {r['items']} items, span "
                       f"{r['span_us']:.1f} us; start offset {r['start_offset_us']:.1f} us "
-                      f"({100 * r['start_offset_frac']:.2f}%), end idle {r['end_idle_us']:.1f} us "
-                      f"({100 * r['end_idle_frac']:.2f}%; model {100 * r['model_end_idle_frac']:.2f}%"
-                      f"; max {r['end_idle_max_us']:.1f} us)", flush=True)
+                      f"({pct['start_offset_frac']:.2f}%), end idle {r['end_idle_us']:.1f} us "
+                      f"({pct['end_idle_frac']:.2f}%; model {pct['model_end_idle_frac']:.2f}%; "
+                      f"max {r['end_idle_max_us']:.1f} us)", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

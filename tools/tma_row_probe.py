@@ -89,8 +89,8 @@ class RowProbe:
         tensormap_acquire(tmap)
         cute.arch.sync_threads()
         per = -(-self.slots // (32 * self.warps))
-        toks = [ptx.ld_u32(rows + Int64(cutlass.min(tidx + 32 * self.warps * u, self.slots - 1)) * 4)
-                for u in range(per)]
+        slot = [cutlass.min(tidx + 32 * self.warps * u, self.slots - 1) for u in range(per)]
+        toks = [ptx.ld_u32(rows + Int64(j) * 4) for j in slot]
         for r in cutlass.range(reps, unroll=1):
             s = r % self.ring
             bar = bars + 8 * s
@@ -192,12 +192,13 @@ def main(argv=None) -> int:
             end.record()
             torch.cuda.synchronize()
             us = start.elapsed_time(end) * 1e3
-            r = {"slots": slots, "warps": warps, "ring": ring, "placement_ok": ok, "reps": args.reps,
-                 "ctas": sms, "us": us, "us_per_stage": us / args.reps,
+            r = {"slots": slots, "warps": warps, "ring": ring, "placement_ok": ok,
+                 "reps": args.reps, "ctas": sms, "us": us, "us_per_stage": us / args.reps,
                  "ns_per_copy_per_sm": us * 1e3 / (args.reps * 2 * slots),
                  "GBps": sms * args.reps * slots * 256 / (us * 1e3)}
             results.append(r)
-            print(f"slots {slots} warps {warps} ring {ring}: placement {'right' if ok else 'WRONG'}; "
+            print(f"slots {slots} warps {warps} ring {ring}: "
+                  f"placement {'right' if ok else 'WRONG'}; "
                   f"{r['us_per_stage']:.3f} us per stage of {2 * slots} copies "
                   f"({r['ns_per_copy_per_sm']:.1f} ns per copy per SM, {r['GBps']:.0f} GB/s "
                   f"over {sms} SMs)", flush=True)
