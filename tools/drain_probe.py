@@ -13,8 +13,8 @@ itself:
    into a buffer: per CTA the earliest consumer warp's start and the latest one's end, FC1 and
    FC2 apart;
 2. the layer (moe-gated forced) runs as a CUDA graph of `--copies` calls on distinct inputs for
-   `--warm` seconds, so the GPU reaches its sustained clock and power (BENCHMARKS.md: the band
-   runs at the power cap);
+   `--warm` seconds (profile_split.warm_graph), so the GPU reaches its sustained clock and
+   power (BENCHMARKS.md: the band runs at the power cap);
 3. the buffer is reset and one call on the first input runs;
 4. per GEMM: its span (first start to last end), the CTAs' mean start offset and mean idle
    before the last end, as us and as fractions of the span, and the queue's items (tiles x
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 
 import torch
 
@@ -84,13 +83,13 @@ def summarize(stamps: torch.Tensor, n_items: int) -> dict:
     first, last = used[:, 0].min(), used[:, 1].max()
     span = float(last - first)
     start = float((used[:, 0] - first).mean())
-    idle = float((last - used[:, 1]).mean())
+    wait = last - used[:, 1]  # each CTA's idle time before the last one ends
+    idle = float(wait.mean())
     ctas = used.shape[0]
     return {"ctas": ctas, "items": n_items, "span_us": span / 1e3,
             "start_offset_us": start / 1e3, "end_idle_us": idle / 1e3,
             "start_offset_frac": start / span, "end_idle_frac": idle / span,
-            "model_end_idle_frac": ctas / (2 * n_items),
-            "end_idle_max_us": float((last - used[:, 1]).max()) / 1e3}
+            "model_end_idle_frac": ctas / (2 * n_items), "end_idle_max_us": float(wait.max()) / 1e3}
 
 
 def main(argv=None) -> int:
@@ -105,26 +104,16 @@ def main(argv=None) -> int:
 
     buf = torch.zeros(len(PHASES) * MAX_CTAS, 2, dtype=torch.int64, device="cuda")
     patch(buf.data_ptr())
-    from dispatcher import FusedMoE
-    from dispatcher.presets import PRESETS, random_inputs, random_weights
+    from dispatcher.presets import PRESETS, random_weights
+    from profile_split import warm_graph
 
     rows = []
     for name in args.preset:
         p = PRESETS[name]
         w = random_weights(p, device="cuda", seed=args.seed)
         for t in args.tokens:
-            gen = torch.Generator(device="cuda").manual_seed(args.seed + 1)
-            inputs = [random_inputs(p, t, device="cuda", gen=gen) for _ in range(args.copies)]
-            layer = FusedMoE(w, t, p.top_k, activation=p.activation,
-                             kernel="moe-gated").warmup([t])
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                for x, tw, ids in inputs:
-                    layer(x, tw, ids)
-            t0 = time.perf_counter()
-            while time.perf_counter() - t0 < args.warm:
-                g.replay()
-                torch.cuda.synchronize()
+            layer, inputs, _ = warm_graph(p, w, t, "moe-gated", args.copies, args.warm,
+                                          seed=args.seed + 1)
             buf[:, 0] = torch.iinfo(torch.int64).max
             buf[:, 1] = 0
             x, tw, ids = inputs[0]

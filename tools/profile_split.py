@@ -95,13 +95,15 @@ def eager(args, p, w) -> None:
         report(f"moe-{args.kernel} {p.name} T={args.tokens}", per_kernel(prof.events(), args.calls))
 
 
-def graph(args, p, w) -> None:
+def warm_graph(p, w, tokens: int, kernel: str, copies: int, warm: float, seed: int = 2):
+    """Steps 1-2 of --graph: `copies` calls of `kernel` (forced) on distinct inputs (drawn from
+    `seed`) captured in one CUDA graph and replayed for `warm` seconds (at least once).
+    Returns (layer, inputs, graph)."""
     from dispatcher import FusedMoE
 
-    gen = torch.Generator(device="cuda").manual_seed(2)
-    inputs = [random_inputs(p, args.tokens, device="cuda", gen=gen) for _ in range(args.copies)]
-    layer = FusedMoE(w, args.tokens, p.top_k, activation=p.activation,
-                     kernel=f"moe-{args.kernel}").warmup([args.tokens])
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    inputs = [random_inputs(p, tokens, device="cuda", gen=gen) for _ in range(copies)]
+    layer = FusedMoE(w, tokens, p.top_k, activation=p.activation, kernel=kernel).warmup([tokens])
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         for x, tw, ids in inputs:
@@ -110,8 +112,13 @@ def graph(args, p, w) -> None:
     while True:
         g.replay()
         torch.cuda.synchronize()
-        if time.perf_counter() - t0 >= args.warm:
+        if time.perf_counter() - t0 >= warm:
             break
+    return layer, inputs, g
+
+
+def graph(args, p, w) -> None:
+    _, _, g = warm_graph(p, w, args.tokens, f"moe-{args.kernel}", args.copies, args.warm)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     calls = args.replays * args.copies
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:

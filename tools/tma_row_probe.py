@@ -167,9 +167,8 @@ def main(argv=None) -> int:
     # last K-tile's copies read past H (the tensor map's zero fill)
     x_odd = torch.randn(args.tokens, 2880, device=dev).to(torch.bfloat16)
     checks = [(x, tmap), (x_odd, tensor_map(x_odd))]
-    sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    from cuda.bindings import driver as d
-    stream = d.CUstream(torch.cuda.current_stream().cuda_stream)
+    sms = jit.device_properties(dev).multi_processor_count
+    stream = jit.current_stream(dev)
     results = []
     for slots in args.slots:
         rows = torch.randint(0, args.tokens, (slots,), dtype=torch.int32, device=dev)
