@@ -96,7 +96,9 @@ MAX_STAGES = 4  # (2 stages measured 29-32% slower at T=8192: BENCHMARKS.md, 8f0
 # (HALF_BYTES x tokens apart), each 8 tokens x 64 columns = 1024 bytes per 8-token group: FC1's
 # token rows in the 128-byte swizzle (moe_gated.row_scatter), FC2's intermediate as K-major
 # core matrices (8 per group, 128 bytes each). A tile's first n tokens are the first n x 128
-# bytes of each half, so a partly filled tile copies only its MMA width.
+# bytes of each half, so a partly filled tile copies only its tokens, rounded up to a whole
+# 8-token group (the swizzle's unit). The MMA reads as wide as its width; the columns past the
+# copied groups hold an earlier use's bytes, and no result of those columns is stored.
 HALF_BYTES = 64 * 2  # bytes per token in a half
 GROUP_BYTES = 8 * HALF_BYTES
 WARPGROUPS = 2  # consumer warpgroups (warps 0-7)
@@ -330,7 +332,7 @@ class GatedGemm:
             p1 = ptx.ld_u32(ops.tile_end + Int64(tile) * 4)
             self._post_item(s_base, lane, i, item, e, p0, p1, tile, rt)
             width, per, sub, a_off, half = self._item_layout(p1 - p0)
-            b_copy = width * HALF_BYTES  # each half's first (MMA width) tokens
+            b_copy = (p1 - p0 + 7) // 8 * GROUP_BYTES  # each half's first tokens (see HALF_BYTES)
             # the row tile's weight groups (fewer in a partial row tile), in blocks of
             # BLOCK_GROUPS whose records of one K-tile lie side by side (fm.record_index)
             groups_here = ops.row_groups - rt * (self.row_tile // 16)
@@ -602,7 +604,7 @@ class GatedGemm:
         # An expert's last tile is usually partly filled (DeepSeek-V3 at T=8192: ~256 +- 16
         # tokens per expert): the MMA runs only as wide as the tile's tokens, rounded up.
         cnt = p1 - p0
-        # (the producer copies B as wide as this choice, see WIDTHS)
+        # (the producer copies B's tokens in 8-token groups, see HALF_BYTES)
         for w in cutlass.range_constexpr(len(self.widths)):
             below = self.widths[w + 1] if w + 1 < len(self.widths) else 0
             if cnt > below and cnt <= self.widths[w]:
