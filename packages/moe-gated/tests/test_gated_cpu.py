@@ -18,7 +18,8 @@ def test_every_dispatchable_config_compiles_for_sm90a():
     for bn, _ in GEOMETRIES.values():
         assert row_scatter(bn) is not None
     configs = all_configs()
-    assert len(configs) == 20  # 2 geometries x 2 formats x (4 FC1 activations + FC2)
+    # with and without FC2 beside FC1 x 2 geometries x 2 formats x (4 FC1 activations + FC2)
+    assert len(configs) == 40
     for cfg in configs:
         assert compile_config(cfg) is not None, cfg
 
@@ -61,6 +62,30 @@ def test_wgmma_runs_asynchronously(index, tmp_path):
     _check_first_slab_overwrites(ptx, tall=index >= 10)
     if index in (9, 19):
         _check_bf16_y_stores(ptx)
+
+
+@pytest.mark.parametrize("index", [10, 14, 30, 34])  # tall FC1 NVFP4 silu, FC2 NVFP4; overlap, not
+def test_fc2_beside_fc1_synchronizes_per_tile(index, tmp_path):
+    """GatedConfig.overlap: FC1 lets FC2 launch at its start and counts each tile's items with
+    gpu-scope releases from its publisher warp; FC2 waits for nothing at its start, acquires a
+    tile's count before copying its intermediate, and waits for FC1 after its last wgmma. Without
+    overlap (w4a4) both kernels wait for their predecessor first and nothing else. No spills."""
+    from moe_gated.compile_cache import all_configs
+
+    cfg = all_configs()[index]
+    report = ptxas_report(_PTX_PROBE, [index], "*GatedGemm*.ptx", tmp_path)
+    assert "0 bytes spill stores, 0 bytes spill loads" in report, report
+    ptx = next(tmp_path.rglob("*GatedGemm*.ptx")).read_text()
+    wait = ptx.find("griddepcontrol.wait")
+    first_barrier = ptx.find("mbarrier.init")
+    assert ptx.count("griddepcontrol.wait") == 1
+    assert ("griddepcontrol.launch_dependents" in ptx) == (cfg.overlap and cfg.phase == "fc1")
+    assert ("red.release.gpu.global.add" in ptx) == (cfg.overlap and cfg.phase == "fc1")
+    assert ("ld.acquire.gpu.global" in ptx) == (cfg.overlap and cfg.phase == "fc2")
+    if cfg.overlap and cfg.phase == "fc2":
+        assert wait > ptx.rfind("wgmma.mma_async")
+    else:
+        assert 0 < wait < first_barrier
 
 
 def _check_bf16_y_stores(ptx: str):

@@ -86,23 +86,27 @@ def test_ids_out_of_range_are_ignored():
 
 
 @pytest.mark.parametrize("mode", ["w4a16", "w4a4"])
-def test_deterministic_bitwise_and_queues_reset(mode):
-    # repeated calls through one workspace, each of which must leave its work queues at zero
-    # (the next call's tickets would start past the first item)
+@pytest.mark.parametrize("tokens", [3000, 512])  # the wide geometry, the tall one
+def test_deterministic_bitwise_and_queues_reset(mode, tokens):
+    # repeated calls through one workspace, each of which must leave its work queues and (w4a16,
+    # FC2 beside FC1) its per-tile counts at zero (the next call's tickets would start past the
+    # first item, and its FC2 would read tiles FC1 has not finished); a call's FC2 waits for
+    # FC1's tiles one by one, so a missed wait would show as a result that differs
     from moe_common.workspace import Workspace
     from moe_gated import fused_moe
 
     w = random_layer(64, 1024, 512, w4a4=mode == "w4a4")
-    x = torch.randn(3000, 1024, device="cuda").bfloat16()
-    tw, ti = random_routing(3000, 64, 8)
+    x = torch.randn(tokens, 1024, device="cuda").bfloat16()
+    tw, ti = random_routing(tokens, 64, 8)
     ws = Workspace()
     first = fused_moe(x, w, tw, ti, quant_mode=mode, workspace=ws)
     assert_close(first, reference_moe(x, w, tw, ti, quant_mode=mode), "determinism run")
-    for _ in range(3):
+    for _ in range(8):
         assert torch.equal(fused_moe(x, w, tw, ti, quant_mode=mode, workspace=ws), first)
-    assert ws._zeroed == {"moe-gated.queues"}
-    queues = ws._buffers["moe-gated.queues"]
-    assert queues.count_nonzero().item() == 0, queues.tolist()
+    assert ws._zeroed == {"moe-gated.queues", "moe-gated.tile_done"}
+    for name in ws._zeroed:
+        counters = ws._buffers[name]
+        assert counters.count_nonzero().item() == 0, (name, counters.tolist())
 
 
 def test_one_workspace_across_layers_and_a_rank_with_no_route():

@@ -8,9 +8,11 @@ from .kernel import GEOMETRIES, GatedConfig, GatedGemm, GatedOperands
 from .limits import ACTIVATIONS
 
 
-def config(phase: str, weight_format: str, activation: str, geometry: str = "wide") -> GatedConfig:
+def config(phase: str, weight_format: str, activation: str, geometry: str = "wide",
+           overlap: bool = False) -> GatedConfig:
     return GatedConfig(phase=phase, weight_format=weight_format,
-                       activation=activation if phase == "fc1" else "none", geometry=geometry)
+                       activation=activation if phase == "fc1" else "none", geometry=geometry,
+                       overlap=overlap)
 
 
 def compile_config(cfg: GatedConfig):
@@ -29,16 +31,19 @@ def row_scatter(bn: int):
         RowScatter(bn), z, Int32(128), Int32(128), i1, i1, z, z, i1, jit.example_stream()))
 
 
-def get(phase: str, weight_format: str, activation: str, geometry: str = "wide"):
-    cfg = config(phase, weight_format, activation, geometry)
+def get(phase: str, weight_format: str, activation: str, geometry: str = "wide",
+        overlap: bool = False):
+    cfg = config(phase, weight_format, activation, geometry, overlap)
     return cfg, jit.compiled(("moe-gated", cfg), lambda: compile_config(cfg))
 
 
 def all_configs():
-    """Every configuration the dispatcher can pick (CPU CI compiles each for sm_90a)."""
+    """Every configuration the dispatcher can pick (CPU CI compiles each for sm_90a): with FC2
+    beside FC1 (w4a16), then without (w4a4, where a requantization runs between them)."""
     out = []
-    for geometry in GEOMETRIES:
-        for fmt in WEIGHT_FORMATS:
-            out += [config("fc1", fmt, a, geometry) for a in ACTIVATIONS]
-            out.append(config("fc2", fmt, "none", geometry))
+    for overlap in (True, False):
+        for geometry in GEOMETRIES:
+            for fmt in WEIGHT_FORMATS:
+                out += [config("fc1", fmt, a, geometry, overlap) for a in ACTIVATIONS]
+                out.append(config("fc2", fmt, "none", geometry, overlap))
     return out

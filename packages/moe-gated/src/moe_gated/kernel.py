@@ -48,6 +48,19 @@ next item's K-tiles while the consumers run the epilogue. wgmma runs asynchronou
 own commit group and at most `pending` slabs stay in flight across the K-tile boundary; a warp
 releases stage g - 1 once stage g's wgmmas are issued, when none of g - 1's can still be reading
 it.
+
+Overlap (GatedConfig.overlap, w4a16): at the end of FC1 each CTA idles while the last items
+finish, about half an item (1.7% of DeepSeek-V3 T=1024's call on an H100); FC2 fills it:
+1. FC1 issues griddepcontrol.launch_dependents at its start, so FC2's CTAs launch on the SMs
+   that FC1's CTAs leave (FC1 holds every SM's registers until then).
+2. FC1's consumer warps arrive on a per-item mbarrier once the item's epilogue stores have
+   landed (checked between the next item's mainloop and epilogue, with a proxy fence for FC2's
+   bulk copies); a warp of the producer's warpgroup, idle otherwise, then adds 1 to the token
+   tile's count in global memory with release semantics (its fence waits on that warp alone).
+3. FC2 does not wait for FC1 at its start: its producer waits (acquire) for a tile's count to
+   reach FC1's row tiles before it copies that tile's intermediate, and its consumers wait for
+   FC1's completion before they exit (so the kernels after FC2 still follow FC1). FC2's last
+   CTA zeroes the counts for the next launch.
 """
 from __future__ import annotations
 
@@ -167,6 +180,10 @@ with jit.example(GatedOperands).""", [
     # the work queue's two counters (zeroed once, left at zero by every launch) and the grid:
     # persistent CTAs, at most one per SM
     ("queue", Int64), ("grid", Int32),
+    # GatedConfig.overlap: FC1's items completed per token tile (zeroed once; FC1 counts, FC2
+    # waits for each tile's count to reach tile_items, FC1's row tiles, and its last CTA zeroes
+    # them again)
+    ("tile_done", Int64), ("tile_items", Int32),
 ])
 
 
@@ -176,6 +193,11 @@ class GatedConfig:
     weight_format: str  # "nvfp4" | "mxfp4"
     activation: str = "silu"  # fc1: limits.ACTIVATIONS (swiglu alpha/beta/limit at run time)
     geometry: str = "wide"  # see GEOMETRIES
+    # FC2 beside FC1's last items (w4a16, where FC2 follows FC1 directly): FC1 lets FC2 launch
+    # at its start and counts each token tile's completed items; FC2 starts without waiting for
+    # FC1, takes the SMs FC1's CTAs leave, and waits per tile for FC1's count (section
+    # "Overlap" in the module docstring)
+    overlap: bool = False
 
 
 class GatedGemm:
@@ -195,6 +217,8 @@ class GatedGemm:
         self.pending = 2 if self.gpw == 1 else 1
         self.overwrite_first = self.gpw == 2  # an item's first slab overwrites acc (_work_item)
         self.ring_bit_ops = self.gpw == 2  # (_stages)
+        self.publishes = cfg.overlap and cfg.phase == "fc1"  # FC1 counts tiles (_publisher)
+        self.waits_per_tile = cfg.overlap and cfg.phase == "fc2"  # FC2 waits for them
         self.b_bytes = self.bn * TILE_K * 2  # a K-tile's B in the tile-blocked buffers
         # FC1's B is 128B-swizzled (read by a swizzled descriptor from 1024-byte aligned halves)
         self.b_swizzle = cfg.phase == "fc1"
@@ -204,6 +228,8 @@ class GatedGemm:
         self.a_bytes = self.groups * self.a_group_bytes  # a K-tile's A
         ep_bytes = CONSUMER_WARPS * STG_TOKENS * 16 if cfg.phase == "fc1" else 2 * self.bn * 4
         fixed = 8 * ITEM_SLOTS + ITEM_BYTES * ITEM_SLOTS + ep_bytes
+        if self.publishes:
+            fixed += 2 * 8 * ITEM_SLOTS  # item_empty, item_done
         # A stage is a K-tile [B | A] where 3 of them fit (tall: 4 x 50 KiB), else half a
         # K-tile (`split`: wide, 288 tokens: 4 x 46 KiB, [B's first half | A], then [B's second
         # half]); 2 whole-K-tile stages measured 29-32% slower (8f0f6f9). One CTA per SM.
@@ -222,6 +248,11 @@ class GatedGemm:
             "empty": mem[cutlass.Int64, self.stages],  # the consumer warps' releases
             "item_full": mem[cutlass.Int64, ITEM_SLOTS],  # the work-item ring's
             "items": mem[cutlass.Uint8, ITEM_BYTES * ITEM_SLOTS],
+            **({  # overlap, FC1: the publisher's release of an item slot, and the consumer
+                  # warps' arrivals once an item's epilogue is issued
+                "item_empty": mem[cutlass.Int64, ITEM_SLOTS],
+                "item_done": mem[cutlass.Int64, ITEM_SLOTS],
+            } if self.publishes else {}),
             # FC1: each consumer warp's epilogue staging (STG_TOKENS tokens x 16 bytes); FC2:
             # the tile's pair indices, 4 bytes per token, double-buffered
             "epilogue": mem[cutlass.Uint8, ep_bytes],
@@ -230,6 +261,8 @@ class GatedGemm:
         off = self.storage.offsets
         self.full_off, self.empty_off = off["full"], off["empty"]
         self.item_bar_off, self.item_off = off["item_full"], off["items"]
+        self.item_empty_off = off.get("item_empty")
+        self.item_done_off = off.get("item_done")
         self.ep_off = off["epilogue"]
         self.smem_bytes = off["end"]
         assert self.stages >= 3 and self.smem_bytes <= SMEM_PER_CTA, (self.stages, self.smem_bytes)
@@ -270,9 +303,16 @@ class GatedGemm:
                          (s_base, self.empty_off), s_base, bit_ops=self.ring_bit_ops)
 
     def _items(self, s_base):
-        """The work items' ring: full, the producer's arrival once it wrote the slot."""
-        return StageRing(ITEM_SLOTS, ITEM_BYTES, (s_base, self.item_bar_off),
-                         data=(s_base, self.item_off))
+        """The work items' ring: full, the producer's arrival once it wrote the slot; with
+        overlap in FC1, empty, the publisher's release once it has read it."""
+        empty = (s_base, self.item_empty_off) if self.publishes else None
+        return StageRing(ITEM_SLOTS, ITEM_BYTES, (s_base, self.item_bar_off), empty,
+                         (s_base, self.item_off))
+
+    def _done(self, s_base):
+        """Overlap, FC1: per item slot, full completes once every consumer warp has issued the
+        item's epilogue (one arrival per warp)."""
+        return StageRing(ITEM_SLOTS, 0, (s_base, self.item_done_off))
 
     # ------------------------------------------------------------------ host entry
     @cute.jit
@@ -290,7 +330,10 @@ class GatedGemm:
     @cute.kernel
     def kernel(self, ops):  # a GatedOperands (see jit.operands: why it is not annotated)
         tidx, _, _ = cute.arch.thread_idx()
-        ptx.grid_dependency_wait()  # first: see jit.PDL
+        if cutlass.const_expr(not self.waits_per_tile):
+            ptx.grid_dependency_wait()  # first: see jit.PDL (FC2 with overlap: before it exits)
+        if cutlass.const_expr(self.publishes):
+            ptx.launch_dependents()  # FC2's CTAs take the SMs FC1's leave (see overlap)
         warp = tidx // 32
         lane = tidx % 32
         smem = cutlass.memory.SmemAllocator()
@@ -299,7 +342,11 @@ class GatedGemm:
         if tidx == 0:
             # full: the producer's expect_tx; empty: one release per consumer warp
             self._stages(s_base).init(1, CONSUMER_WARPS)
-            self._items(s_base).init(1)  # the producer's arrival
+            if cutlass.const_expr(self.publishes):
+                self._items(s_base).init(1, 1)  # the producer's arrival, the publisher's
+                self._done(s_base).init(CONSUMER_WARPS)
+            else:
+                self._items(s_base).init(1)  # the producer's arrival
             ptx.fence_mbarrier_init()
         cute.arch.sync_threads()  # the only CTA-wide barrier
 
@@ -309,9 +356,15 @@ class GatedGemm:
             cute.arch.setmaxregister_decrease(PRODUCER_REGS)
             if warp == PRODUCER_WARP:
                 self._producer(s_base, lane, total, row_tiles, ops)
+            if cutlass.const_expr(self.publishes):
+                if warp == PRODUCER_WARP + 1:
+                    self._publisher(s_base, lane, total, row_tiles, ops)
         else:
             cute.arch.setmaxregister_increase(CONSUMER_REGS)
             self._consumer(s_base, warp, lane, total, ops)
+            if cutlass.const_expr(self.waits_per_tile):
+                # FC2 exits after FC1 has completed, so the kernels after it still follow FC1
+                ptx.grid_dependency_wait()
 
     # ------------------------------------------------------------------ producer warp
     @cute.jit
@@ -327,6 +380,12 @@ class GatedGemm:
         while item < total:
             tile = item // row_tiles
             rt = item % row_tiles
+            if cutlass.const_expr(self.waits_per_tile):
+                # the tile's intermediate is complete once FC1 has counted all its items (every
+                # lane waits: a warp sync here made ptxas spill in the consumers); the acquire
+                # also drops the SM's L1, so the tile's facts below come from L2
+                ptx.count_wait_acquire_gpu(ops.tile_done + Int64(tile) * 4, ops.tile_items)
+                ptx.fence_proxy_async_global()  # before this warp's bulk copies read it
             e = ptx.ld_u32(ops.tile_expert + Int64(tile) * 4)
             p0 = ptx.ld_u32(ops.tile_start + Int64(tile) * 4)
             p1 = ptx.ld_u32(ops.tile_end + Int64(tile) * 4)
@@ -368,6 +427,11 @@ class GatedGemm:
             if ptx.atom_add_global(ops.queue + 4, 1) == ops.grid - 1:
                 ptx.st_u32(ops.queue, 0)
                 ptx.st_u32(ops.queue + 4, 0)
+                if cutlass.const_expr(self.waits_per_tile):
+                    # FC1's counts back to 0 for the next launch: every FC2 item has seen its
+                    # tile's count complete, so FC1 adds nothing more (a few hundred tiles)
+                    for t in cutlass.range(total // row_tiles, unroll=1):
+                        ptx.st_u32(ops.tile_done + Int64(t) * 4, Int32(0))
 
     @cute.jit
     def _produce(self, s_base, g, kt0, n_kt, halves: cutlass.Constexpr, src):
@@ -444,6 +508,8 @@ class GatedGemm:
         consumer has read it."""
         if lane == 0:
             items = self._items(s_base)
+            if cutlass.const_expr(self.publishes):
+                items.wait_empty(i)  # the publisher has read the slot's use i - ITEM_SLOTS
             ptx.st_shared_v4(items.at(i), item, e, p0, p1)
             ptx.st_shared_v4(items.at(i) + 16, tile, rt, 0, 0)
             items.arrive_full(i)
@@ -551,6 +617,42 @@ class GatedGemm:
             g = g + self._item_stages(self._item_layout(p1 - p0)[1], ops.k_tiles)
             i = i + 1
             item, e, p0, p1, tile, rt = self._next_item(s_base, i)
+        if cutlass.const_expr(self.publishes):
+            self._epilogue_done(s_base, lane, i - 1)  # the last item's (see _work_item)
+
+    @cute.jit
+    def _epilogue_done(self, s_base, lane, i):
+        """Overlap, FC1: this warp's epilogue stores of item i (none if i < 0) to the publisher:
+        a proxy fence (FC2 reads them by bulk copy), then the warp's arrival. Called between
+        item i + 1's mainloop and its epilogue, when those stores have long landed and the fence
+        waits for nothing."""
+        if i >= 0:
+            ptx.fence_proxy_async_global()
+            cute.arch.sync_warp()
+            if lane == 0:
+                self._done(s_base).arrive_full(i)
+
+    # ------------------------------------------------------------------ publisher warp
+    @cute.jit
+    def _publisher(self, s_base, lane, total, row_tiles, ops):
+        """Overlap, FC1 (a warp of the producer's warpgroup, idle otherwise): for each item in
+        turn, read its slot, wait until every consumer warp has passed the item's epilogue
+        (_epilogue_done), add 1 to its token tile's count with release semantics at GPU scope
+        (the fence waits for the epilogue's stores to be visible, on this warp alone) and
+        release the slot. FC2 waits for a tile's count to reach FC1's row tiles."""
+        i = Int32(0)
+        item, _, _, _, tile, _ = self._next_item(s_base, i)
+        while item < total:
+            if lane == 0:
+                self._done(s_base).wait_full(i)
+                ptx.count_add_release_gpu(ops.tile_done + Int64(tile) * 4)
+                # the slot back to the producer only now: it posts at most ITEM_SLOTS items past
+                # the last one counted, so the consumers cannot complete a done phase twice
+                # before this warp waits for it
+                self._items(s_base).release(i)
+            cute.arch.sync_warp()
+            i = i + 1
+            item, _, _, _, tile, _ = self._next_item(s_base, i)
 
     @cute.jit
     def _next_item(self, s_base, i):
@@ -618,6 +720,9 @@ class GatedGemm:
             # every consumer warp has finished item i - 1's epilogue (it ran before this item's
             # mainloop), so the other buffer is free for item i + 1
             ptx.named_barrier(1, 32 * CONSUMER_WARPS)
+
+        if cutlass.const_expr(self.publishes):
+            self._epilogue_done(s_base, lane, i - 1)
 
         # ---- epilogue (overlaps the producer's loads of the next item): global scale, bias,
         # then the activation (FC1).

@@ -80,6 +80,11 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     routed = route_pairs(bufs, ids, off, E, bn, _table_tiles(P, E), stream)
     tiles = routed.tiles
     queues = bufs.get("queues", (2, 2), torch.int32, zeroed=True)
+    # w4a16: FC2 starts beside FC1's last items, waiting per token tile for FC1's count of its
+    # items (GatedConfig.overlap); in w4a4 the intermediate's requantization runs between them
+    overlap = quant_mode == "w4a16"
+    tile_done = bufs.get("tile_done", (_table_tiles(P, E),), torch.int32, zeroed=True)
+    fc1_row_tiles = -(-prep.fc1_rows // row_tile(geometry))
 
     # 2. token rows scattered into tile-blocked B (two bulk copies per tile and K-tile): each
     # token row (w4a4: each pair's quantized row) to its routed copies' token slots
@@ -96,14 +101,15 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     # 3. FC1 + activation -> intermediate, written in FC2's tile-blocked B layout
     inter = bufs.get("inter_blocked", (slots // bn, kt2, bn * TILE_K), torch.bfloat16)
     limit = activation.limit if activation.limit is not None else math.inf
-    _, fc1 = compile_cache.get("fc1", weights.weight_format, activation.name, geometry)
-    grid1 = _persistent_grid(dev, cap * -(-prep.fc1_rows // row_tile(geometry)))
+    _, fc1 = compile_cache.get("fc1", weights.weight_format, activation.name, geometry, overlap)
+    grid1 = _persistent_grid(dev, cap * fc1_row_tiles)
     fc1(jit.operands(GatedOperands, records=prep.w13.data_ptr(),
                      gscale=prep.fc1_alpha[quant_mode].data_ptr(), bias=prep.w13_bias.data_ptr(),
                      **routed.tile_operands, b_blocked=x_blocked.data_ptr(), k_tiles=kt1,
                      row_groups=prep.fc1_rows // 16, out=inter.data_ptr(), out_stride=kt2,
                      out_rows=Ip, act_alpha=activation.alpha, act_beta=activation.beta,
-                     act_limit=limit, queue=queues[0].data_ptr(), grid=grid1), stream)
+                     act_limit=limit, queue=queues[0].data_ptr(), grid=grid1,
+                     tile_done=tile_done.data_ptr(), tile_items=fc1_row_tiles), stream)
 
     if quant_mode == "w4a4":
         w4a4_requantize_blocked(inter[:cap], weights, tiles[0][:cap], bn)
@@ -111,14 +117,15 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     # 4. FC2 -> y [P, H] bf16 in original pair order, each row's columns in the paired order of
     # y_block(geometry) (moe_common.cute.topk_reduce)
     y = bufs.get("y", (P, H), torch.bfloat16)
-    _, fc2 = compile_cache.get("fc2", weights.weight_format, "none", geometry)
+    _, fc2 = compile_cache.get("fc2", weights.weight_format, "none", geometry, overlap)
     grid2 = _persistent_grid(dev, cap * -(-prep.fc2_rows // row_tile(geometry)))
     fc2(jit.operands(GatedOperands, records=prep.w2.data_ptr(),
                      gscale=prep.fc2_alpha[quant_mode].data_ptr(), bias=prep.w2_bias.data_ptr(),
                      **routed.tile_operands, b_blocked=inter.data_ptr(), k_tiles=kt2,
                      row_groups=prep.fc2_rows // 16, out=y.data_ptr(), out_stride=H, out_rows=H,
                      act_alpha=1.0, act_beta=1.0, act_limit=math.inf,
-                     queue=queues[1].data_ptr(), grid=grid2), stream)
+                     queue=queues[1].data_ptr(), grid=grid2, tile_done=tile_done.data_ptr(),
+                     tile_items=fc1_row_tiles), stream)
 
     # 5. out[t] = sum over the top-k of router weight x y in fp32, fixed order, rounded once
     if out is None:

@@ -481,6 +481,28 @@ def fence_proxy_async_global(*, loc=None, ip=None):
 
 
 @dsl_user_op
+def count_add_release_gpu(addr, *, loc=None, ip=None):
+    """Add 1 to a global counter with release semantics at GPU scope: what happens before it in
+    this CTA (other warps' writes too, once an mbarrier or CTA barrier ordered them before this
+    thread) is visible to a thread of any CTA that sees the count by count_wait_acquire_gpu.
+    The fence (MEMBAR.GPU) waits for those writes: issue it from a warp no one waits on."""
+    _stmt([Int64(addr).ir_value(loc=loc, ip=ip)], "red.release.gpu.global.add.u32 [$0], 1;",
+          "l")
+
+
+@dsl_user_op
+def count_wait_acquire_gpu(addr, target, *, loc=None, ip=None):
+    """Spin until a global counter (count_add_release_gpu's) is at least `target`, then acquire
+    at GPU scope (the loads after it, of this SM's threads, see what came before the adds)."""
+    _stmt([Int64(addr).ir_value(loc=loc, ip=ip), _i32(target, loc, ip)],
+          "{\n.reg .pred p;\n.reg .b32 v;\nWAIT_${:uid}:\n"
+          "ld.acquire.gpu.global.u32 v, [$0];\n"
+          "setp.lt.s32 p, v, $1;\n"
+          "@p nanosleep.u32 256;\n"
+          "@p bra WAIT_${:uid};\n}", "l,r")
+
+
+@dsl_user_op
 def grid_barrier_arrive_wait(state, master, last, *, loc=None, ip=None):
     """One thread per CTA: wait until every CTA of the (co-resident) grid has arrived.
 
@@ -520,6 +542,15 @@ def grid_dependency_wait(*, loc=None, ip=None):
     the layer 14-18% slower at T = 128-512 in a same-run `kernel-ab`; issued once a CTA had no
     more work, 80735b8, it measured level, +0.15% over 30 band points; benchmarks/HISTORY.md.)"""
     _stmt([], "griddepcontrol.wait;", "~{memory}")
+
+
+@dsl_user_op
+def launch_dependents(*, loc=None, ip=None):
+    """Programmatic dependent launch: let the next kernel on the stream launch once every CTA
+    of this grid has issued this or exited. Its CTAs then take SMs as this grid's leave; it must
+    not read this grid's results before it has waited for them (moe-gated's FC2 beside FC1: by
+    per-tile counts, count_wait_acquire_gpu)."""
+    _stmt([], "griddepcontrol.launch_dependents;", "")
 
 
 # ---------------------------------------------------------------- mbarriers, bulk copies
