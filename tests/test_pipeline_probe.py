@@ -2,8 +2,8 @@
 sm_90a and has changed what the mode says (the copies or the decode and wgmmas taken away, the
 weight copies made one per K-tile, a 16-token MMA width added, FC1's widths replaced, the
 decode or the wgmmas alone taken away, the epilogues taken away, the token rows' copies taken
-away or halved, the records at the checkpoint's size with the one-byte scales' conversion,
-FC2's wait for FC1 moved to its end), and the padding modes' routing and buffer fills."""
+away or halved, the records at the checkpoint's size with the one-byte scales' conversion),
+and the padding modes' routing and buffer fills."""
 from __future__ import annotations
 
 import importlib
@@ -72,25 +72,6 @@ def test_each_mode_changes_what_it_says(mode, copies, wgmmas, tmp_path):
     assert (str(0x0FF00FF0) in ptx) == (mode == "bytescales")
     # FC1's epilogue: silu's hardware exp2 (moe_common.cute.activation)
     assert ("ex2.approx" in ptx) == (mode != "noepilogue")
-
-
-@pytest.mark.parametrize("phase", ["fc1", "fc2"])
-def test_overlap_moves_fc2s_wait_to_its_end(phase, tmp_path):
-    """overlap: FC1 waits for its predecessor and then lets its dependent (FC2) launch, both
-    first; FC2 waits only after its last wgmma, before it exits."""
-    from moe_common.testing import ptxas_report
-
-    probe = _PROBE.replace('compile_config(compile_cache.config("fc1"',
-                           'compile_config(compile_cache.config(sys.argv[2]')
-    report = ptxas_report(probe, ["overlap", phase], "*GatedGemm*.ptx", tmp_path)
-    assert "C7512" not in report, report
-    ptx = next(tmp_path.rglob("*GatedGemm*.ptx")).read_text()
-    wait, trigger = ptx.find("griddepcontrol.wait"), ptx.find("griddepcontrol.launch_dependents")
-    assert ptx.count("griddepcontrol.wait") == 1 and wait > 0
-    if phase == "fc1":
-        assert 0 < wait < trigger < ptx.find("mbarrier.init")
-    else:
-        assert trigger < 0 and wait > ptx.rfind("wgmma.mma_async")
 
 
 def test_unknown_mode_is_a_value_error():

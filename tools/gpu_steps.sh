@@ -312,7 +312,7 @@ for s in "$@"; do
                      # the copies alone) and candidates, against the kernel as shipped
                      # (tools/pipeline_probe.py: modes full consumers producer onecopy width48
                      # width16 width80 nodecode nomma mmaonly noepilogue nob halfb bytescales
-                     # padzero padnoise overlap fc1ladder-W-W-...;
+                     # padzero padnoise fc1ladder-W-W-...;
                      # PROBE_KERNEL=moe-generic or moe-static: full bytescales)
       n=pipeline-probe${PROBE_KERNEL:+-$PROBE_KERNEL}
       step $n 560 python3 tools/pipeline_probe.py --preset ${PROBE_PRESETS:-deepseek-v3 qwen3-30b-a3b} --tokens ${PROBE_TOKENS:-512 1024 2048} ${PROBE_MODES:+--modes $PROBE_MODES} ${PROBE_KERNEL:+--kernel $PROBE_KERNEL} ${PROBE_CLOCKS:+--clocks} --seed 1 --json "$OUT/$n.json" ;;

@@ -66,15 +66,6 @@ tensor core multiplying zeros may draw less than one multiplying data):
    no call writes a slot that another call pads) and moe-gated's tile-blocked B buffers
    (PAD_BUFFERS) zero-filled (`padzero`) or filled with randn bf16 (`padnoise`) when allocated:
    the same work, the padded columns all zeros or all data. Results right, checked.
-What the idle SMs at FC1's end (its drain: each CTA waits about half an item for the last ones,
-1.7% of DeepSeek-V3 T=1024's call on an H100, BENCHMARKS.md) would return if FC2 filled them:
-14. `overlap`: FC1 lets FC2 launch at its start (griddepcontrol.launch_dependents after its
-   wait), and FC2 does not wait for FC1 at its start but before it exits, so FC2's CTAs take the
-   SMs that FC1's CTAs leave and run while FC1's last items do. Nothing orders FC2's reads of the
-   intermediate after FC1's writes (wrong results): the bound, with no cost of synchronization,
-   of starting FC2 beside FC1's last wave (measured with counters per tile: slower,
-   BENCHMARKS.md). At the 700 W cap the drain's idle SMs may leave their power to the busy ones,
-   so the bound also tells what the drain costs.
 `bytescales`, `padzero`, `padnoise` and `full` also run moe-generic or moe-static (`--kernel`).
 With `--clocks` each (preset, T) is also timed beside `nvidia-smi`'s SM clock and board power
 (every 50 ms, ClockSampler), summarized over the samples near the point's highest power (its
@@ -103,7 +94,7 @@ import tempfile
 
 MODES = ("full", "consumers", "producer", "onecopy", "width48", "width16", "width80",
          "nodecode", "nomma", "mmaonly", "noepilogue", "nob", "halfb", "bytescales",
-         "padzero", "padnoise", "overlap")
+         "padzero", "padnoise")
 # modes that patch moe-common or the bench, not moe-gated
 ANY_KERNEL = ("full", "bytescales", "padzero", "padnoise")
 # the modes whose results are right
@@ -198,9 +189,6 @@ def patch(mode: str) -> None:
         return
     if mode in ("padzero", "padnoise"):
         _patch_padding(mode == "padzero")
-        return
-    if mode == "overlap":
-        _patch_overlap()
         return
     if mode == "bytescales":
         from moe_common import fragments
@@ -320,50 +308,6 @@ def patch(mode: str) -> None:
         GatedGemm.__init__ = __init__
     else:
         raise ValueError(f"mode {mode!r}; allowed: {ALLOWED}")
-
-
-def _patch_overlap() -> None:
-    """overlap: FC1 triggers its dependent launch at its start; FC2 waits for FC1 before it
-    exits, not at its start (the phase is known while compile_cache compiles a configuration)."""
-    import cutlass
-    import cutlass.cute as cute
-    from cutlass.cutlass_dsl import dsl_user_op
-
-    from moe_common.cute import ptx
-    from moe_gated import compile_cache
-    from moe_gated.kernel import GatedGemm
-
-    compiling = []  # the phase of the GatedGemm being compiled
-    wait = ptx.grid_dependency_wait
-    compile_config = compile_cache.compile_config
-
-    def compile_with_phase(cfg):
-        compiling.append(cfg.phase)
-        try:
-            return compile_config(cfg)
-        finally:
-            compiling.pop()
-
-    @dsl_user_op
-    def grid_start(*, loc=None, ip=None):
-        phase = compiling[-1] if compiling else None
-        if phase == "fc2":
-            return  # FC2 waits before it exits
-        wait(loc=loc, ip=ip)
-        if phase == "fc1":
-            ptx._stmt([], "griddepcontrol.launch_dependents;", "~{memory}")
-
-    consumer = GatedGemm._consumer
-
-    @cute.jit
-    def _consumer(self, s_base, warp, lane, total, ops):
-        consumer(self, s_base, warp, lane, total, ops)
-        if cutlass.const_expr(self.cfg.phase == "fc2"):
-            wait()
-
-    compile_cache.compile_config = compile_with_phase
-    ptx.grid_dependency_wait = grid_start
-    GatedGemm._consumer = _consumer
 
 
 def _patch_padding(zero: bool) -> None:
