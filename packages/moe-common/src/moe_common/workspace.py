@@ -5,8 +5,8 @@ needs. Once `freeze()` is called (FusedMoE does so after its warm-up at max_toke
 a buffer that is missing or too small is an error instead of an allocation, so a captured CUDA
 graph can never see a new allocation.
 
-Buffers asked for `zeroed` (counters that every launch leaves at zero: moe-gated's work queues,
-moe-static's grid barrier) are remembered, so `rezero()` can restore them after a call that did
+Buffers asked for `zeroed` (counters that every launch leaves at zero: moe-gated's work queues
+and per-tile counts, moe-static's grid barrier) are remembered, so `rezero()` can restore them after a call that did
 not finish (FusedMoE calls it when a runner raises between launches).
 """
 from __future__ import annotations
