@@ -53,10 +53,11 @@ Overlap (GatedConfig.overlap, w4a16): at the end of FC1 each CTA idles while the
 finish, about half an item (1.7% of DeepSeek-V3 T=1024's call on an H100); FC2 fills it:
 1. FC1 issues griddepcontrol.launch_dependents at its start, so FC2's CTAs launch on the SMs
    that FC1's CTAs leave (FC1 holds every SM's registers until then).
-2. FC1's consumer warps arrive on a per-item mbarrier once the item's epilogue stores have
-   landed (checked between the next item's mainloop and epilogue, with a proxy fence for FC2's
-   bulk copies); a warp of the producer's warpgroup, idle otherwise, then adds 1 to the token
-   tile's count in global memory with release semantics (its fence waits on that warp alone).
+2. FC1's consumer warps arrive on a per-item mbarrier a mainloop after the item's epilogue
+   (between the next item's mainloop and its epilogue), after a proxy fence for FC2's bulk
+   copies that by then waits for nothing; a warp of the producer's warpgroup, idle otherwise,
+   then adds 1 to the token tile's count in global memory with release semantics (its fence
+   waits for the stores on that warp alone).
 3. FC2 does not wait for FC1 at its start: its producer waits (acquire) for a tile's count to
    reach FC1's row tiles before it copies that tile's intermediate, and its consumers wait for
    FC1's completion before they exit (so the kernels after FC2 still follow FC1). FC2's last
@@ -310,8 +311,8 @@ class GatedGemm:
                          (s_base, self.item_off))
 
     def _done(self, s_base):
-        """Overlap, FC1: per item slot, full completes once every consumer warp has issued the
-        item's epilogue (one arrival per warp)."""
+        """Overlap, FC1: per item slot, full completes once every consumer warp has passed the
+        item's epilogue (one arrival per warp, a mainloop later: _epilogue_done)."""
         return StageRing(ITEM_SLOTS, 0, (s_base, self.item_done_off))
 
     # ------------------------------------------------------------------ host entry
@@ -358,7 +359,7 @@ class GatedGemm:
                 self._producer(s_base, lane, total, row_tiles, ops)
             if cutlass.const_expr(self.publishes):
                 if warp == PRODUCER_WARP + 1:
-                    self._publisher(s_base, lane, total, row_tiles, ops)
+                    self._publisher(s_base, lane, total, ops)
         else:
             cute.arch.setmaxregister_increase(CONSUMER_REGS)
             self._consumer(s_base, warp, lane, total, ops)
@@ -634,7 +635,7 @@ class GatedGemm:
 
     # ------------------------------------------------------------------ publisher warp
     @cute.jit
-    def _publisher(self, s_base, lane, total, row_tiles, ops):
+    def _publisher(self, s_base, lane, total, ops):
         """Overlap, FC1 (a warp of the producer's warpgroup, idle otherwise): for each item in
         turn, read its slot, wait until every consumer warp has passed the item's epilogue
         (_epilogue_done), add 1 to its token tile's count with release semantics at GPU scope
