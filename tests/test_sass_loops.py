@@ -43,7 +43,8 @@ def test_tall_fc1_has_one_mma_loop_per_width():
         pytest.skip("no ptxas")
     out = subprocess.run([sys.executable, str(TOOLS / "sass_loops.py"), "--package", "moe-gated",
                           "--match", "fc1', weight_format='nvfp4', activation='silu', "
-                          "geometry='tall'"], capture_output=True, text=True, check=True).stdout
+                          "geometry='tall', overlap=True"], capture_output=True, text=True,
+                         check=True).stdout
     loops = [ln for ln in out.splitlines() if ln.strip().startswith("loop ")]
     # one per MMA width of the tall geometry, 16 wgmmas per K-tile each (2 groups x 8 k16 slabs)
     from moe_gated.kernel import WIDTHS
