@@ -6,8 +6,8 @@ a buffer that is missing or too small is an error instead of an allocation, so a
 graph can never see a new allocation.
 
 Buffers asked for `zeroed` (counters that every launch leaves at zero: moe-gated's work queues
-and per-tile counts, moe-static's grid barrier) are remembered, so `rezero()` can restore them after a call that did
-not finish (FusedMoE calls it when a runner raises between launches).
+and per-tile counts, moe-static's grid barrier) are remembered, so `rezero()` can restore them
+after a call that did not finish (FusedMoE calls it when a runner raises between launches).
 """
 from __future__ import annotations
 
