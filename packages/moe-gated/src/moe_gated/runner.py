@@ -77,13 +77,14 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     slots = _token_slots(P, E)
 
     # 1. routing tables: (expert, up to bn sorted pairs) tiles
-    routed = route_pairs(bufs, ids, off, E, bn, _table_tiles(P, E), stream)
+    table_tiles = _table_tiles(P, E)
+    routed = route_pairs(bufs, ids, off, E, bn, table_tiles, stream)
     tiles = routed.tiles
     queues = bufs.get("queues", (2, 2), torch.int32, zeroed=True)
     # w4a16: FC2 starts beside FC1's last items, waiting per token tile for FC1's count of its
     # items (GatedConfig.overlap); in w4a4 the intermediate's requantization runs between them
     overlap = quant_mode == "w4a16"
-    tile_done = bufs.get("tile_done", (_table_tiles(P, E),), torch.int32, zeroed=True)
+    tile_done = bufs.get("tile_done", (table_tiles,), torch.int32, zeroed=True)
     fc1_row_tiles = -(-prep.fc1_rows // row_tile(geometry))
 
     # 2. token rows scattered into tile-blocked B (two bulk copies per tile and K-tile): each
