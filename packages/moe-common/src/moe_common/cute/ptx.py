@@ -538,10 +538,10 @@ def grid_dependency_wait(*, loc=None, ip=None):
     """Programmatic dependent launch (kernels launched with `use_pdl`, jit.PDL): wait until the
     previous kernel on the stream has completed and its writes are visible. Called first by
     every kernel launched that way, before it touches global memory; a no-op for a plain
-    launch. (launch_dependents only in moe-gated's FC1 with FC2 beside it: issued at each kernel's
-    start, b6e5a8a, it made the layer 14-18% slower at T = 128-512 in a same-run `kernel-ab`;
-    issued once a CTA had no more work, 80735b8, it measured level, +0.15% over 30 band points;
-    benchmarks/HISTORY.md.)"""
+    launch. (Only moe-gated's FC1 with FC2 beside it also issues launch_dependents, below. In
+    every kernel at its start, b6e5a8a, launch_dependents made the layer 14-18% slower at
+    T = 128-512 in a same-run `kernel-ab`; issued once a CTA had no more work, 80735b8, it
+    measured level, +0.15% over 30 band points; benchmarks/HISTORY.md.)"""
     _stmt([], "griddepcontrol.wait;", "~{memory}")
 
 
