@@ -14,7 +14,8 @@ Since moe-generic's intermediate is K-tile blocks of padded rows (grouped_gemm.I
 its GEMMs take two more fields (src_kt_bytes, out_kt_bytes) and the intermediate's row stride
 is the padded row, not Ip: those are left out of the comparison (_generic_intermediate).
 Since b39fa11 moe-gated's GEMMs take two more fields (tile_done, tile_items: FC2 beside FC1),
-left out of the comparison too (_without_gated_tile_counts).
+left out of the comparison too (_without_gated_tile_counts), and so do moe-generic's since its
+FC2 starts beside FC1 as well (GENERIC_NEW_FIELDS).
 """
 from __future__ import annotations
 
@@ -41,7 +42,8 @@ CASES = ["static-T1-mxfp4-gelu-ids64-wide", "generic-T40-nvfp4-swigluoai-w4a4-bi
 # mainloop bodies per width class, 9c2e706; producer_warps and stages: its 32-token tiles'
 # producer warp and 3-deep ring, e0df7bf; producer_bulk and k_tail: that warp's bulk copies,
 # 268912f, and its own zeroing of a K tail; min_ctas: a register bound for ptxas, a candidate;
-# cta_reduce: moe-static's FC2 by owned rows of H; overlap: moe-gated's FC2 beside FC1).
+# cta_reduce: moe-static's FC2 by owned rows of H; overlap: moe-gated's and moe-generic's FC2
+# beside FC1).
 CONFIG_FIELDS_SINCE_BASE = ("width_step", "producer_warps", "stages", "producer_bulk", "k_tail",
                             "min_ctas", "cta_reduce", "overlap")
 # (runner file, text, text with two fields swapped)
@@ -107,9 +109,9 @@ def _without_scales(listing: dict) -> dict:
     return out
 
 
-# moe-generic's fields added with the intermediate's layout, and the intermediate's row stride
-# (FC1's out_stride, FC2's src_stride), whose value the layout changed
-GENERIC_NEW_FIELDS = ("src_kt_bytes", "out_kt_bytes")
+# moe-generic's fields added with the intermediate's layout and with FC2 beside FC1, and the
+# intermediate's row stride (FC1's out_stride, FC2's src_stride), whose value the layout changed
+GENERIC_NEW_FIELDS = ("src_kt_bytes", "out_kt_bytes", "tile_done", "tile_items")
 GENERIC_INTER_STRIDE = {"fc1": "out_stride", "fc2": "src_stride"}
 
 

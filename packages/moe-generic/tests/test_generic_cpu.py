@@ -26,8 +26,9 @@ def test_every_dispatchable_config_compiles_for_sm90a():
     configs = all_configs()
     # 2 formats x 5 tile widths x (4 FC1 activations + FC2), + the 256-row tiles, + the 32- and
     # 48-token FC1 tiles of a K tail (their bulk producer zeroes the tail itself:
-    # GemmConfig.k_tail)
-    assert len(configs) == 76
+    # GemmConfig.k_tail), + the 32- and 48-token tiles with FC2 beside FC1 (GemmConfig.overlap:
+    # 2 formats x 2 widths x (8 FC1 + FC2))
+    assert len(configs) == 112
     for cfg in configs:
         assert compile_config(cfg) is not None, cfg
 
@@ -128,6 +129,46 @@ def test_bulk_producer_copies_by_bulk_copies_only(tmp_path):
         tail = "tail" in name
         zeroing = text.count("st.shared.v4.u32") - (1 if fc2 else 0)
         assert (zeroing > 0) == tail and ("bar.warp.sync" in text) == tail, (name, zeroing)
+
+
+_OVERLAP_PROBE = """
+import sys
+from moe_generic.compile_cache import compile_config, config
+phase, overlap = sys.argv[1], sys.argv[2] == "1"
+compile_config(config(phase, "nvfp4", "silu" if phase == "fc1" else "none", 32, overlap=overlap))
+"""
+
+
+@pytest.mark.parametrize("phase,overlap", [("fc1", 1), ("fc2", 1), ("fc1", 0), ("fc2", 0)])
+def test_fc2_beside_fc1_synchronizes_per_tile(phase, overlap, tmp_path):
+    """GemmConfig.overlap (32-token tiles, NVFP4): FC1 lets FC2 launch at its start and counts
+    each tile's CTAs with a gpu-scope release after a named barrier of its MMA warps; FC2 waits
+    for nothing at its start, issues its first weight copies, acquires the tile's count before
+    it copies the intermediate, and waits for FC1 at its end. Without overlap (w4a4) both wait
+    for their predecessor first and nothing else. No spills, and at most 96 registers (4 CTAs
+    per SM, as without it)."""
+    from moe_common.testing import ptxas_report
+
+    report = ptxas_report(_OVERLAP_PROBE, [phase, overlap], "*GroupedGemm*.ptx", tmp_path)
+    assert "0 bytes spill stores, 0 bytes spill loads" in report, report
+    assert int(re.search(r"Used (\d+) registers", report).group(1)) <= 96, report
+    ptx = next(tmp_path.rglob("*GroupedGemm*.ptx")).read_text()
+    fc1, fc2 = bool(overlap) and phase == "fc1", bool(overlap) and phase == "fc2"
+    assert ptx.count("griddepcontrol.wait") == 1
+    assert ("griddepcontrol.launch_dependents" in ptx) == fc1
+    assert ("red.release.gpu.global.add" in ptx) == fc1
+    assert ptx.count("bar.sync") == (2 if fc1 else 1)  # the set-up's, the MMA warps' (FC1)
+    assert ("ld.acquire.gpu.global" in ptx) == fc2 and ("atom.global.add" in ptx) == fc2
+    wait = ptx.find("griddepcontrol.wait")
+    if fc2:
+        acquire = ptx.find("ld.acquire.gpu.global")
+        copies = [m.start() for m in re.finditer(r"cp\.async\.bulk\.shared", ptx)]
+        weights = [m.start() for m in re.finditer(r"cp\.async\.bulk\.shared[^;]*cache_hint",
+                                                  ptx)]
+        assert weights[0] < acquire < min(set(copies) - set(weights)) < wait
+        assert wait > ptx.rfind("mma.sync")
+    else:
+        assert 0 < wait < ptx.find("mbarrier.init")
 
 
 _BOUNDS_PROBE = """

@@ -65,6 +65,35 @@ def test_deterministic_bitwise():
         assert torch.equal(fused_moe(x, w, tw, ti, deterministic=True), first)
 
 
+@pytest.mark.parametrize("mode", ["w4a16", "w4a4"])
+@pytest.mark.parametrize("tokens", [128, 256])  # 16 and 32 routed rows per expert: 32, 48 wide
+def test_deterministic_bitwise_and_tile_counts_reset(mode, tokens):
+    # repeated calls through one workspace (w4a16: FC2 beside FC1, GemmConfig.overlap), each of
+    # which must leave its per-tile counts at zero (the next call's FC2 would read tiles FC1 has
+    # not finished); FC2 waits for FC1's tiles one by one, so a missed wait would show as a
+    # result that differs. Skewed routing with dropped routes (-1) and bf16 router weights
+    # (converted before FC1, so that no other kernel runs between FC1 and FC2).
+    from moe_common.workspace import Workspace
+    from moe_generic import fused_moe, runner
+
+    E, k = 64, 8
+    w = random_layer(E, 1024, 512, w4a4=mode == "w4a4")
+    x = torch.randn(tokens, 1024, device="cuda").bfloat16()
+    tw, ti = random_routing(tokens, E, k, skew=1.0)
+    ti.view(-1)[::7] = -1
+    tw = tw.bfloat16()
+    assert runner.pick_bn(tokens * k, E) == (32 if tokens == 128 else 48)
+    ws = Workspace()
+    first = fused_moe(x, w, tw, ti, quant_mode=mode, workspace=ws)
+    assert_close(first, reference_moe(x, w, tw, ti, quant_mode=mode), "determinism run")
+    for _ in range(8):
+        assert torch.equal(fused_moe(x, w, tw, ti, quant_mode=mode, workspace=ws), first)
+    assert "moe-generic.tile_done" in ws._zeroed
+    for name in ws._zeroed:
+        counters = ws._buffers[name]
+        assert counters.count_nonzero().item() == 0, (name, counters.tolist())
+
+
 def test_one_workspace_across_layers_and_a_rank_with_no_route():
     from moe_generic import fused_moe
 
@@ -248,8 +277,10 @@ def _force_candidate(monkeypatch, bn, changes):
     default_config = compile_cache.config
     monkeypatch.setattr(runner, "pick_bn", lambda pairs, experts: bn)
 
-    def config(phase, weight_format, activation, width, rows=0, k_tiles=0, k_tail=False):
-        cfg = default_config(phase, weight_format, activation, width, rows, k_tiles, k_tail)
+    def config(phase, weight_format, activation, width, rows=0, k_tiles=0, k_tail=False,
+               overlap=False):
+        cfg = default_config(phase, weight_format, activation, width, rows, k_tiles, k_tail,
+                             overlap)
         candidate = dataclasses.replace(cfg, **changes)
         return cfg if compile_cache.unfit_reason(candidate, rows, k_tail) else candidate
 

@@ -42,10 +42,13 @@ PRODUCER_STAGES = {32: 3, 48: 2}  # the widths with the bulk producer warp: thei
 
 
 def config(phase: str, weight_format: str, activation: str, bn: int, rows: int = 0,
-           k_tiles: int = 0, k_tail: bool = False) -> GemmConfig:
+           k_tiles: int = 0, k_tail: bool = False, overlap: bool = False) -> GemmConfig:
     """The tile for one GEMM of `rows` weight rows (a multiple of 128) and `k_tiles` K-tiles;
     `k_tail`: its real K stops inside the last K-tile (FC1 of a hidden size that is not a
-    multiple of 128; FC2 reads the intermediate zero-padded to whole K-tiles)."""
+    multiple of 128; FC2 reads the intermediate zero-padded to whole K-tiles); `overlap`: FC2
+    follows FC1 directly (w4a16), and where the tile has the bulk producer FC2 starts beside
+    FC1's last CTAs (GemmConfig.overlap; both GEMMs of a call take the same bn, so both or
+    neither)."""
     warps = WARPS64 if bn == 64 else 4
     if warps == 8 and bn == 64 and k_tiles >= TALL_MIN_KTILES:
         warps = 16
@@ -57,7 +60,8 @@ def config(phase: str, weight_format: str, activation: str, bn: int, rows: int =
                       activation=activation if phase == "fc1" else "none", bn=bn,
                       mw=mw, warps=warps, stages=PRODUCER_STAGES.get(bn, STAGES),
                       producer_warps=1 if producer else 0,
-                      producer_bulk=producer, k_tail=producer and k_tail)
+                      producer_bulk=producer, k_tail=producer and k_tail,
+                      overlap=producer and overlap)
 
 
 def compile_config(cfg: GemmConfig):
@@ -76,12 +80,15 @@ def unfit_reason(cfg: GemmConfig, rows: int, k_tail: bool = False):
     # bulk copies do not zero-fill: past a K tail only a producer that zeroes it itself
     if k_tail and cfg.producer_bulk and not cfg.k_tail:
         return "its bulk copies would read columns past the real K (k_tail not set)"
+    # the overlap's count and wait sit in the bulk producer's path
+    if cfg.overlap and not cfg.producer_bulk:
+        return "FC2 beside FC1 (overlap) needs the bulk producer warp"
     return None
 
 
 def get(phase: str, weight_format: str, activation: str, bn: int, rows: int, k_tiles: int,
-        k_tail: bool = False):
-    cfg = config(phase, weight_format, activation, bn, rows, k_tiles, k_tail)
+        k_tail: bool = False, overlap: bool = False):
+    cfg = config(phase, weight_format, activation, bn, rows, k_tiles, k_tail, overlap)
     reason = unfit_reason(cfg, rows, k_tail)
     if reason is not None:
         raise ValueError(f"moe-generic: {reason} ({cfg})")
@@ -94,10 +101,11 @@ def all_configs():
     out = []
     for fmt in WEIGHT_FORMATS:
         for bn in BN_CHOICES:
-            for act in ACTIVATIONS:
-                for k_tail in (False, True):  # one config where the tail changes nothing
-                    out.append(config("fc1", fmt, act, bn, k_tail=k_tail))
-            out.append(config("fc2", fmt, "none", bn))
+            for overlap in (False, True):  # one config where the width has no bulk producer
+                for act in ACTIVATIONS:
+                    for k_tail in (False, True):  # one config where the tail changes nothing
+                        out.append(config("fc1", fmt, act, bn, k_tail=k_tail, overlap=overlap))
+                out.append(config("fc2", fmt, "none", bn, overlap=overlap))
         # the 256-row tiles of long K loops
         for act in ACTIVATIONS:
             out.append(config("fc1", fmt, act, 64, rows=256, k_tiles=TALL_MIN_KTILES))

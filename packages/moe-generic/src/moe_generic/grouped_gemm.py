@@ -36,6 +36,21 @@ that warp fills after its last copy (_stage_columns), not by two dependent loads
 and the expert's global scale and the CTA's row biases, which that warp loads before its K loop,
 through the ring stage after the K loop's last (_stage_operands): the epilogue starts without a
 global round trip.
+
+Overlap (GemmConfig.overlap, w4a16 at the bulk producer's widths): FC2 follows FC1 directly, and
+FC1's last wave leaves SMs idle while its last CTAs finish (about half a CTA's time per slot);
+FC2's first tiles fill them:
+1. FC1 issues griddepcontrol.launch_dependents at its start, so FC2's grid launches once every
+   FC1 CTA has started and its CTAs take the slots FC1's leave (no FC1 CTA waits for a slot,
+   so none of FC2's waits can block FC1).
+2. At a CTA's end, FC1's MMA threads fence their intermediate stores for the async proxy (FC2
+   reads them by bulk copy) and meet at a named barrier; thread 0 adds 1 to the token tile's
+   count with release semantics at GPU scope.
+3. FC2 does not wait for FC1 at its start: its producer issues the weight copies of the first
+   stages, waits (acquire) until the tile's count reaches FC1's CTAs per tile, then copies the
+   intermediate. It adds 1 past that count, and the tile's last FC2 CTA zeroes it for the next
+   launch. Every FC2 CTA waits for FC1's completion before it exits, so the kernels after FC2
+   still follow FC1.
 """
 from __future__ import annotations
 
@@ -86,6 +101,9 @@ with jit.example(GemmOperands).""", [
     ("pair_orig", Int64), ("route_w", Int64),
     # the activation's run-time parameters (FC1; moe_common.types.Activation)
     ("act_alpha", Float32), ("act_beta", Float32), ("act_limit", Float32),
+    # GemmConfig.overlap: per token tile, FC1's CTAs completed, then FC2's CTAs past their
+    # wait (zeroed once; FC2's last CTA of a tile zeroes it again), and FC1's CTAs per tile
+    ("tile_done", Int64), ("tile_items", Int32),
 ])
 
 
@@ -114,6 +132,10 @@ class GemmConfig:
     # only by the bulk producer: it copies the real bytes of the last K-tile's rows and zeroes
     # the rest itself (the cp.async copies check every chunk against k_real anyway).
     k_tail: bool = False
+    # FC2 beside FC1's last CTAs (w4a16, the bulk producer's widths; section "Overlap" above):
+    # FC1 lets FC2 launch at its start and counts each token tile's completed CTAs; FC2 starts
+    # without waiting for FC1 and its producer waits per tile for that count
+    overlap: bool = False
     # n > 0: compiled for n CTAs per SM (.maxntid and .minnctapersm: ptxas caps the registers
     # at what n CTAs of this block leave, spilling if it must); 0: no bound
     min_ctas: int = 0
@@ -179,6 +201,9 @@ class GroupedGemm:
         self.smem_bytes = self.storage.offsets["end"]
         assert cfg.producer_warps >= 0, cfg
         assert not cfg.producer_bulk or cfg.producer_warps == 1, cfg
+        assert not cfg.overlap or cfg.producer_bulk, cfg  # the waits sit in the bulk producer
+        self.publishes = cfg.overlap and cfg.phase == "fc1"  # FC1 counts tiles (_publish)
+        self.waits_per_tile = cfg.overlap and cfg.phase == "fc2"  # FC2 waits for them
         assert self.block_threads <= 1024, cfg
 
     # ------------------------------------------------------------------ host entry
@@ -203,14 +228,21 @@ class GroupedGemm:
     def kernel(self, ops):  # a GemmOperands (see jit.operands: why it is not annotated)
         cfg = self.cfg
         tidx, _, _ = cute.arch.thread_idx()
-        ptx.grid_dependency_wait()  # first: see jit.PDL
+        if cutlass.const_expr(not self.waits_per_tile):
+            ptx.grid_dependency_wait()  # first: see jit.PDL (FC2 with overlap: before it exits)
+        if cutlass.const_expr(self.publishes):
+            ptx.launch_dependents()  # FC2's CTAs take the slots FC1's leave (see Overlap)
         bidx, bidy, _ = cute.arch.block_idx()
         tile = bidy
         # the tile's fields are loaded with the tile count, not after it (one round trip before
         # the first copy, not two; relaxed loads, which ptxas does not sink into the branch): the
         # table holds at least gridDim.y entries (runner.tiles_capacity), those past the count
-        # stale and unused
-        count = ptx.ld_u32(ops.num_tiles)
+        # stale and unused. FC2 with overlap reads the count from L2 as well: the routing wrote
+        # it before FC1's CTAs passed their wait, and this kernel has not waited for anything.
+        if cutlass.const_expr(self.waits_per_tile):
+            count = ptx.ld_relaxed_u32(ops.num_tiles)
+        else:
+            count = ptx.ld_u32(ops.num_tiles)
         e = ptx.ld_relaxed_u32(ops.tile_expert + Int64(tile) * 4)
         p0 = ptx.ld_relaxed_u32(ops.tile_start + Int64(tile) * 4)
         p1 = ptx.ld_relaxed_u32(ops.tile_end + Int64(tile) * 4)
@@ -256,7 +288,12 @@ class GroupedGemm:
                 ptx.cp_async_wait(0)
                 self._epilogue(ops, acc, e, None, p0, p1, group0, r, q)
             else:
-                self._warp_specialized(ops, acc, e, p0, p1, bidx, warp, lane, r, q, s_base, b_lane)
+                self._warp_specialized(ops, acc, e, p0, p1, bidx, tile, warp, lane, r, q, s_base,
+                                       b_lane)
+        if cutlass.const_expr(self.waits_per_tile):
+            # FC2 exits after FC1 has completed, so the kernels after it still follow FC1 (a
+            # CTA past the tile count too: with no tiles no CTA would wait for FC1 otherwise)
+            ptx.grid_dependency_wait()
 
     # ------------------------------------------------------------------ pieces
     @cute.jit
@@ -396,7 +433,8 @@ class GroupedGemm:
 
     # ------------------------------------------------------------------ producer warps
     @cute.jit
-    def _warp_specialized(self, ops, acc, e, p0, p1, bidx, warp, lane, r, q, s_base, b_lane):
+    def _warp_specialized(self, ops, acc, e, p0, p1, bidx, tile, warp, lane, r, q, s_base,
+                          b_lane):
         """The tile with cfg.producer_warps copy-only warps after the MMA warps:
         1. thread 0 sets up the stages' mbarriers: full[s] counts the copying threads' arrivals,
            empty[s] the MMA threads';
@@ -413,7 +451,9 @@ class GroupedGemm:
            first FFMA waited on the scale's and biases' loads: 7.7% of FC2's stall samples,
            ncu); held in the MMA warps' registers over the K loop they would cost 5
            (_epilogue_operands); in the producer warp's none, the kernel's count being set by
-           the MMA warps' K loop (32 tokens, NVFP4: 96 registers before and after)."""
+           the MMA warps' K loop (32 tokens, NVFP4: 96 registers before and after);
+        5. with cfg.overlap, FC1's MMA warps count the tile's CTA done after their epilogue
+           (_publish) and FC2's producer waits for that count (_produce_bulk)."""
         cfg = self.cfg
         off = self.storage.offsets
         ring = StageRing(cfg.stages, self.stage_bytes, s_base + off["full"],
@@ -434,7 +474,7 @@ class GroupedGemm:
             pairs = self._column_pairs(ops, lane, p0, p1) if self.staged_columns else []
             held = self._operand_loads(ops, lane, bidx, e) if self.staged_columns else None
             if cutlass.const_expr(cfg.producer_bulk):
-                self._produce_bulk(ops, lane, bidx, e, p0, p1, ring)
+                self._produce_bulk(ops, lane, bidx, tile, e, p0, p1, ring)
             else:
                 self._produce(ops, warp - cfg.warps, lane, bidx, e, p0, p1, ring)
             if cutlass.const_expr(self.staged_columns):
@@ -448,6 +488,20 @@ class GroupedGemm:
             self._by_width(cfg.live_widths, p1 - p0,
                            (acc, ops, ring, lane, b_lane, a_warp_off, e, cols,
                             p0, p1, group0, r, q))
+            if cutlass.const_expr(self.publishes):
+                self._publish(ops, tile, warp, lane)
+
+    @cute.jit
+    def _publish(self, ops, tile, warp, lane):
+        """Overlap, FC1, the MMA warps after their epilogue: each thread orders its intermediate
+        stores before async-proxy reads (FC2's bulk copies), the MMA warps meet at a named
+        barrier (the producer warp stores nothing), and thread 0 adds 1 to the tile's count with
+        release semantics at GPU scope (its fence waits for the CTA's stores to be visible)."""
+        ptx.fence_proxy_async_global()
+        ptx.named_barrier(1, self.cfg.warps * 32)
+        if warp == 0:
+            if lane == 0:
+                ptx.count_add_release_gpu(ops.tile_done + Int64(tile) * 4)
 
     @cute.jit
     def _column_pairs(self, ops, lane, p0, p1):
@@ -568,15 +622,16 @@ class GroupedGemm:
                 ring.arrive_full(kt)
 
     @cute.jit
-    def _produce_bulk(self, ops, lane, bidx, e, p0, p1, ring):
+    def _produce_bulk(self, ops, lane, bidx, tile, e, p0, p1, ring):
         """The producer warp with cfg.producer_bulk: per K-tile, wait until the stage is free;
         one elected lane arrives on its full barrier expecting the stage's bytes and bulk copies
         every MMA warp's weight groups (one record per group) and, in FC2, the tile's live rows
         of the intermediate (one run: INTERMEDIATE_ROW); in FC1 lane n copies live token row
         n (one 256-byte copy; with cfg.k_tail the last K-tile's real bytes, and zeros past them).
         The barrier completes when the bytes have landed. FC1's token rows wait on a load of
-        `order` (and a division by row_div); the weights do not: the first `stages` K-tiles'
-        weight copies go out before it, their rows after it, then the loop runs both."""
+        `order` (and a division by row_div), FC2's intermediate with cfg.overlap on FC1's count
+        of the tile (_wait_tile); the weights do not: the first `stages` K-tiles' weight copies
+        go out before it, their rows after it, then the loop runs both."""
         cfg = self.cfg
         fc2 = cfg.phase == "fc2"
         live = cutlass.min(p1 - p0, cfg.bn)
@@ -589,18 +644,50 @@ class GroupedGemm:
                   for j in range(0, n_groups, BLOCK_GROUPS)]
         head = (ops, lane, live, blocks, run, ring)
         if cutlass.const_expr(fc2):
-            for kt in cutlass.range(ops.k_tiles, unroll=1):
-                self._bulk_head(kt, *head)
+            if cutlass.const_expr(self.waits_per_tile):
+                ahead = cutlass.min(ops.k_tiles, cfg.stages)
+                for kt in cutlass.range(ahead, unroll=1):
+                    self._bulk_head(kt, *head, False)
+                self._wait_tile(ops, lane, tile)
+                for kt in cutlass.range(ahead, unroll=1):
+                    self._bulk_run(kt, ops, run, ring)
+                for kt in cutlass.range(ahead, ops.k_tiles, unroll=1):
+                    self._bulk_head(kt, *head, True)
+            else:
+                for kt in cutlass.range(ops.k_tiles, unroll=1):
+                    self._bulk_head(kt, *head, True)
         else:
             ahead = cutlass.min(ops.k_tiles, cfg.stages)
             for kt in cutlass.range(ahead, unroll=1):
-                self._bulk_head(kt, *head)
+                self._bulk_head(kt, *head, True)
             rows = self._row_sources(ops, lane, p0, live)
             for kt in cutlass.range(ahead, unroll=1):
                 self._bulk_rows(kt, ops, lane, live, rows, ring)
             for kt in cutlass.range(ahead, ops.k_tiles, unroll=1):
-                self._bulk_head(kt, *head)
+                self._bulk_head(kt, *head, True)
                 self._bulk_rows(kt, ops, lane, live, rows, ring)
+
+    @cute.jit
+    def _wait_tile(self, ops, lane, tile):
+        """Overlap, FC2's producer: wait (every lane, acquire at GPU scope) until FC1's CTAs of
+        the tile have all counted it (_publish), then a proxy fence before this warp's bulk
+        copies read the intermediate; lane 0 adds 1 past FC1's count, and the tile's last FC2
+        CTA (gridDim.x of them) sets it back to 0: every one of them has passed its wait."""
+        at = ops.tile_done + Int64(tile) * 4
+        ptx.count_wait_acquire_gpu(at, ops.tile_items)
+        ptx.fence_proxy_async_global()
+        if lane == 0:
+            grid_m, _, _ = cute.arch.grid_dim()
+            if ptx.atom_add_global(at, 1) == ops.tile_items + Int32(grid_m) - 1:
+                ptx.st_u32(at, Int32(0))
+
+    @cute.jit
+    def _bulk_run(self, kt, ops, run, ring):
+        """Overlap, FC2: K-tile kt's run of the tile's intermediate rows, from the elected lane,
+        on the stage's full barrier (its arrival, by _bulk_head, counted these bytes already)."""
+        run_src, run_bytes = run
+        ptx.bulk_copies_g2s_elected(ring.full_bar(kt), None, [
+            (ring.at(kt), run_src + Int64(kt) * Int64(ops.src_kt_bytes), run_bytes)])
 
     def _kt_row_bytes(self, ops, kt):
         """The bytes of a token row that K-tile kt copies: all 256, or with cfg.k_tail the real
@@ -610,11 +697,12 @@ class GroupedGemm:
         return TILE_K * 2
 
     @cute.jit
-    def _bulk_head(self, kt, ops, lane, live, blocks, run, ring):
+    def _bulk_head(self, kt, ops, lane, live, blocks, run, ring, run_copy: cutlass.Constexpr):
         """K-tile kt's stage, all but FC1's token rows: wait until it is free; with cfg.k_tail
         zero each live row past the real columns (this lane's stores, ordered before the elected
         arrival by the warp barrier); the elected lane's arrival expecting every byte of the
-        stage (the rows' too) and its copies of the weight blocks (FC2: and of the rows' run).
+        stage (the rows' too) and its copies of the weight blocks (FC2: and of the rows' run,
+        unless run_copy is False: _bulk_run copies it later).
         The weights are read once per call: evict-first in L2 (ptx.BulkCopy), the
         token rows and the intermediate at the default priority."""
         cfg = self.cfg
@@ -638,7 +726,7 @@ class GroupedGemm:
                                        ops.records + t * self.a_group_bytes, block,
                                        evict_first=True))
         run_src, run_bytes = run
-        if cutlass.const_expr(fc2):
+        if cutlass.const_expr(fc2 and run_copy):
             copies.append((stage, run_src + Int64(kt) * Int64(ops.src_kt_bytes), run_bytes))
         tx_bytes = n_groups * self.a_group_bytes + (run_bytes if fc2 else live * row_bytes)
         ptx.bulk_copies_g2s_elected(ring.full_bar(kt), tx_bytes, copies)

@@ -110,6 +110,13 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     # hold every smaller T.
     routed = route_pairs(bufs, ids, off, E, bn, tiles_capacity(P, E), stream)
     order = routed.order
+    # w4a16: FC2 starts beside FC1's last CTAs, waiting per token tile for FC1's count of its
+    # CTAs (GemmConfig.overlap, at the widths with the bulk producer); in w4a4 the
+    # intermediate's requantization runs between them. The router weights are made before FC1
+    # (a copy where the caller's are not fp32), so no other kernel runs between FC1 and FC2.
+    overlap = quant_mode == "w4a16"
+    route_w = router_weights(topk_weights)
+    tile_done = bufs.get("tile_done", (tiles_capacity(P, E),), torch.int32, zeroed=True)
 
     # 2. FC1 (+ activation) -> intermediate [Ip / 128, P, INTERMEDIATE_ROW] bf16 in sorted order
     # (grouped_gemm.INTERMEDIATE_ROW: K-tile blocks of padded rows, so that FC2 copies a tile's
@@ -123,7 +130,12 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     inter_kt_bytes = P * SMEM_ROW_BYTES
     limit = activation.limit if activation.limit is not None else math.inf
     cfg1, fc1 = compile_cache.get("fc1", weights.weight_format, activation.name, bn,
-                                  prep.fc1_rows, Hp // TILE_K, k_tail=H != Hp)
+                                  prep.fc1_rows, Hp // TILE_K, k_tail=H != Hp, overlap=overlap)
+    cfg2, fc2 = compile_cache.get("fc2", weights.weight_format, "none", bn, prep.fc2_rows,
+                                  Ip // TILE_K, overlap=overlap)
+    if cfg1.overlap != cfg2.overlap:  # one counting without the other: a hang or stale counts
+        raise ValueError(f"moe-generic: FC1 and FC2 disagree on the overlap ({cfg1}, {cfg2})")
+    fc1_row_tiles = prep.fc1_rows // cfg1.cta_rows
     fc1(jit.operands(GemmOperands, records=prep.w13.data_ptr(),
                      gscale=prep.fc1_alpha[quant_mode].data_ptr(), bias=prep.w13_bias.data_ptr(),
                      **routed.tile_operands, row_div=row_div, src=src.data_ptr(),
@@ -131,8 +143,9 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
                      k_tiles=Hp // TILE_K, row_groups=prep.fc1_rows // 16, out=inter.data_ptr(),
                      out_stride=INTERMEDIATE_ROW, out_kt_bytes=inter_kt_bytes, out_rows=Ip,
                      pair_orig=0, route_w=0, act_alpha=activation.alpha,
-                     act_beta=activation.beta, act_limit=limit),
-        prep.fc1_rows // cfg1.cta_rows, max_tiles, stream)
+                     act_beta=activation.beta, act_limit=limit, tile_done=tile_done.data_ptr(),
+                     tile_items=fc1_row_tiles),
+        fc1_row_tiles, max_tiles, stream)
 
     if quant_mode == "w4a4":
         requantize_blocks(inter, lambda rows: w4a4_requantize_intermediate(rows, weights, ids,
@@ -141,16 +154,14 @@ def run(x, weights: MoEWeights, topk_weights, topk_ids, *, activation: Activatio
     # 3. FC2 (+ router weight) -> y [P, H] bf16 in original pair order, each row's columns in
     # the paired order of Y_BLOCK (moe_common.cute.topk_reduce)
     y = bufs.get("y", (P, H), torch.bfloat16)
-    route_w = router_weights(topk_weights)
-    cfg2, fc2 = compile_cache.get("fc2", weights.weight_format, "none", bn, prep.fc2_rows,
-                                  Ip // TILE_K)
     fc2(jit.operands(GemmOperands, records=prep.w2.data_ptr(),
                      gscale=prep.fc2_alpha[quant_mode].data_ptr(), bias=prep.w2_bias.data_ptr(),
                      **routed.tile_operands, row_div=1, src=inter.data_ptr(),
                      src_stride=INTERMEDIATE_ROW, src_kt_bytes=inter_kt_bytes, k_real=Ip,
                      k_tiles=Ip // TILE_K, row_groups=prep.fc2_rows // 16, out=y.data_ptr(),
                      out_stride=H, out_kt_bytes=0, out_rows=H, pair_orig=order.data_ptr(),
-                     route_w=route_w.data_ptr(), act_alpha=1.0, act_beta=1.0, act_limit=math.inf),
+                     route_w=route_w.data_ptr(), act_alpha=1.0, act_beta=1.0, act_limit=math.inf,
+                     tile_done=tile_done.data_ptr(), tile_items=fc1_row_tiles),
         prep.fc2_rows // cfg2.cta_rows, max_tiles, stream)
 
     # 4. out[t] = sum over the top-k in fp32, fixed order, rounded once
