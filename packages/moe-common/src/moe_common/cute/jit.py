@@ -46,7 +46,8 @@ ARCH_OPTIONS = "--gpu-arch=sm_90a"
 # reduce, moe-static's single kernel): each is launched with `use_pdl` and starts with
 # ptx.grid_dependency_wait, so its launch overlaps the previous kernel's end (moe-gated at
 # T = 128-512: 0.4-1.2% faster, ~3 us a call; moe-static at T <= 2: 1-3%, 0.2-0.5 us a call).
-# moe-gated's FC2 with GatedConfig.overlap waits at its end instead, per token tile on FC1.
+# An FC2 beside FC1 (moe-gated's GatedConfig.overlap, moe-generic's GemmConfig.overlap) waits
+# at its end instead, per token tile on FC1.
 PDL = True
 _cache: dict = {}
 _lock = threading.Lock()

@@ -538,10 +538,10 @@ def grid_dependency_wait(*, loc=None, ip=None):
     """Programmatic dependent launch (kernels launched with `use_pdl`, jit.PDL): wait until the
     previous kernel on the stream has completed and its writes are visible. Called first by
     every kernel launched that way, before it touches global memory; a no-op for a plain
-    launch. (Only moe-gated's FC1 with FC2 beside it also issues launch_dependents, below. In
-    every kernel at its start, b6e5a8a, launch_dependents made the layer 14-18% slower at
-    T = 128-512 in a same-run `kernel-ab`; issued once a CTA had no more work, 80735b8, it
-    measured level, +0.15% over 30 band points; benchmarks/HISTORY.md.)"""
+    launch. (Only an FC1 with FC2 beside it, moe-gated's and moe-generic's, also issues
+    launch_dependents, below. In every kernel at its start, b6e5a8a, it made the layer 14-18%
+    slower at T = 128-512 in a same-run `kernel-ab`; issued once a CTA had no more work,
+    80735b8, it measured level, +0.15% over 30 band points; benchmarks/HISTORY.md.)"""
     _stmt([], "griddepcontrol.wait;", "~{memory}")
 
 
@@ -549,8 +549,8 @@ def grid_dependency_wait(*, loc=None, ip=None):
 def launch_dependents(*, loc=None, ip=None):
     """Programmatic dependent launch: let the next kernel on the stream launch once every CTA
     of this grid has issued this or exited. Its CTAs then take SMs as this grid's leave; it must
-    not read this grid's results before it has waited for them (moe-gated's FC2 beside FC1: by
-    per-tile counts, count_wait_acquire_gpu)."""
+    not read this grid's results before it has waited for them (moe-gated's and moe-generic's
+    FC2 beside FC1: by per-tile counts, count_wait_acquire_gpu)."""
     _stmt([], "griddepcontrol.launch_dependents;", "")
 
 
