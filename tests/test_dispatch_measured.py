@@ -62,6 +62,9 @@ MEASURED = [
     # the same points after moe-gated's B trim and FC2 beside FC1 (5425ace, b39fa11), on an H100
     "2026-12-06-h100-e2745f5-cutover-points.json", "2026-12-06-h100-e2745f5-cutover-mid-32.json",
     "2026-12-06-h100-e2745f5-cutover-mid-16.json", "2026-12-06-h100-e2745f5-cutover-mid-relu2.json",
+    # 20, 24 and 28 rows per expert after moe-generic's FC2 beside FC1 (c3c6e9c), on an H100
+    "2026-12-06-h100-14ac7c2-cutover-mid-32.json", "2026-12-06-h100-14ac7c2-cutover-mid-16.json",
+    "2026-12-06-h100-14ac7c2-cutover-mid-relu2.json",
 ]
 # file -> {row kernel label: tile width}: moe-generic with its width forced, one run of the tree
 # named; at ea2bbc3 the dispatcher ran 32-token tiles below 64 routed rows per expert, and

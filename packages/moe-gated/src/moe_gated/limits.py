@@ -30,7 +30,10 @@ DIM_MULTIPLE = 32
 # T=768 231.8 against 225.8), at 20 rows 1.025-1.070, at 28 rows 0.894-0.992; 28 would give up
 # 3.3% at gpt-oss-120b T=768. And after FC2 went beside FC1 (b39fa11; an H100, `cutover-points
 # cutover-mid` at e2745f5, benchmarks/2026-12-06-h100-e2745f5-cutover-*.json): at 24 rows
-# 0.949-1.014, at 20 rows 1.009-1.048, at 16 rows 1.038-1.071, at 28 rows 0.873-0.967.
+# 0.949-1.014, at 20 rows 1.009-1.048, at 16 rows 1.038-1.071, at 28 rows 0.873-0.967. And
+# after moe-generic's FC2 went beside FC1 too (c3c6e9c; an H100, `cutover-mid` at 14ac7c2,
+# benchmarks/2026-12-06-h100-14ac7c2-cutover-mid-*.json): at 24 rows 0.949-1.016 (Qwen3-30B-A3B
+# T=384 163.5 against 161.0), at 20 rows 1.019-1.072, at 28 rows 0.875-0.984.
 CUTOVER_ROWS_PER_EXPERT = 24
 
 
