@@ -259,7 +259,8 @@ for s in "$@"; do
     land-generic) bash "$0" land-tests land-sanitize ;;
     auto-ab) bash "$0" auto-all band-ab ;;  # the current table, then its same-run A/B
     auto-all)  # the five presets at the dispatcher's choice at all 10 T (the current table)
-      step auto-all 330 "${BENCH[@]}" --preset $FIVE --tokens 1 8 32 64 128 256 512 1024 2048 8192 --kernels auto --no-check --seed 1 --json "$OUT/auto-all.json" ;;
+      step auto-all 330 "${BENCH[@]}" --preset $FIVE --tokens 1 8 32 64 128 256 512 1024 2048 8192 --kernels auto --no-check --seed 1 --json "$OUT/auto-all.json"
+      step auto-all-bars 30 python3 tools/bench_table.py "$OUT/auto-all.json" --bars ;;  # BENCHMARKS.md's table, issue 29's bars
     check-ab)  # the bench's check against the fp32 reference (rel L2, cosine) for each tree in
                # $AB_DIRS and this one, same seed: what a numerics change moves
       for d in $AB_DIRS new; do

@@ -1,0 +1,144 @@
+#!/usr/bin/env python3
+"""BENCHMARKS.md's tables from `fused-moe bench --json` files (development tool, CPU only).
+
+    python3 tools/bench_table.py NEW.json [--against OLD.json] [--bars]
+
+1. The table: one row per preset, one column per T, each cell the time in us and the kernel
+   that ran (S moe-static, N moe-generic, G moe-gated); one table per kernel label where the
+   run forced several kernels.
+2. `--against`: each point's time over OLD's at the same (preset, T, kernel label), the
+   geomean, and the range of each kernel that ran in NEW, as the A/B paragraphs quote them.
+   Same-run A/Bs only carry a decision (BENCHMARKS.md, "Method").
+3. `--bars`: issue 29's bars (times in us; nemotron-relu2 T=8192 in TFLOP/s), each met or
+   short, with the margin. They were set on the H200; the tool says so when the run is not.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections import defaultdict
+
+LETTERS = {"moe-static": "S", "moe-generic": "N", "moe-gated": "G"}
+# issue 29: (preset, T) -> the most us per call
+TIME_BARS = {
+    ("deepseek-v3", 128): 1750, ("deepseek-v3", 256): 1900, ("deepseek-v3", 512): 2100,
+    ("deepseek-v3", 1024): 2480, ("deepseek-v3", 2048): 3350,
+    ("qwen3-30b-a3b", 128): 128, ("qwen3-30b-a3b", 256): 130, ("qwen3-30b-a3b", 512): 167,
+    ("qwen3-30b-a3b", 1024): 213, ("qwen3-30b-a3b", 2048): 400,
+    ("qwen3.5-35b", 128): 149, ("qwen3.5-35b", 256): 159, ("qwen3.5-35b", 512): 171,
+    ("qwen3.5-35b", 1024): 222, ("qwen3.5-35b", 2048): 327,
+    ("gpt-oss-120b", 128): 560, ("gpt-oss-120b", 512): 800, ("gpt-oss-120b", 2048): 1280,
+    ("nemotron-relu2", 2048): 700,
+}
+# issue 29: (preset, T) -> the least TFLOP/s
+TFLOPS_BARS = {("nemotron-relu2", 8192): 450}
+
+
+def load(path: str) -> dict:
+    with open(path) as f:
+        return json.load(f)
+
+
+def points(result: dict) -> dict:
+    """(preset, T, kernel label) -> row, rows that failed left out; the dispatcher's rows
+    ("auto(moe-gated)") labelled "auto", so that a point whose kernel changed still pairs."""
+    return {(r["shape"], r["T"], r["kernel"].split("(")[0]): r
+            for r in result["rows"] if "error" not in r}
+
+
+def cell(row: dict) -> str:
+    return f"{row['time_us']:.1f} {LETTERS.get(row.get('runs'), '?')}"
+
+
+def tables(result: dict) -> str:
+    """Markdown tables, one per kernel label, presets and T in the run's order."""
+    by_label = defaultdict(dict)
+    for (shape, t, label), row in points(result).items():
+        by_label[label][(shape, t)] = row
+    out = []
+    for label, rows in by_label.items():
+        shapes = list(dict.fromkeys(s for s, _ in rows))
+        tokens = sorted({t for _, t in rows})
+        if len(by_label) > 1:
+            out.append(f"{label}:\n")
+        out.append("| preset | " + " | ".join(f"T={t}" for t in tokens) + " |")
+        out.append("|---|" + "---:|" * len(tokens))
+        for s in shapes:
+            cells = [cell(rows[(s, t)]) if (s, t) in rows else "" for t in tokens]
+            out.append(f"| {s} | " + " | ".join(cells) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
+def against(new: dict, old: dict) -> str:
+    """Each shared point's change, the geomean, and each kernel's range (by the kernel that ran
+    in the new run)."""
+    a, b = points(old), points(new)
+    shared = [k for k in b if k in a]
+    if not shared:
+        return "no point in common"
+    lines, logs, per_kernel = [], [], defaultdict(list)
+    for key in shared:
+        x = b[key]["time_us"] / a[key]["time_us"]
+        logs.append(math.log(x))
+        per_kernel[b[key].get("runs")].append((x, key))
+        lines.append(f"{key[0]:<16} {key[1]:>6} {key[2]:<24} {a[key]['time_us']:>9.1f} -> "
+                     f"{b[key]['time_us']:>9.1f} {100 * (x - 1):+6.1f}%")
+    lines.append(f"geomean {100 * (math.exp(sum(logs) / len(logs)) - 1):+.2f}% over "
+                 f"{len(shared)} points")
+    for kernel, xs in per_kernel.items():
+        lo, hi = min(xs), max(xs)
+        lines.append(f"{kernel}: {len(xs)} points, {100 * (lo[0] - 1):+.1f}% ({lo[1][0]} "
+                     f"T={lo[1][1]}) to {100 * (hi[0] - 1):+.1f}% ({hi[1][0]} T={hi[1][1]})")
+    return "\n".join(lines)
+
+
+def bars(result: dict) -> tuple[str, int]:
+    """Each bar's verdict; the count of bars short or not measured."""
+    rows = {(s, t): r for (s, t, _), r in points(result).items()}
+    lines, short = [], 0
+    if "H200" not in result.get("gpu", ""):
+        lines.append(f"note: the bars were set on the H200; this run is on {result.get('gpu')}")
+    for key, limit in TIME_BARS.items():
+        r = rows.get(key)
+        if r is None:
+            lines.append(f"{key[0]} T={key[1]}: not measured")
+            short += 1
+            continue
+        ok = r["time_us"] <= limit
+        short += not ok
+        lines.append(f"{key[0]} T={key[1]}: {r['time_us']:.1f} us against {limit} "
+                     f"({100 * (r['time_us'] / limit - 1):+.1f}%) {'met' if ok else 'SHORT'}")
+    for key, floor in TFLOPS_BARS.items():
+        r = rows.get(key)
+        if r is None:
+            lines.append(f"{key[0]} T={key[1]}: not measured")
+            short += 1
+            continue
+        ok = r["TFLOPs"] >= floor
+        short += not ok
+        lines.append(f"{key[0]} T={key[1]}: {r['TFLOPs']:.0f} TFLOP/s against {floor} "
+                     f"{'met' if ok else 'SHORT'}")
+    lines.append(f"{short} of {len(TIME_BARS) + len(TFLOPS_BARS)} bars short or not measured")
+    return "\n".join(lines), short
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("json", help="a fused-moe bench --json file")
+    ap.add_argument("--against", help="an older run's JSON: each point's change")
+    ap.add_argument("--bars", action="store_true", help="issue 29's bars, met or short")
+    args = ap.parse_args(argv)
+    new = load(args.json)
+    print(f"{new.get('gpu')}, commit {new.get('commit')}, seed {new.get('seed')}\n")
+    print(tables(new))
+    if args.against:
+        print(against(new, load(args.against)) + "\n")
+    if args.bars:
+        print(bars(new)[0])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
