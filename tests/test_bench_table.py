@@ -72,8 +72,8 @@ def test_bars_name_another_gpu_and_missing_points():
 
 
 def test_command_line(capsys):
-    assert bench_table.main([str(BENCH / "2026-12-06-h100-0e50077-auto-all.json"), "--bars",
-                             "--against", str(BENCH / "2026-12-06-h100-b39fa11-auto-all.json")]) == 0
+    new, old = (str(BENCH / f"2026-12-06-h100-{c}-auto-all.json") for c in ("0e50077", "b39fa11"))
+    assert bench_table.main([new, "--bars", "--against", old]) == 0
     out = capsys.readouterr().out
     assert out.startswith("NVIDIA H100 80GB HBM3, commit 0e50077, seed 1")
     assert "geomean -0.97% over 50 points" in out
