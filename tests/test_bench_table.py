@@ -68,7 +68,7 @@ def test_bars_of_the_recorded_h200_table():
 def test_bars_name_another_gpu_and_missing_points():
     text, short = bench_table.bars(_load("2026-12-06-h100-14ac7c2-cutover-mid-16.json"))
     assert text.startswith("note: the bars were set on the H200; this run is on NVIDIA H100")
-    assert short == len(bench_table.TIME_BARS) + len(bench_table.TFLOPS_BARS)
+    assert short == len(bench_table.BARS) + len(bench_table.TFLOPS_BARS)
 
 
 def test_command_line(capsys):
