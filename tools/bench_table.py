@@ -20,7 +20,7 @@ import math
 from collections import defaultdict
 
 LETTERS = {"moe-static": "S", "moe-generic": "N", "moe-gated": "G"}
-# issue 29's bars: (preset, T) -> the most us per call, or the least TFLOP/s
+# issue 29's bars on the dispatcher's choice: (preset, T) -> the most us per call
 BARS = {
     ("deepseek-v3", 128): 1750, ("deepseek-v3", 256): 1900, ("deepseek-v3", 512): 2100,
     ("deepseek-v3", 1024): 2480, ("deepseek-v3", 2048): 3350,
@@ -31,6 +31,7 @@ BARS = {
     ("gpt-oss-120b", 128): 560, ("gpt-oss-120b", 512): 800, ("gpt-oss-120b", 2048): 1280,
     ("nemotron-relu2", 2048): 700,
 }
+# and (preset, T) -> the least TFLOP/s
 TFLOPS_BARS = {("nemotron-relu2", 8192): 450}
 
 
@@ -94,8 +95,9 @@ def against(new: dict, old: dict) -> str:
 
 
 def bars(result: dict) -> tuple[str, int]:
-    """Each bar's verdict; the count of bars short or not measured."""
-    rows = {(s, t): r for (s, t, _), r in points(result).items()}
+    """Each bar's verdict on the dispatcher's rows ("auto"); the count of bars short or not
+    measured."""
+    rows = {(s, t): r for (s, t, label), r in points(result).items() if label == "auto"}
     lines, short = [], 0
     if "H200" not in result.get("gpu", ""):
         lines.append(f"note: the bars were set on the H200; this run is on {result.get('gpu')}")
