@@ -21,7 +21,7 @@ def test_table_cells_are_the_times_and_the_kernels_that_ran():
     lines = text.splitlines()
     assert lines[0] == ("| preset | T=1 | T=8 | T=32 | T=64 | T=128 | T=256 | T=512 | T=1024 "
                         "| T=2048 | T=8192 |")
-    # BENCHMARKS.md's H200 table at 5f71179, first row
+    # the H200 table at 5f71179 (benchmarks/HISTORY.md, the 4f28178 entry), first row
     assert lines[2] == ("| deepseek-v3 | 62.5 S | 370.1 N | 1000.2 N | 1368.2 N | 1576.5 N "
                         "| 1719.3 N | 2115.7 N | 2512.6 G | 3183.4 G | 9527.6 G |")
     assert len(lines) == 2 + 5
@@ -30,7 +30,8 @@ def test_table_cells_are_the_times_and_the_kernels_that_ran():
 def test_benchmarks_md_tables_are_their_json():
     # the two current-results tables, line for line
     doc = (BENCH.parent / "BENCHMARKS.md").read_text()
-    for name in ("2026-12-06-h100-0e50077-auto-all.json", "2026-12-06-h200-5f71179-auto-all.json"):
+    for name in ("2026-12-06-h100-0e50077-auto-all.json",
+                 "2026-12-06-h200-4f28178-auto-all.json"):
         assert bench_table.tables(_load(name)) in doc, name
 
 
@@ -42,7 +43,7 @@ def test_forced_kernels_get_a_table_each():
 
 
 def test_against_pairs_points_whose_kernel_changed():
-    # BENCHMARKS.md: 5f71179's H200 table against f35f74c's, geomean -0.73%, with the two T=8
+    # benchmarks/HISTORY.md: 5f71179's H200 table against f35f74c's, geomean -0.73%, with the two T=8
     # points that moved from moe-generic to moe-static among the 50
     text = bench_table.against(_load("2026-12-06-h200-5f71179-auto-all.json"),
                                _load("2026-12-05-h200-f35f74c-auto-all.json"))
@@ -53,9 +54,9 @@ def test_against_pairs_points_whose_kernel_changed():
         "no point in common")
 
 
-def test_bars_of_the_recorded_h200_table():
-    # BENCHMARKS.md: every bar met at 5f71179 on the H200 but DeepSeek-V3 T=512 and T=1024 and
-    # Qwen3.5-35B T=512
+def test_bars_of_the_recorded_h200_tables():
+    # benchmarks/HISTORY.md: every bar met at 5f71179 on the H200 but DeepSeek-V3 T=512 and
+    # T=1024 and Qwen3.5-35B T=512
     text, short = bench_table.bars(_load("2026-12-06-h200-5f71179-auto-all.json"))
     assert short == 3
     shorts = [line for line in text.splitlines() if line.endswith("SHORT")]
@@ -63,6 +64,13 @@ def test_bars_of_the_recorded_h200_table():
         "deepseek-v3 T=512", "deepseek-v3 T=1024", "qwen3.5-35b T=512"]
     assert "nemotron-relu2 T=8192: 529 TFLOP/s against 450 met" in text
     assert "note:" not in text
+    # BENCHMARKS.md: at 4f28178 those three and Qwen3.5-35B T=1024 (222.6 against 222)
+    text, short = bench_table.bars(_load("2026-12-06-h200-4f28178-auto-all.json"))
+    assert short == 4
+    assert "qwen3.5-35b T=1024: 222.6 us against 222 (+0.3%) SHORT" in text
+    assert "geomean +0.46% over 50 points" in bench_table.against(
+        _load("2026-12-06-h200-4f28178-auto-all.json"),
+        _load("2026-12-06-h200-5f71179-auto-all.json"))
 
 
 def test_bars_name_another_gpu_and_missing_points():
