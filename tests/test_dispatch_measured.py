@@ -65,6 +65,8 @@ MEASURED = [
     # 20, 24 and 28 rows per expert after moe-generic's FC2 beside FC1 (c3c6e9c), on an H100
     "2026-12-06-h100-14ac7c2-cutover-mid-32.json", "2026-12-06-h100-14ac7c2-cutover-mid-16.json",
     "2026-12-06-h100-14ac7c2-cutover-mid-relu2.json",
+    # 16, 32 and 64 rows per expert at the same kernels (9c449c2), on an H100
+    "2026-12-06-h100-9c449c2-cutover-points.json",
 ]
 # file -> {row kernel label: tile width}: moe-generic with its width forced, one run of the tree
 # named; at ea2bbc3 the dispatcher ran 32-token tiles below 64 routed rows per expert, and
