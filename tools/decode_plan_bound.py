@@ -8,7 +8,9 @@ instruction per piece plus one per window that is not a plain word. Offline pack
 every code bit anywhere, so the question is only which windows can cover the packed bits
 exactly once. Steps:
 1. One word: a window's field bits are FIELD_BITS translated mod 32; no 4 translates tile
-   Z_32, so some register takes two pieces, and an exhaustive search (fragments.py) found 9.
+   Z_32, so some register takes two pieces. One such register makes 5 pieces in 5 windows
+   (the plain word free): >= 9, DECODE_PLAN's cost; two make 6 pieces in >= 5 windows (4 would
+   be a tiling): >= 10.
 2. Two words decoded together (funnel windows may take bits from both words): a window holds
    at most 8 bits, so 64 bits need >= 8 windows, of which at most 2 (the plain words) are
    free. Eight one-piece registers are 8 full windows (a); one two-piece register makes 9
