@@ -18,9 +18,10 @@ exactly once. Steps:
    >= 8 windows, 16 only as (a)'s windows split between registers; more make >= 17.
 3. (a) is a 2-fold tiling of Z_32 by 8 translates with each window's bits assigned to the two
    words: 512 tilings, none assignable. (b): 7 full translates and a split register covering
-   Z_32 twice, none assignable. So a joint plan takes >= 17 per two words, 8.5 per word
-   against 9: at most 0.5 of the 13 instructions per word that decode and block scale take,
-   for a packing change under every kernel. Not built.
+   Z_32 twice, none assignable. So with shifts, rotations and funnel shifts a joint plan takes
+   >= 17 per two words, 8.5 per word against 9. A byte permute (prmt) of both words as a
+   window reaches 16, 8 per word: benchmarks/candidates/pair-decode (its version of this tool
+   searches those windows too).
 
     uv run python tools/decode_plan_bound.py     (about 20 s)
 """

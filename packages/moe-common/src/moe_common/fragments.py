@@ -50,8 +50,8 @@ FIELD_BITS = (6, 7, 8, 15, 22, 23, 24, 31)
 # and 5 logic operations per word, where the earlier plain-shift layout took 5 and 6 (its best,
 # by a search over shift pairs). Among the 9-operation layouts this one has the fewest
 # rotations that cross bit 31 (those need a funnel shift; a plain left shift can run as IMAD).
-# Two words decoded together (funnel shifts across them) cannot go below 17 per two words
-# (tools/decode_plan_bound.py): at most half an instruction per word less.
+# Two words decoded together cannot go below 17 per two words with shifts alone
+# (tools/decode_plan_bound.py); with a byte permute, 16 (benchmarks/candidates/pair-decode).
 REGISTER_PIECES = (
     ((FIELD_BITS, 0),),
     ((FIELD_BITS, 4),),
