@@ -43,8 +43,8 @@ def test_forced_kernels_get_a_table_each():
 
 
 def test_against_pairs_points_whose_kernel_changed():
-    # benchmarks/HISTORY.md: 5f71179's H200 table against f35f74c's, geomean -0.73%, with the two T=8
-    # points that moved from moe-generic to moe-static among the 50
+    # benchmarks/HISTORY.md: 5f71179's H200 table against f35f74c's, geomean -0.73%, with the two
+    # T=8 points that moved from moe-generic to moe-static among the 50
     text = bench_table.against(_load("2026-12-06-h200-5f71179-auto-all.json"),
                                _load("2026-12-05-h200-f35f74c-auto-all.json"))
     assert "geomean -0.73% over 50 points" in text
