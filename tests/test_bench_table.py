@@ -6,6 +6,8 @@ import importlib
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 bench_table = importlib.import_module("bench_table")
 
@@ -86,3 +88,16 @@ def test_command_line(capsys):
     assert out.startswith("NVIDIA H100 80GB HBM3, commit 0e50077, seed 1")
     assert "geomean -0.97% over 50 points" in out
     assert "bars short or not measured" in out
+
+
+def test_gate_passes_only_a_faster_new_run(capsys):
+    # 0e50077's H100 table against b39fa11's: geomean -0.97%, so ratio 0.9903
+    new, old = (str(BENCH / f"2026-12-06-h100-{c}-auto-all.json") for c in ("0e50077", "b39fa11"))
+    assert bench_table.main([new, "--against", old, "--gate", "0.995"]) == 0
+    assert "gate: geomean ratio 0.9903 against 0.995: pass" in capsys.readouterr().out
+    assert bench_table.main([new, "--against", old, "--gate", "0.99"]) == 1
+    assert bench_table.main([old, "--against", new, "--gate", "1.0"]) == 1
+    other = str(BENCH / "2026-12-06-h100-14ac7c2-cutover-mid-16.json")
+    assert bench_table.main([other, "--against", new, "--gate", "2.0"]) == 1
+    with pytest.raises(SystemExit):
+        bench_table.main([new, "--gate", "0.99"])

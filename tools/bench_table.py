@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
 """BENCHMARKS.md's tables from `fused-moe bench --json` files (development tool, CPU only).
 
-    python3 tools/bench_table.py NEW.json [--against OLD.json] [--bars]
+    python3 tools/bench_table.py NEW.json [--against OLD.json [--gate RATIO]] [--bars]
 
 1. The table: one row per preset, one column per T, each cell the time in us and the kernel
    that ran (S moe-static, N moe-generic, G moe-gated); one table per kernel label where the
    run forced several kernels.
 2. `--against`: each point's time over OLD's at the same (preset, T, kernel label), the
    geomean, and the range of each kernel that ran in NEW, as the A/B paragraphs quote them.
-   Same-run A/Bs only carry a decision (BENCHMARKS.md, "Method").
+   Same-run A/Bs only carry a decision (BENCHMARKS.md, "Method"). `--gate RATIO`: exit status
+   1 when that geomean (NEW over OLD) is above RATIO or no point is shared, so that one device
+   call can measure a candidate first and verify it only when it is faster
+   (tools/gpu_steps.sh land-candidate).
 3. `--bars`: issue 29's bars (times in us; nemotron-relu2 T=8192 in TFLOP/s), each met or
    short, with the margin. They were set on the H200; the tool says so when the run is not.
 """
@@ -71,21 +74,33 @@ def tables(result: dict) -> str:
     return "\n".join(out)
 
 
+def _shared(new: dict, old: dict) -> tuple:
+    a, b = points(old), points(new)
+    return a, b, [k for k in b if k in a]
+
+
+def geomean_ratio(new: dict, old: dict):
+    """The geomean over shared points of NEW's time over OLD's; None when none is shared."""
+    a, b, shared = _shared(new, old)
+    if not shared:
+        return None
+    return math.exp(sum(math.log(b[k]["time_us"] / a[k]["time_us"]) for k in shared)
+                    / len(shared))
+
+
 def against(new: dict, old: dict) -> str:
     """Each shared point's change, the geomean, and each kernel's range (by the kernel that ran
     in the new run)."""
-    a, b = points(old), points(new)
-    shared = [k for k in b if k in a]
+    a, b, shared = _shared(new, old)
     if not shared:
         return "no point in common"
-    lines, logs, per_kernel = [], [], defaultdict(list)
+    lines, per_kernel = [], defaultdict(list)
     for key in shared:
         x = b[key]["time_us"] / a[key]["time_us"]
-        logs.append(math.log(x))
         per_kernel[b[key].get("runs")].append((x, key))
         lines.append(f"{key[0]:<16} {key[1]:>6} {key[2]:<24} {a[key]['time_us']:>9.1f} -> "
                      f"{b[key]['time_us']:>9.1f} {100 * (x - 1):+6.1f}%")
-    lines.append(f"geomean {100 * (math.exp(sum(logs) / len(logs)) - 1):+.2f}% over "
+    lines.append(f"geomean {100 * (geomean_ratio(new, old) - 1):+.2f}% over "
                  f"{len(shared)} points")
     for kernel, xs in per_kernel.items():
         lo, hi = min(xs), max(xs)
@@ -122,8 +137,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("json", help="a fused-moe bench --json file")
     ap.add_argument("--against", help="an older run's JSON: each point's change")
+    ap.add_argument("--gate", type=float, metavar="RATIO",
+                    help="with --against: exit 1 unless the geomean of NEW over OLD is <= RATIO")
     ap.add_argument("--bars", action="store_true", help="issue 29's bars, met or short")
     args = ap.parse_args(argv)
+    if args.gate is not None and not args.against:
+        ap.error("--gate needs --against")
     new = load(args.json)
     print(f"{new.get('gpu')}, commit {new.get('commit')}, seed {new.get('seed')}\n")
     print(tables(new))
@@ -131,6 +150,12 @@ def main(argv=None) -> int:
         print(against(new, load(args.against)) + "\n")
     if args.bars:
         print(bars(new)[0])
+    if args.gate is not None:
+        ratio = geomean_ratio(new, load(args.against))
+        passed = ratio is not None and ratio <= args.gate
+        print(f"gate: geomean ratio {ratio if ratio is None else round(ratio, 4)} against "
+              f"{args.gate}: {'pass' if passed else 'FAIL'}")
+        return 0 if passed else 1
     return 0
 
 

@@ -9,6 +9,7 @@
 #        bench-static bench-generic-large profile ncu-band routing (AB_DIRS) racecheck-routing routing-shape band candidates bulk-band bulk-wide relu2;
 #        bulk-widths, split-small, mid-widths, mid-small, rows-256, mw4, generic-warps, ncu-routing,
 #        land-generic (land-tests, land-sanitize), auto-ab (auto-all, band-ab: AB_DIRS, AB_TOKENS, AB_PRESETS),
+#        land-candidate (AB_DIRS, AB_TOKENS, GATE),
 #        split-ab (AB_DIRS, SPLIT_LAYERS), base-ab (AB_DIRS: whole older trees),
 #        check-ab (AB_DIRS, CHECK_PRESETS, CHECK_TOKENS), ncu-l2 (AB_DIRS, L2_LAYERS),
 #        dispatch-points (static-small, static-points, cutover-points), cutover-mid; pipeline-probe (PROBE_PRESETS, PROBE_TOKENS, PROBE_MODES, PROBE_CLOCKS); tail-probe;
@@ -172,6 +173,18 @@ for s in "$@"; do
       for tool in memcheck racecheck "synccheck --num-cuda-barriers 512"; do
         step "verify-${tool%% *}" 300 env MOE_PROPERTY_EXAMPLES=${VERIFY_EXAMPLES:-20} compute-sanitizer --tool $tool --report-api-errors no --error-exitcode 9 python3 -m pytest -q -m gpu dispatcher/tests/test_properties.py
       done ;;
+    land-candidate)  # a kernel candidate in one device call (starts are scarce: in one stretch of
+                     # 2026-12-07 thirteen were refused): band-ab against $AB_DIRS at AB_TOKENS
+                     # (default 512 1024), and only when the geomean of this tree over the first
+                     # of them is <= GATE (default 0.995) the sanitizers, every GPU test and the
+                     # five-preset table. Wrap it in `timeout` and run `pack` after it
+      AB_TOKENS=${AB_TOKENS:-512 1024} bash "$0" band-ab
+      base=$(basename ${AB_DIRS%% *})
+      python3 tools/bench_table.py "$OUT/band-ab-new.json" --against "$OUT/band-ab-$base.json" \
+        --gate ${GATE:-0.995} > "$OUT/gate.log" 2>&1
+      rc=$?
+      echo "== gate rc=$rc"; tail -n 4 "$OUT/gate.log"
+      [ $rc = 0 ] && bash "$0" sanitize-generic sanitize-gated sanitize-static all-tests-par auto-all ;;
     serving)  # the soak runs (tools/soak.py) and the transformers experts bench (tools/hf_bench.py;
               # the GPU image has transformers 5.17, the lock 5.24: stage 5.24 with EXTRA_WHEELS if
               # its experts interface differs)
