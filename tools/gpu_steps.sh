@@ -173,10 +173,10 @@ for s in "$@"; do
       for tool in memcheck racecheck "synccheck --num-cuda-barriers 512"; do
         step "verify-${tool%% *}" 300 env MOE_PROPERTY_EXAMPLES=${VERIFY_EXAMPLES:-20} compute-sanitizer --tool $tool --report-api-errors no --error-exitcode 9 python3 -m pytest -q -m gpu dispatcher/tests/test_properties.py
       done ;;
-    land-candidate)  # a kernel candidate in one device call (starts are scarce: in one stretch of
-                     # 2026-12-07 thirteen were refused): band-ab against $AB_DIRS at AB_TOKENS
-                     # (default 512 1024), and only when the geomean of this tree over the first
-                     # of them is <= GATE (default 0.995) the sanitizers, every GPU test and the
+    land-candidate)  # a kernel candidate in one device call (a refused machine start costs
+                     # 90-180 s of device time): band-ab against $AB_DIRS at AB_TOKENS (default
+                     # 512 1024), and only when the geomean of this tree over the first of them
+                     # is <= GATE (default 0.995) the sanitizers, every GPU test and the
                      # five-preset table. Wrap it in `timeout` and run `pack` after it
       AB_TOKENS=${AB_TOKENS:-512 1024} bash "$0" band-ab
       base=$(basename ${AB_DIRS%% *})
