@@ -144,14 +144,15 @@ def main(argv=None) -> int:
     if args.gate is not None and not args.against:
         ap.error("--gate needs --against")
     new = load(args.json)
+    old = load(args.against) if args.against else None
     print(f"{new.get('gpu')}, commit {new.get('commit')}, seed {new.get('seed')}\n")
     print(tables(new))
-    if args.against:
-        print(against(new, load(args.against)) + "\n")
+    if old is not None:
+        print(against(new, old) + "\n")
     if args.bars:
         print(bars(new)[0])
     if args.gate is not None:
-        ratio = geomean_ratio(new, load(args.against))
+        ratio = geomean_ratio(new, old)
         passed = ratio is not None and ratio <= args.gate
         print(f"gate: geomean ratio {ratio if ratio is None else round(ratio, 4)} against "
               f"{args.gate}: {'pass' if passed else 'FAIL'}")
