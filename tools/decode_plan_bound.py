@@ -1,150 +1,115 @@
 """How few integer instructions an e2m1 fragment decode can take (development tool, CPU only).
 
-fragments.DECODE_PLAN turns one packed word (8 codes) into 4 bf16x2 registers in 9 integer
-instructions. A register is the OR of pieces; a piece is a window of the packed bits (a word
-as it is, a shift or rotation of one word, or a funnel shift across two) ANDed with a subset of
-FIELD_BITS (magnitude at bf16 bits 6..8, sign at 15, in both halves). Cost: one logic
-instruction per piece plus one per window that is not a plain word. Offline packing may place
-every code bit anywhere, so the question is only which windows can cover the packed bits
+fragments.DECODE_PLAN turns two packed words (16 codes) into 8 bf16x2 registers. A register is
+the OR of pieces; a piece is a window of the packed bits ANDed with a subset of FIELD_BITS
+(magnitude at bf16 bits 6..8, sign at 15, in both halves). Windows: a word as it is, a shift
+or rotation of one word, a funnel shift across two, or a byte permute (prmt) of both. Cost:
+one instruction per window that is not a plain word and one per piece. Offline packing may
+place every code bit anywhere, so the question is only which windows can cover the packed bits
 exactly once. Steps:
-1. One word: a window's field bits are FIELD_BITS translated mod 32; no 4 translates tile
-   Z_32, so some register takes two pieces. One such register makes 5 pieces in 5 windows
-   (the plain word free): >= 9, DECODE_PLAN's cost; two make 6 pieces in >= 5 windows (4 would
-   be a tiling): >= 10.
-2. Two words decoded together (funnel windows may take bits from both words): a window holds
-   at most 8 bits, so 64 bits need >= 8 windows, of which at most 2 (the plain words) are
-   free. Eight one-piece registers are 8 full windows (a); one two-piece register makes 9
-   pieces in 9 windows, 16 only with both plain words among them (b); two make 10 pieces in
-   >= 8 windows, 16 only as (a)'s windows split between registers; more make >= 17.
-3. (a) is a 2-fold tiling of Z_32 by 8 translates with each window's bits assigned to the two
-   words: 512 tilings, none assignable. (b): 7 full translates and a split register covering
-   Z_32 twice, none assignable. So with shifts, rotations and funnel shifts a joint plan takes
-   >= 17 per two words, 8.5 per word against 9. A byte permute (prmt) of both words as a
-   window reaches 16, 8 per word: benchmarks/candidates/pair-decode (its version of this tool
-   searches those windows too).
+1. One word: no 4 translates of FIELD_BITS tile Z_32, so some register takes two pieces. One
+   such register makes 5 pieces in 5 windows (the plain word free): >= 9, the one-word plan's
+   cost (4 shifts or rotations, 5 logic operations); two make 6 pieces in >= 5 windows: >= 10.
+2. Two words: a window holds at most 8 bits, so 64 bits need >= 8 windows, of which at most 2
+   (the plain words) are free. Eight one-piece registers are 8 full windows (a); one
+   two-piece register makes 9 pieces in 9 windows, 16 only with both plain words among them
+   (b); two make 10 pieces in >= 8 windows, 16 only as (a)'s windows split; more make >= 17.
+3. (a) has no cover, with prmt windows or without (full_window_plans), so 16 is the least.
+   With shifts and rotations alone (b) has no plan either, 17 being their least (8.5 per
+   word: this tool's search at a7cec80); with a prmt window it has two, mirror images of each
+   other. fragments.PAIR_PIECES is one: 8 instructions per word against the one-word plan's 9.
 
-    uv run python tools/decode_plan_bound.py     (about 20 s)
+    uv run python tools/decode_plan_bound.py     (seconds)
 """
 from __future__ import annotations
 
 import itertools
 import sys
-from collections import Counter
 
 from moe_common.fragments import FIELD_BITS
 
 F = FIELD_BITS
 
 
-def positions(shift: int, bits=F) -> list:
-    """Word positions a window shifted left by `shift` takes `bits` from (mod 32)."""
-    return [(b - shift) % 32 for b in bits]
+def shift_windows() -> dict:
+    """Cells (word x 32 + bit) each field bit comes from, per shift window ("shf", s, hi, lo):
+    the pair (hi:lo) shifted left by s, bits at or above s from hi, those below wrapping in from
+    lo (None where no field bit wraps: a plain shift)."""
+    wins = {}
+    for s, hi, lo in itertools.product(range(32), (0, 1), (0, 1)):
+        wraps = s and any(b < s for b in F)
+        cells = tuple((hi if b >= s else lo) * 32 + (b - s) % 32 for b in F)
+        wins.setdefault(cells, ("shf", s, hi, lo if wraps else None))
+    return wins
 
 
-def cells(shift: int, bits, hi: int, lo) -> list:
-    """(word, position) of each of `bits` for a funnel shift of (hi:lo) left by `shift`: bits
-    at or above the shift come from hi, the ones below it wrap in from lo."""
-    return [(hi if b >= shift else lo, (b - shift) % 32) for b in bits]
+def prmt_windows() -> dict:
+    """The same for prmt(w0, w1, sel): destination byte d takes source byte sel[d] (w0's bytes
+    0-3, w1's 4-7), each bit keeping its place in the byte."""
+    wins = {}
+    for sel in itertools.product(range(8), repeat=4):
+        cells = tuple(8 * sel[b // 8] + b % 8 for b in F)
+        if len(set(cells)) == len(F):
+            wins.setdefault(cells, ("prmt",) + sel)
+    return wins
 
 
-def window_choices(shift: int, bits) -> list:
-    """(hi, lo) word pairs a window can take (lo matters only where bits wrap)."""
-    wraps = shift and any(b < shift for b in bits)
-    return [(h, lo) for h in (0, 1) for lo in ((0, 1) if wraps else (None,))]
-
-
-def multisets(count: int, fold: int) -> list:
-    """Multisets of `count` shifts whose translates cover no position more than `fold` times."""
-    found = []
-
-    def rec(cover, chosen, start):
-        if len(chosen) == count:
-            found.append(tuple(chosen))
-            return
-        for s in range(start, 32):
-            ps = positions(s)
-            if all(cover[p] < fold for p in ps):
-                for p in ps:
-                    cover[p] += 1
-                rec(cover, chosen + [s], s)
-                for p in ps:
-                    cover[p] -= 1
-
-    rec([0] * 32, [], 0)
-    return found
-
-
-def assignable(windows: list, need_plain: bool) -> bool:
-    """Whether (shift, bits) windows can take their bits from two words, every (word,
-    position) exactly once; with need_plain, both words must appear as plain windows."""
-    def rec(i, used, plain):
-        if i == len(windows):
-            return not need_plain or plain == {0, 1}
-        shift, bits = windows[i]
-        for hi, lo in window_choices(shift, bits):
-            cs = cells(shift, bits, hi, lo)
-            if used.isdisjoint(cs):
-                if rec(i + 1, used | set(cs), plain | ({hi} if shift == 0 else set())):
-                    return True
-        return False
-    return rec(0, frozenset(), set())
+def window_set(prmt: bool) -> list:
+    wins = shift_windows()
+    if prmt:
+        for cells, name in prmt_windows().items():
+            wins.setdefault(cells, name)
+    return [(name, cells) for cells, name in wins.items()]
 
 
 def one_word_tilings() -> int:
-    return len(multisets(4, 1))
+    """Tilings of Z_32 by 4 translates of FIELD_BITS (one-piece registers of one word)."""
+    found = 0
 
-
-def full_window_plans() -> tuple:
-    """Step 3(a): the 2-fold tilings by 8 translates and how many can be assigned."""
-    tilings = multisets(8, 2)
-    return len(tilings), sum(assignable([(s, F) for s in m], False) for m in tilings)
-
-
-def splits(left: Counter, t1: int, t2: int) -> list:
-    """The pieces P (F - P the other) with P at t1 and F - P at t2 covering `left` exactly."""
-    found = []
-
-    def rec(i, piece):
-        if i == len(F):
-            if 0 < len(piece) < len(F) and not +left:
-                found.append(piece)
+    def rec(cover, count):
+        nonlocal found
+        if count == 4:
+            found += cover == (1 << 32) - 1
             return
-        for t, into in ((t1, True), (t2, False)):
-            p = (F[i] - t) % 32
-            if left[p] > 0:
-                left[p] -= 1
-                rec(i + 1, piece + [F[i]] if into else piece)
-                left[p] += 1
+        low = (~cover & -~cover).bit_length() - 1
+        for f in F:
+            m = sum(1 << ((b - (f - low)) % 32) for b in F)
+            if not m & cover:
+                rec(cover | m, count + 1)
 
-    rec(0, [])
+    rec(0, 0)
     return found
 
 
-def one_double_plans() -> tuple:
-    """Step 3(b): 7 one-piece windows and a register split into P at t1 and F - P at t2,
-    covering Z_32 twice, shift 0 among the 9 windows at least twice (the two plain words)."""
-    candidates = assigned = 0
-    for singles in multisets(7, 2):
-        left = Counter({p: 2 for p in range(32)})
-        left.subtract(p for s in singles for p in positions(s))
-        for t1, t2 in itertools.product(range(32), repeat=2):
-            if list(singles).count(0) + (t1 == 0) + (t2 == 0) < 2:
-                continue
-            for piece in splits(left, t1, t2):
-                candidates += 1
-                rest = [b for b in F if b not in piece]
-                wins = [(s, F) for s in singles] + [(t1, piece), (t2, rest)]
-                assigned += assignable(wins, True)
-    return candidates, assigned
+def full_window_plans(prmt: bool) -> int:
+    """Step 3(a): exact covers of both words' 64 bits by 8 full windows."""
+    wins = window_set(prmt)
+    sets = [frozenset(c) for _, c in wins]
+    by_cell = [[i for i, c in enumerate(sets) if x in c] for x in range(64)]
+
+    def rec(cover) -> int:
+        if len(cover) == 64:
+            return 1
+        x = next(i for i in range(64) if i not in cover)
+        return sum(rec(cover | sets[i]) for i in by_cell[x] if not sets[i] & cover)
+
+    return rec(frozenset())
+
+
+def plan_cost(plan) -> int:
+    """A DECODE_PLAN's instructions: a piece each, a window each that is not a plain word."""
+    windows = {(op, word, n) for pieces in plan for op, word, n, _ in pieces if op != "none"}
+    return sum(len(pieces) for pieces in plan) + len(windows)
 
 
 def main() -> int:
+    from moe_common.fragments import DECODE_PLAN
+
     print(f"1. one word: tilings of Z_32 by 4 translates: {one_word_tilings()}")
-    tilings, ok = full_window_plans()
-    print(f"3a. two words, 8 full windows: {tilings} 2-fold tilings, {ok} assignable")
-    candidates, ok = one_double_plans()
-    print(f"3b. two words, 7 one-piece registers + one of two pieces, both words plain: "
-          f"{candidates} covers, {ok} assignable")
+    for prmt in (False, True):
+        kind = "shifts, rotations and prmt" if prmt else "shifts and rotations"
+        print(f"3a. two words, {kind}: covers by 8 full windows: {full_window_plans(prmt)}")
+    print(f"fragments.DECODE_PLAN: {plan_cost(DECODE_PLAN)} instructions per two words")
     return 0
 
 

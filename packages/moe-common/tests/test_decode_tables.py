@@ -12,7 +12,7 @@ import torch
 
 from moe_common.cute import decode
 from moe_common.formats import e2m1_decode
-from moe_common.fragments import decode_word_reference
+from moe_common.fragments import decode_pair_reference
 
 M32 = 0xFFFFFFFF
 
@@ -92,10 +92,12 @@ def test_fragment_words_decode_to_the_code_times_2_pow_minus_126():
         row, kk = _fragment_index()
         assert torch.equal(unpack_word_codes(words), codes[row, kk])
         for lane in (0, 5, 31):
-            for slab in (0, 7):
-                wb = words[lane, slab].tolist()
-                w = wb[0] | (wb[1] << 8) | (wb[2] << 16) | (wb[3] << 24)
-                regs = decode_word_reference(w)  # what the device decoders run
+            for slab in (0, 3, 6, 7):
+                pair = []
+                for s in (slab - slab % 2, slab - slab % 2 + 1):
+                    wb = words[lane, s].tolist()
+                    pair.append(wb[0] | (wb[1] << 8) | (wb[2] << 16) | (wb[3] << 24))
+                regs = decode_pair_reference(*pair)[4 * (slab % 2):]  # as the device decodes
                 for j in range(8):
                     got = _bf16_value((regs[j // 2] >> (16 * (j % 2))) & 0xFFFF)
                     c = codes[row[lane, slab, j], kk[lane, slab, j]]
@@ -104,36 +106,42 @@ def test_fragment_words_decode_to_the_code_times_2_pow_minus_126():
 
 
 def test_wgmma_slab_ptx_runs_the_decode_plan():
-    """The decode PTX that wgmma_decode generates (shl / shf.l.wrap / and / lop3 lines), run on
-    Python ints, gives fragments.DECODE_PLAN's registers for any word."""
+    """The decode PTX that wgmma_decode generates (shl / shf.l.wrap / prmt / and / lop3 lines)
+    for each slab of a pair, run on Python ints, gives fragments.DECODE_PLAN's registers for
+    any pair of words."""
     import re
 
     from moe_common.cute.wgmma_decode import _slab_ptx
 
-    lines = [ln for ln in _slab_ptx(0, 0, "W", "SR", "SQ", 0) if not ln.startswith(("mov", "mul"))]
     m32 = 0xFFFFFFFF
     rng = random.Random(5)
-    for _ in range(500):
-        regs = {"W": rng.getrandbits(32)}
+    for slab in (0, 1):
+        lines = [ln for ln in _slab_ptx(0, slab, ("W0", "W1"), "SR", "SQ", 0)
+                 if not ln.startswith(("mov", "mul"))]
+        for _ in range(500):
+            regs = {"W0": rng.getrandbits(32), "W1": rng.getrandbits(32)}
 
-        def val(x):
-            return regs[x] if x in regs else int(x, 0)
+            def val(x):
+                return regs[x] if x in regs else int(x, 0)
 
-        for ln in lines:
-            op, args = ln.rstrip(";").split(None, 1)
-            a = [x.strip() for x in args.split(",")]
-            if op == "shl.b32":
-                regs[a[0]] = (val(a[1]) << int(a[2])) & m32
-            elif op == "shf.l.wrap.b32":
-                x, n = val(a[1]), int(a[3]) % 32
-                assert a[1] == a[2]
-                regs[a[0]] = ((x << n) | (x >> (32 - n))) & m32 if n else x
-            elif op == "and.b32":
-                regs[a[0]] = val(a[1]) & val(a[2])
-            elif op == "lop3.b32":
-                assert a[4] == "0xF8"
-                regs[a[0]] = val(a[1]) | (val(a[2]) & val(a[3]))
-            else:
-                raise AssertionError(f"unexpected PTX in the decode: {ln}")
-        got = [regs[f"v{i}0_0"] for i in range(4)]
-        assert got == decode_word_reference(regs["W"]), re.sub(r"\s+", " ", " ".join(lines))
+            for ln in lines:
+                op, args = ln.rstrip(";").split(None, 1)
+                a = [x.strip() for x in args.split(",")]
+                if op == "shl.b32":
+                    regs[a[0]] = (val(a[1]) << int(a[2])) & m32
+                elif op == "shf.l.wrap.b32":
+                    x, n = val(a[1]), int(a[3]) % 32
+                    assert a[1] == a[2]
+                    regs[a[0]] = ((x << n) | (x >> (32 - n))) & m32 if n else x
+                elif op == "prmt.b32":
+                    regs[a[0]] = prmt(val(a[1]), val(a[2]), val(a[3]))
+                elif op == "and.b32":
+                    regs[a[0]] = val(a[1]) & val(a[2])
+                elif op == "lop3.b32":
+                    assert a[4] == "0xF8"
+                    regs[a[0]] = val(a[1]) | (val(a[2]) & val(a[3]))
+                else:
+                    raise AssertionError(f"unexpected PTX in the decode: {ln}")
+            got = [regs[f"v{i}0_{slab}"] for i in range(4)]
+            want = decode_pair_reference(regs["W0"], regs["W1"])[4 * slab:4 * slab + 4]
+            assert got == want, re.sub(r"\s+", " ", " ".join(lines))

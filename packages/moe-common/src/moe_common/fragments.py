@@ -7,16 +7,17 @@ each of the 8 K-slabs s of 16 values, the 8 codes
     (r, 16s+2q), (r, 16s+2q+1), (r+8, 16s+2q), (r+8, 16s+2q+1),
     (r, 16s+8+2q), (r, 16s+9+2q), (r+8, 16s+8+2q), (r+8, 16s+9+2q)
 
-which is the PTX A fragment {a0..a7}. We store them as one 32-bit word per slab, 8 words = 32
-contiguous bytes per lane, 1 KiB per tile, so a warp reads a tile with two fully coalesced
+which is the PTX A fragment {a0..a7}. We store a slab's 32 code bits in one 32-bit word, 8 words
+= 32 contiguous bytes per lane, 1 KiB per tile, so a warp reads a tile with two fully coalesced
 16-byte loads per lane.
 
-Inside a word the 32 code bits are placed (WORD_BIT_POSITION) so that a rotation and a mask put
-code 2i and 2i + 1 straight into the bf16 halves of A register i: the 3 magnitude bits
-(m, e0, e1) at bf16 bits 6..8 and the sign at bit 15, i.e. the bf16 pattern of the e2m1 value
-times 2^-126 (e = 0 is the subnormal 0.5 * 2^-126, exactly). REGISTER_PIECES says how; the
-device decode (moe_common.cute.decode, wgmma_decode) and the tests follow DECODE_PLAN, derived
-from it: 9 integer instructions per 8 codes.
+The 64 code bits of a lane's slabs 2j and 2j + 1 (words 2j, 2j + 1) are placed
+(PAIR_BIT_POSITION) so that a window of the two words (a shift, a rotation or a byte permute)
+and a mask put codes 2i and 2i + 1 of a slab straight into the bf16 halves of A register i:
+the 3 magnitude bits (m, e0, e1) at bf16 bits 6..8 and the sign at bit 15, i.e. the bf16
+pattern of the e2m1 value times 2^-126 (e = 0 is the subnormal 0.5 * 2^-126, exactly).
+PAIR_PIECES says how; the device decode (moe_common.cute.decode, wgmma_decode) and the tests
+follow DECODE_PLAN, derived from it: 16 integer instructions per 16 codes.
 
 Block scales follow the same tiling: per tile, [16 rows][128 / block] bytes (NVFP4: 8 per row,
 MXFP4: 4 per row); lane l reads row r's and row r+8's bytes. The kernels hold them as bf16
@@ -44,19 +45,24 @@ assert BLOCK_GROUPS == 1 << BLOCK_SHIFT
 
 # The bf16x2 bits a decoded register fills: magnitude at 6..8 and sign at 15, in both halves.
 FIELD_BITS = (6, 7, 8, 15, 22, 23, 24, 31)
-# A register i (codes 2i, 2i + 1) = OR over its pieces of (word rotated left by `rotation`) &
-# (the piece's bits). Four single-piece registers cannot tile the word's 32 bits (an exhaustive
-# search over rotations found none), so one register takes two pieces: 4 shifts or rotations
-# and 5 logic operations per word, where the earlier plain-shift layout took 5 and 6 (its best,
-# by a search over shift pairs). Among the 9-operation layouts this one has the fewest
-# rotations that cross bit 31 (those need a funnel shift; a plain left shift can run as IMAD).
-# Two words decoded together cannot go below 17 per two words with shifts alone
-# (tools/decode_plan_bound.py); with a byte permute, 16 (benchmarks/candidates/pair-decode).
-REGISTER_PIECES = (
-    ((FIELD_BITS, 0),),
-    ((FIELD_BITS, 4),),
-    ((FIELD_BITS, 10),),
-    (((6, 22), 6), ((7, 8, 15, 23, 24, 31), 14)),
+# Two words (slabs 2j and 2j + 1 of a lane) decode together into their 8 registers. Register k
+# (slab 2j + k // 4, A register k % 4: codes 2 (k % 4) and + 1) = OR over its pieces of a
+# window of the two words & (the piece's bits). A window is a word ("none"), one shifted left
+# ("shl": no bit it keeps crosses bit 31, so it can run as IMAD), one rotated left ("rotl", a
+# funnel shift) or a byte permute of both ("prmt", selector over w0's bytes 0-3 and w1's 4-7).
+# Cost: an instruction per window that is not a plain word and one per piece. No 8 one-piece
+# registers cover the 64 bits, so one register takes two pieces, and 16 is the least
+# (tools/decode_plan_bound.py); the two plans of 16 mirror each other. The one-word plan this
+# replaces took 9 per word (4 shifts or rotations, 5 logic operations).
+PAIR_PIECES = (
+    ((FIELD_BITS, ("shl", 0, 6)),),
+    ((FIELD_BITS, ("rotl", 0, 12)),),
+    ((FIELD_BITS, ("shl", 0, 2)),),
+    ((FIELD_BITS, ("prmt", 0, 0x6341)),),
+    ((FIELD_BITS, ("rotl", 1, 14)),),
+    ((FIELD_BITS, ("shl", 1, 4)),),
+    ((FIELD_BITS, ("rotl", 1, 10)),),
+    (((7, 8, 23, 24), ("none", 0, 0)), ((6, 15, 22, 31), ("none", 1, 0))),
 )
 
 
@@ -64,46 +70,65 @@ def _mask(bits) -> int:
     return sum(1 << b for b in bits)
 
 
-def _shift_op(bits, rotation: int) -> str:
-    """How a piece's rotation is done: none, a plain left shift (no bit it keeps crosses bit
-    31) or a funnel-shift rotation."""
-    if rotation == 0:
-        return "none"
-    return "shl" if min(bits) >= rotation else "rotl"
+def window_source(window, bit: int) -> tuple:
+    """(word 0 or 1, bit) of the pair that `window` moves to bit `bit`."""
+    op, word, n = window
+    if op == "prmt":
+        src = (n >> (4 * (bit // 8))) & 0xF
+        assert src < 8, window  # no sign-replicate selectors
+        return src // 4, 8 * (src % 4) + bit % 8
+    if op == "shl":
+        assert bit >= n, window
+    return word, (bit - n) % 32 if op in ("shl", "rotl") else bit
 
 
-# Per register, its pieces as (op, amount, mask): what every decoder executes.
-DECODE_PLAN = tuple(tuple((_shift_op(bits, rot), rot, _mask(bits)) for bits, rot in pieces)
-                    for pieces in REGISTER_PIECES)
+# Per register, its pieces as (op, word, amount, mask): what every decoder executes.
+DECODE_PLAN = tuple(tuple((*window, _mask(bits)) for bits, window in pieces)
+                    for pieces in PAIR_PIECES)
 
 
-def word_bit_position(code: int, bit: int) -> int:
-    """Bit of the packed word holding bit `bit` (0 = m, 1 = e0, 2 = e1, 3 = sign) of code
-    `code` (0..7, the A-fragment order a0..a7)."""
+def pair_bit_position(slab: int, code: int, bit: int) -> tuple:
+    """(word 0 or 1 of the pair, bit) holding bit `bit` (0 = m, 1 = e0, 2 = e1, 3 = sign) of
+    code `code` (0..7, the A-fragment order a0..a7) of the pair's slab `slab` (0 or 1)."""
     reg, half = divmod(code, 2)
     target = (6 + bit if bit < 3 else 15) + 16 * half
-    for bits, rotation in REGISTER_PIECES[reg]:
+    for bits, window in PAIR_PIECES[4 * slab + reg]:
         if target in bits:
-            return (target - rotation) % 32
-    raise AssertionError(f"register {reg} has no piece for bit {target}")
+            return window_source(window, target)
+    raise AssertionError(f"register {reg} of slab {slab} has no piece for bit {target}")
 
 
-WORD_BIT_POSITION = [[word_bit_position(c, b) for b in range(4)] for c in range(8)]
-assert sorted(p for row in WORD_BIT_POSITION for p in row) == list(range(32))
-for _pieces in REGISTER_PIECES:
+PAIR_BIT_POSITION = [[[pair_bit_position(s, c, b) for b in range(4)] for c in range(8)]
+                     for s in range(2)]
+assert sorted(p for slab in PAIR_BIT_POSITION for row in slab for p in row) == [
+    (w, i) for w in range(2) for i in range(32)]
+for _pieces in PAIR_PIECES:
     assert sorted(b for bits, _ in _pieces for b in bits) == list(FIELD_BITS)
 
 
-def decode_word_reference(w: int) -> list:
-    """DECODE_PLAN on a Python int (the 4 bf16x2 register patterns of a fragment word), as the
-    kernels run it: the tests check it against the e2m1 values."""
-    w &= 0xFFFFFFFF
+def _window_value(window, w0: int, w1: int) -> int:
+    op, word, n = window
+    if op == "prmt":
+        both = w0 | w1 << 32
+        return sum(((both >> (8 * ((n >> (4 * d)) & 0xF))) & 0xFF) << (8 * d) for d in range(4))
+    w = (w0, w1)[word]
+    if op == "shl":
+        return (w << n) & 0xFFFFFFFF
+    if op == "rotl":
+        return (w << n | w >> (32 - n)) & 0xFFFFFFFF
+    return w
+
+
+def decode_pair_reference(w0: int, w1: int) -> list:
+    """DECODE_PLAN on Python ints (the 8 bf16x2 register patterns of a pair of fragment words:
+    slab 2j's A registers 0-3, then slab 2j + 1's), as the kernels run it: the tests check it
+    against the e2m1 values."""
+    w0, w1 = w0 & 0xFFFFFFFF, w1 & 0xFFFFFFFF
     regs = []
     for pieces in DECODE_PLAN:
         r = 0
-        for op, n, mask in pieces:
-            x = w if op == "none" else (w << n | w >> (32 - n)) & 0xFFFFFFFF
-            r |= x & mask
+        for op, word, n, mask in pieces:
+            r |= _window_value((op, word, n), w0, w1) & mask
         regs.append(r)
     return regs
 
@@ -147,10 +172,14 @@ def repack_codes(packed: torch.Tensor, row_multiple: int = TILE_ROWS,
         codes = _pad_to(_pad_to(codes, 0, row_multiple), 1, TILE_K)
         tiles = codes.view(nt, TILE_ROWS, kt, TILE_K).permute(0, 2, 1, 3)
         frag = tiles[:, :, row, kk].to(torch.int32)  # [Nt, Kt, 32 lanes, 8 slabs, 8 codes]
-        word = torch.zeros(frag.shape[:-1], dtype=torch.int32, device=frag.device)
-        for c in range(8):
-            for b in range(4):
-                word |= ((frag[..., c] >> b) & 1) << WORD_BIT_POSITION[c][b]
+        pairs = frag.unflatten(-2, (4, 2))  # [.., 4 slab pairs, 2 slabs, 8 codes]
+        word = torch.zeros(pairs.shape[:-1], dtype=torch.int32, device=frag.device)
+        for s in range(2):
+            for c in range(8):
+                for b in range(4):
+                    w, at = PAIR_BIT_POSITION[s][c][b]
+                    word[..., w] |= ((pairs[..., s, c] >> b) & 1) << at
+        word = word.flatten(-2)  # [.., 8 words]: slab pair j's in words 2j, 2j + 1
         # little-endian bytes of each 32-bit word
         blob[i] = torch.stack([(word >> (8 * j)) & 0xFF for j in range(4)],
                               dim=-1).to(torch.uint8).reshape(blob.shape[1:])
@@ -159,10 +188,14 @@ def repack_codes(packed: torch.Tensor, row_multiple: int = TILE_ROWS,
 
 
 def unpack_word_codes(words: torch.Tensor) -> torch.Tensor:
-    """[..., 4] word bytes -> [..., 8] codes in A-fragment order (the inverse of the placement)."""
+    """[..., 8 slabs, 4] word bytes (a lane's 32 bytes) -> [..., 8 slabs, 8 codes] in A-fragment
+    order (the inverse of the placement: slab pair j's codes in words 2j and 2j + 1)."""
     w = sum(words[..., i].to(torch.int64) << (8 * i) for i in range(4))
-    codes = [sum(((w >> WORD_BIT_POSITION[c][b]) & 1) << b for b in range(4)) for c in range(8)]
-    return torch.stack(codes, dim=-1).to(torch.uint8)
+    w = w.unflatten(-1, (4, 2))  # [.., 4 pairs, 2 words]
+    codes = [[sum(((w[..., PAIR_BIT_POSITION[s][c][b][0]] >> PAIR_BIT_POSITION[s][c][b][1]) & 1)
+                  << b for b in range(4)) for c in range(8)] for s in range(2)]
+    out = torch.stack([torch.stack(codes[s], dim=-1) for s in range(2)], dim=-2)
+    return out.flatten(-3, -2).to(torch.uint8)
 
 
 def repack_scales(scales: torch.Tensor, block: int, row_multiple: int = TILE_ROWS) -> torch.Tensor:

@@ -24,7 +24,7 @@ warp w owns gpw weight groups (16 rows each) of the row tile. Per 128-deep K-til
 warpgroup issues, per k16 slab, gpw wgmma m64nNk16 with A (the weights, decoded e2m1 -> bf16 and
 scaled in registers) from registers and B (the tokens) from shared memory; N is the tile's token
 count rounded up to one of WIDTHS (FC2 without FC1_ONLY_WIDTHS; past wgmma's 256, a second
-wgmma per slab for the rest, on the same A registers). The decode (9 integer instructions and 4
+wgmma per slab for the rest, on the same A registers). The decode (8 integer instructions and 4
 bf16x2 multiplies per 8 weights) is paid once per weight tile and token tile, so the wider the
 token tile, the less decode per FLOP: GEOMETRIES has the two tile shapes, 128 rows x 288
 tokens ("wide") and 256 x 128 ("tall").

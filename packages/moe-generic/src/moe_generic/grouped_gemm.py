@@ -19,7 +19,7 @@ A 4-stage cp.async ring holds, per 128-deep K-tile:
   - each warp's weight tiles: 1 KiB of fragment-ordered codes per 16-row group (a lane's 32 B
     are exactly its A fragments for the 8 k16 slabs) and the group's bf16 block scales.
 Per K-tile each lane reads its codes and scales from shared memory, decodes e2m1 -> bf16 in
-registers (decode_fragment_word: shifts and masks), multiplies by the block scale (bf16x2, exact),
+registers (decode_fragment_slab: shifts, rotations, a prmt and masks), multiplies by the block scale (bf16x2, exact),
 and feeds the tensor cores: mma.sync.m16n8k16 with B fragments by ldmatrix from padded
 [bn][128 + 8] rows.
 With GemmConfig.producer_warps (compile_cache.config: the 32- and 48-token tiles) extra warps
@@ -491,19 +491,21 @@ class GroupedGemm:
                            (acc, ops, ring, lane, b_lane, a_warp_off, e, cols,
                             p0, p1, group0, r, q))
             if cutlass.const_expr(self.publishes):
-                self._publish(ops, tile, warp, lane)
+                self._publish(ops, tile)
 
     @cute.jit
-    def _publish(self, ops, tile, warp, lane):
+    def _publish(self, ops, tile):
         """Overlap, FC1, the MMA warps after their epilogue: each thread orders its intermediate
         stores before async-proxy reads (FC2's bulk copies), the MMA warps meet at a named
         barrier (the producer warp stores nothing), and thread 0 adds 1 to the tile's count with
-        release semantics at GPU scope (its fence waits for the CTA's stores to be visible)."""
+        release semantics at GPU scope (its fence waits for the CTA's stores to be visible).
+        Thread 0 is found from the thread index read here: a test carried from the kernel's start
+        held a register over the K loop (spilled once the decode took 2 more there)."""
         ptx.fence_proxy_async_global()
         ptx.named_barrier(1, self.cfg.warps * 32)
-        if warp == 0:
-            if lane == 0:
-                ptx.count_add_release_gpu(ops.tile_done + Int64(tile) * 4)
+        tidx, _, _ = cute.arch.thread_idx()
+        if tidx == 0:
+            ptx.count_add_release_gpu(ops.tile_done + Int64(tile) * 4)
 
     @cute.jit
     def _column_pairs(self, ops, lane, p0, p1):

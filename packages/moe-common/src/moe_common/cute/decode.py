@@ -1,12 +1,13 @@
 """Register-level e2m1 -> bf16 decode and block-scale helpers (device side, exact).
 
-Kernel weights (moe_common.fragments): one 32-bit word per lane and k16 slab holds the 8 codes
-of an mma A fragment with its bits placed so that `decode_fragment_word` is a rotation and a
-mask per register (fragments.DECODE_PLAN: 4 shifts or rotations and 5 logic operations for 8
-codes; the byte-table decode below takes 14). Register i gets the bf16 patterns of code 2i,
-2i + 1 times 2^-126 (magnitude at bits 6..8, sign at 15: e = 0 lands in bf16's subnormals
-exactly); the kernels' bf16 block scales carry 2^62, so one bf16x2 multiply gives code x scale x
-2^-64, exact (fragments.py).
+Kernel weights (moe_common.fragments): a lane's 32 bytes hold one 32-bit word per k16 slab, the
+8 codes of an mma A fragment, and the 64 bits of slabs 2j and 2j + 1 are placed so that
+`decode_fragment_slab` is a window and a mask per register (fragments.DECODE_PLAN: 7 shifts,
+rotations or byte permutes and 9 logic operations for 16 codes; the byte-table decode below
+takes 14 for 8). Register i of a slab gets the bf16 patterns of code 2i, 2i + 1 times 2^-126
+(magnitude at bits 6..8, sign at 15: e = 0 lands in bf16's subnormals exactly); the kernels'
+bf16 block scales carry 2^62, so one bf16x2 multiply gives code x scale x 2^-64, exact
+(fragments.py).
 
 Canonical layout (the dequantizer): one 32-bit word holds 8 e2m1 codes, code j in bits
 [4j, 4j+4). `decode_e2m1x8` turns it into
@@ -38,18 +39,29 @@ def _s32(v: int) -> int:
     return v - (1 << 32) if v >= 1 << 31 else v
 
 
-def decode_fragment_word(w):
-    """A fragment word (fragments.WORD_BIT_POSITION) -> 4 bf16x2 registers of code x 2^-126,
-    by fragments.DECODE_PLAN: per piece a plain shift or a funnel-shift rotation, then one AND
-    (one piece) or an AND and an AND-OR (two pieces)."""
-    w = Int32(w)
+def _window(op: str, word: int, n: int, w0, w1):
+    """A DECODE_PLAN window of the pair (fragments.window_source)."""
+    if op == "prmt":
+        return ptx.prmt_const(w0, w1, n)
+    w = (w0, w1)[word]
+    if op == "shl":
+        return w << n
+    return ptx.rotl(w, n) if op == "rotl" else w
+
+
+def decode_fragment_slab(w0, w1, slab: int):
+    """Fragment words 2j and 2j + 1 (fragments.PAIR_BIT_POSITION) -> the 4 bf16x2 registers of
+    code x 2^-126 of slab 2j + `slab` (0 or 1), by its registers of fragments.DECODE_PLAN: per
+    piece its window (a word, a plain shift, a funnel-shift rotation or a prmt of both words),
+    then one AND (one piece) or an AND and an AND-OR (two pieces). Each slab's registers are
+    its own instructions (8 per slab), so a slab decodes where it is used."""
+    w0, w1 = Int32(w0), Int32(w1)
     regs = []
-    for pieces in DECODE_PLAN:
-        moved = [w if op == "none" else (w << n if op == "shl" else ptx.rotl(w, n))
-                 for op, n, _ in pieces]
-        r = moved[0] & Int32(_s32(pieces[0][2]))
-        for x, (_, _, mask) in zip(moved[1:], pieces[1:]):
-            r = ptx.or_and(r, x, Int32(_s32(mask)))
+    for pieces in DECODE_PLAN[4 * slab:4 * slab + 4]:
+        moved = [_window(op, word, n, w0, w1) for op, word, n, _ in pieces]
+        r = moved[0] & Int32(_s32(pieces[0][3]))
+        for x, piece in zip(moved[1:], pieces[1:]):
+            r = ptx.or_and(r, x, Int32(_s32(piece[3])))
         regs.append(r)
     return tuple(regs)
 

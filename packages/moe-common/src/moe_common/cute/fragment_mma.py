@@ -15,7 +15,7 @@ from cutlass import Int64
 
 from ..fragments import BLOCK_GROUPS, TILE_K
 from . import ptx
-from .decode import decode_fragment_word
+from .decode import decode_fragment_slab
 
 B_ROW_BYTES = (TILE_K + 8) * 2  # 272
 
@@ -50,9 +50,12 @@ def load_group_words(ga, lane, weight_format: str):
 
 
 def a_fragment(words, s: int, weight_format: str):
-    """Slab s's A fragment: decode its 8 codes and apply the block scales of rows r and r + 8
-    (code x 2^-126 times scale x 2^62: the A values carry 2^-64, the epilogue's alpha 2^64)."""
-    v = decode_fragment_word(words[s])
+    """Slab s's A fragment: decode its 8 codes (their bits lie in the words of slabs s - s % 2
+    and s - s % 2 + 1: fragments.PAIR_BIT_POSITION) and apply the block scales of rows r and
+    r + 8 (code x 2^-126 times scale x 2^62: the A values carry 2^-64, the epilogue's alpha
+    2^64)."""
+    j = s - s % 2
+    v = decode_fragment_slab(words[j], words[j + 1], s % 2)
     sc = words[8:]
     if weight_format == "nvfp4":
         # 4 words per row: slab s is half s % 2 of word s // 2

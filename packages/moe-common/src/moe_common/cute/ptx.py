@@ -50,6 +50,14 @@ def prmt(a, b, sel, *, loc=None, ip=None) -> Int32:
 
 
 @dsl_user_op
+def prmt_const(a, b, sel: int, *, loc=None, ip=None) -> Int32:
+    """prmt with a constant selector, written into the instruction (PRMT's immediate form, no
+    register held for it)."""
+    return Int32(_asm(T.i32(), [_i32(a, loc, ip), _i32(b, loc, ip)],
+                      f"prmt.b32 $0, $1, $2, {int(sel):#x};", "=r,r,r"))
+
+
+@dsl_user_op
 def rotl(a, n: int, *, loc=None, ip=None) -> Int32:
     """a rotated left by the constant n (a funnel shift of a with itself: one SHF)."""
     return Int32(_asm(T.i32(), [_i32(a, loc, ip)], f"shf.l.wrap.b32 $0, $1, $1, {int(n)};",

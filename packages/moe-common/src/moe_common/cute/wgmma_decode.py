@@ -2,8 +2,8 @@
 
 The register-A warpgroup MMA reads its A fragment asynchronously, so decoding slab s + 1 can
 overlap the tensor core's work on slab s, but only if nothing outside the asm can reuse the
-fragment registers while a wgmma is in flight. Keeping the e2m1 decode (the same rotations
-and masks as `decode.decode_fragment_word`), the block-scale multiply, the wgmmas and the final
+fragment registers while a wgmma is in flight. Keeping the e2m1 decode (the same windows and
+masks as `decode.decode_fragment_slab`), the block-scale multiply, the wgmmas and the final
 wait in one asm statement gives every slab its own PTX registers and leaves the scheduling to
 ptxas, which tracks wgmma register lifetimes itself.
 
@@ -20,29 +20,42 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 from ..fragments import DECODE_PLAN
 from .ptx import bcast_half_ptx
 
-_SLAB_REGS = ["t1", "t2", "t3", "v0", "v1", "v2", "v3", "sr", "sq"]
+_SLAB_REGS = ["m0", "m1", "m2", "m3", "t", "v0", "v1", "v2", "v3", "sr", "sq"]
 _SLAB_HALVES = ["hr", "xr", "hq", "xq"]  # b16: the scale words' halves
 
 
-def _slab_ptx(g: int, s: int, code: str, s_r: str, s_r8: str, half: int) -> list:
-    """PTX decoding slab s of group g into registers a{g}_{s}_{0..3} (decode.decode_fragment_word),
+def _window_ptx(dst: str, op: str, word: int, n: int, codes) -> list:
+    """PTX for a DECODE_PLAN window of a pair's code words (w0, w1) into dst (none: no line)."""
+    if op == "prmt":
+        return [f"prmt.b32 {dst}, {codes[0]}, {codes[1]}, {n:#x};"]
+    w = codes[word]
+    if op == "shl":
+        return [f"shl.b32 {dst}, {w}, {n};"]
+    return [f"shf.l.wrap.b32 {dst}, {w}, {w}, {n};"] if op == "rotl" else []
+
+
+def _slab_ptx(g: int, s: int, codes, s_r: str, s_r8: str, half: int) -> list:
+    """PTX decoding slab s of group g into registers a{g}_{s}_{0..3}
+    (decode.decode_fragment_slab: codes are the words of slabs s - s % 2 and s - s % 2 + 1),
     times the block scales in half `half` of the scale words s_r (row r) and s_r8 (row r + 8)."""
     t = f"{g}_{s}"
-    lines = []
-    for i, pieces in enumerate(DECODE_PLAN):  # fragments.DECODE_PLAN, as decode_fragment_word
+    lines, m = [], 0
+    # fragments.DECODE_PLAN, as decode_fragment_slab
+    for i, pieces in enumerate(DECODE_PLAN[4 * (s % 2):4 * (s % 2) + 4]):
         moved = []
-        for j, (op, n, _) in enumerate(pieces):
+        for op, word, n, _ in pieces:
             if op == "none":
-                moved.append(code)
+                moved.append(codes[word])
                 continue
-            lines.append(f"shl.b32 t{j + 1}{t}, {code}, {n};" if op == "shl" else
-                         f"shf.l.wrap.b32 t{j + 1}{t}, {code}, {code}, {n};")
-            moved.append(f"t{j + 1}{t}")
+            lines += _window_ptx(f"m{m}{t}", op, word, n, codes)
+            moved.append(f"m{m}{t}")
+            m += 1
         if len(pieces) == 1:
-            lines.append(f"and.b32 v{i}{t}, {moved[0]}, {pieces[0][2]:#x};")
+            lines.append(f"and.b32 v{i}{t}, {moved[0]}, {pieces[0][3]:#x};")
         else:
-            lines += [f"and.b32 t3{t}, {moved[0]}, {pieces[0][2]:#x};",
-                      f"lop3.b32 v{i}{t}, t3{t}, {moved[1]}, {pieces[1][2]:#x}, 0xF8;"]
+            lines += [f"and.b32 t{t}, {moved[0]}, {pieces[0][3]:#x};",
+                      f"lop3.b32 v{i}{t}, t{t}, {moved[1]}, {pieces[1][3]:#x}, 0xF8;"]
+    assert m <= 4
     return lines + [
         # the scale broadcasts, folded by ptxas into the multiplies' operand swizzle
         *bcast_half_ptx(f"sr{t}", s_r, f"hr{t}", f"xr{t}", half),
@@ -133,13 +146,14 @@ def wgmma_decode_k128(accs, codes, scales, weight_format: str, b_smem, n: int, p
     for s in slabs:
         for g in range(G):
             w0 = base + g * per_g
-            code = f"${w0 + s}"
+            pair = w0 + s - s % 2
+            codes_ = (f"${pair}", f"${pair + 1}")  # the words of slabs s - s % 2 and + 1
             if weight_format == "nvfp4":
                 wi, half = s // 2, s % 2
             else:
                 wi, half = s // 4, (s // 2) % 2
             s_r, s_r8 = f"${w0 + 8 + wi}", f"${w0 + 8 + nsw + wi}"
-            lines += _slab_ptx(g, s, code, s_r, s_r8, half)
+            lines += _slab_ptx(g, s, codes_, s_r, s_r8, half)
         # slab s: K-chunks 2s, 2s + 1 (in halves: chunks 2 (s % 4), + 1 of half s // 4; the
         # swizzled LBO of 16 bytes makes that 32 bytes along the row)
         ks, hoff = (s % 4, (s // 4) * (b_half >> 4)) if b_half is not None else (s, 0)
