@@ -117,9 +117,10 @@ def mode_arg(mode: str) -> str:
     raise argparse.ArgumentTypeError(f"mode {mode!r}; allowed: {ALLOWED}")
 
 
-def _raw_codes_slab(g: int, s: int, code: str, s_r: str, s_r8: str, half: int) -> list:
-    """wgmma_decode._slab_ptx without the decode (nodecode): A registers = the raw code word."""
-    return [f"mov.b32 a{g}_{s}{j}, {code};" for j in range(4)]
+def _raw_codes_slab(g: int, s: int, codes, s_r: str, s_r8: str, half: int) -> list:
+    """wgmma_decode._slab_ptx without the decode (nodecode): A registers = the raw code word
+    of the slab (codes: the words of its slab pair)."""
+    return [f"mov.b32 a{g}_{s}{j}, {codes[s % 2]};" for j in range(4)]
 
 
 _WGMMA = re.compile(r"^wgmma\.mma_async\S* \{(\$\d+)[^}]*\}, \{([^}]*)\}, .*;$")
