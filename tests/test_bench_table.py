@@ -32,9 +32,19 @@ def test_table_cells_are_the_times_and_the_kernels_that_ran():
 def test_benchmarks_md_tables_are_their_json():
     # the two current-results tables, line for line
     doc = (BENCH.parent / "BENCHMARKS.md").read_text()
-    for name in ("2026-12-06-h100-0e50077-auto-all.json",
+    for name in ("2026-12-07-h100-8c84a7a-auto-all.json",
                  "2026-12-06-h200-4f28178-auto-all.json"):
         assert bench_table.tables(_load(name)) in doc, name
+
+
+def test_the_landing_gate_of_8c84a7a(capsys):
+    # BENCHMARKS.md: the decode over pairs of words against a7cec80, same run on an H100
+    new, old = (str(BENCH / f"2026-12-07-h100-8c84a7a-pair-decode-ab-{c}.json")
+                for c in ("8c84a7a", "a7cec80"))
+    assert bench_table.main([new, "--against", old, "--gate", "0.995"]) == 0
+    out = capsys.readouterr().out
+    assert "geomean -0.53% over 10 points" in out
+    assert "gate: geomean ratio 0.9947 against 0.995: pass" in out
 
 
 def test_forced_kernels_get_a_table_each():

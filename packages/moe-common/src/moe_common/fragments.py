@@ -53,7 +53,8 @@ FIELD_BITS = (6, 7, 8, 15, 22, 23, 24, 31)
 # Cost: an instruction per window that is not a plain word and one per piece. No 8 one-piece
 # registers cover the 64 bits, so one register takes two pieces, and 16 is the least
 # (tools/decode_plan_bound.py); the two plans of 16 mirror each other. The one-word plan this
-# replaces took 9 per word (4 shifts or rotations, 5 logic operations).
+# replaces took 9 per word (4 shifts or rotations, 5 logic operations); against it, 16 fewer SASS
+# per K-tile and -0.53% geomean at T = 512 and 1024 (8c84a7a, same run on an H100: BENCHMARKS.md).
 PAIR_PIECES = (
     ((FIELD_BITS, ("shl", 0, 6)),),
     ((FIELD_BITS, ("rotl", 0, 12)),),
