@@ -74,34 +74,35 @@ def tables(result: dict) -> str:
     return "\n".join(out)
 
 
-def _shared(new: dict, old: dict) -> tuple:
+def _ratios(new: dict, old: dict) -> dict:
+    """Each shared point's (NEW's time over OLD's, OLD's point, NEW's point), in NEW's order."""
     a, b = points(old), points(new)
-    return a, b, [k for k in b if k in a]
+    return {k: (b[k]["time_us"] / a[k]["time_us"], a[k], b[k]) for k in b if k in a}
+
+
+def _geomean(xs: list) -> float:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
 
 def geomean_ratio(new: dict, old: dict):
     """The geomean over shared points of NEW's time over OLD's; None when none is shared."""
-    a, b, shared = _shared(new, old)
-    if not shared:
-        return None
-    return math.exp(sum(math.log(b[k]["time_us"] / a[k]["time_us"]) for k in shared)
-                    / len(shared))
+    ratios = _ratios(new, old)
+    return _geomean([x for x, _, _ in ratios.values()]) if ratios else None
 
 
 def against(new: dict, old: dict) -> str:
     """Each shared point's change, the geomean, and each kernel's range (by the kernel that ran
     in the new run)."""
-    a, b, shared = _shared(new, old)
-    if not shared:
+    ratios = _ratios(new, old)
+    if not ratios:
         return "no point in common"
     lines, per_kernel = [], defaultdict(list)
-    for key in shared:
-        x = b[key]["time_us"] / a[key]["time_us"]
-        per_kernel[b[key].get("runs")].append((x, key))
-        lines.append(f"{key[0]:<16} {key[1]:>6} {key[2]:<24} {a[key]['time_us']:>9.1f} -> "
-                     f"{b[key]['time_us']:>9.1f} {100 * (x - 1):+6.1f}%")
-    lines.append(f"geomean {100 * (geomean_ratio(new, old) - 1):+.2f}% over "
-                 f"{len(shared)} points")
+    for key, (x, p_old, p_new) in ratios.items():
+        per_kernel[p_new.get("runs")].append((x, key))
+        lines.append(f"{key[0]:<16} {key[1]:>6} {key[2]:<24} {p_old['time_us']:>9.1f} -> "
+                     f"{p_new['time_us']:>9.1f} {100 * (x - 1):+6.1f}%")
+    geomean = _geomean([x for x, _, _ in ratios.values()])
+    lines.append(f"geomean {100 * (geomean - 1):+.2f}% over {len(ratios)} points")
     for kernel, xs in per_kernel.items():
         lo, hi = min(xs), max(xs)
         lines.append(f"{kernel}: {len(xs)} points, {100 * (lo[0] - 1):+.1f}% ({lo[1][0]} "

@@ -193,8 +193,9 @@ def unpack_word_codes(words: torch.Tensor) -> torch.Tensor:
     order (the inverse of the placement: slab pair j's codes in words 2j and 2j + 1)."""
     w = sum(words[..., i].to(torch.int64) << (8 * i) for i in range(4))
     w = w.unflatten(-1, (4, 2))  # [.., 4 pairs, 2 words]
-    codes = [[sum(((w[..., PAIR_BIT_POSITION[s][c][b][0]] >> PAIR_BIT_POSITION[s][c][b][1]) & 1)
-                  << b for b in range(4)) for c in range(8)] for s in range(2)]
+    codes = [[sum(((w[..., word] >> at) & 1) << b
+                  for b, (word, at) in enumerate(PAIR_BIT_POSITION[s][c])) for c in range(8)]
+             for s in range(2)]
     out = torch.stack([torch.stack(codes[s], dim=-1) for s in range(2)], dim=-2)
     return out.flatten(-3, -2).to(torch.uint8)
 
