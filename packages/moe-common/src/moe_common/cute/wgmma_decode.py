@@ -25,13 +25,15 @@ _SLAB_HALVES = ["hr", "xr", "hq", "xq"]  # b16: the scale words' halves
 
 
 def _window_ptx(dst: str, op: str, word: int, n: int, codes) -> list:
-    """PTX for a DECODE_PLAN window of a pair's code words (w0, w1) into dst (none: no line)."""
+    """PTX for a DECODE_PLAN window of a pair's code words (w0, w1) into dst (the caller reads
+    the plan's "none" pieces, the plain words, without a window)."""
     if op == "prmt":
         return [f"prmt.b32 {dst}, {codes[0]}, {codes[1]}, {n:#x};"]
     w = codes[word]
     if op == "shl":
         return [f"shl.b32 {dst}, {w}, {n};"]
-    return [f"shf.l.wrap.b32 {dst}, {w}, {w}, {n};"] if op == "rotl" else []
+    assert op == "rotl", op
+    return [f"shf.l.wrap.b32 {dst}, {w}, {w}, {n};"]
 
 
 def _slab_ptx(g: int, s: int, codes, s_r: str, s_r8: str, half: int) -> list:
@@ -147,13 +149,13 @@ def wgmma_decode_k128(accs, codes, scales, weight_format: str, b_smem, n: int, p
         for g in range(G):
             w0 = base + g * per_g
             pair = w0 + s - s % 2
-            codes_ = (f"${pair}", f"${pair + 1}")  # the words of slabs s - s % 2 and + 1
+            pair_words = (f"${pair}", f"${pair + 1}")  # the words of slabs s - s % 2 and + 1
             if weight_format == "nvfp4":
                 wi, half = s // 2, s % 2
             else:
                 wi, half = s // 4, (s // 2) % 2
             s_r, s_r8 = f"${w0 + 8 + wi}", f"${w0 + 8 + nsw + wi}"
-            lines += _slab_ptx(g, s, codes_, s_r, s_r8, half)
+            lines += _slab_ptx(g, s, pair_words, s_r, s_r8, half)
         # slab s: K-chunks 2s, 2s + 1 (in halves: chunks 2 (s % 4), + 1 of half s // 4; the
         # swizzled LBO of 16 bytes makes that 32 bytes along the row)
         ks, hoff = (s % 4, (s // 4) * (b_half >> 4)) if b_half is not None else (s, 0)
